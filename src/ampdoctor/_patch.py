@@ -1,0 +1,93 @@
+"""Pass-through observers on methods that offer no hook (GradScaler, clip_grad_norm_), removable exactly.
+
+An observer calls the original and never changes arguments or results. Removing it restores the attribute as it
+was: an instance attribute is deleted again (so the class method shows through), a module attribute is reset to
+the very same object.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+_MISSING = object()
+
+
+class PatchHandle:
+    """A handle that removes one observer; like ``torch.utils.hooks.RemovableHandle``.
+
+    >>> import types
+    >>> ns = types.SimpleNamespace(f=lambda x: x + 1)
+    >>> seen = []
+    >>> h = observe(ns, "f", before=lambda *a, **k: seen.append(a))
+    >>> ns.f(1), seen
+    (2, [(1,)])
+    >>> h.remove(); ns.f(1), len(seen)
+    (2, 1)
+    """
+
+    def __init__(self, owner: Any, name: str, previous: Any, installed: Any) -> None:
+        self.owner, self.name, self.previous, self.installed = owner, name, previous, installed
+        self.removed = False
+
+    def remove(self) -> None:
+        if self.removed:
+            return
+        self.removed = True
+        current = self.owner.__dict__.get(self.name, _MISSING) if hasattr(self.owner, "__dict__") else _MISSING
+        if current is not self.installed:
+            # Someone patched over us; unwrap only our layer by making it a plain pass-through.
+            self.installed.__ampdoctor_disabled__ = True
+            return
+        if self.previous is _MISSING:
+            delattr(self.owner, self.name)
+        else:
+            setattr(self.owner, self.name, self.previous)
+
+    def __enter__(self) -> "PatchHandle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def observe(
+    owner: Any,
+    name: str,
+    before: Callable[..., Any] | None = None,
+    after: Callable[..., Any] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> PatchHandle:
+    """Wrap ``owner.name`` so that ``before(*args, **kwargs)`` and ``after(result, *args, **kwargs)`` see each call.
+
+    Observer exceptions are passed to ``on_error`` and never reach the caller; the original's exceptions
+    propagate unchanged.
+    """
+    original = getattr(owner, name)
+    previous = owner.__dict__.get(name, _MISSING)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if getattr(wrapper, "__ampdoctor_disabled__", False):
+            return original(*args, **kwargs)
+        if before is not None:
+            _safely(before, on_error, *args, **kwargs)
+        result = original(*args, **kwargs)
+        if after is not None:
+            _safely(after, on_error, result, *args, **kwargs)
+        return result
+
+    wrapper.__ampdoctor_observer__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+    return PatchHandle(owner, name, previous, wrapper)
+
+
+def _safely(fn: Callable[..., Any], on_error: Callable[[BaseException], None] | None, *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # an observer must never break the user's call
+        if on_error is not None:
+            try:
+                on_error(exc)
+            except Exception:
+                pass

@@ -1,0 +1,122 @@
+"""The training objects under examination, gathered once with the names users know them by."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+LOW_PRECISION = frozenset(
+    {torch.float16, torch.bfloat16}
+    | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+       if hasattr(torch, n)}
+)
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """A parameter with its qualified name and the module that owns it."""
+
+    name: str
+    module: str
+    param: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.param.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.param.shape)
+
+    def describe(self) -> str:
+        """Return ``name (dtype, shape)`` as shown in findings."""
+        return f"{self.name} ({str(self.dtype).removeprefix('torch.')}, {list(self.shape)})"
+
+
+@dataclass
+class TrainingSetup:
+    """The real objects of one training run.
+
+    Args:
+        models: the modules being trained (a single module is accepted).
+        optimizers: the optimizers stepping them (a single optimizer is accepted).
+        scaler: the ``torch.amp.GradScaler`` (or subclass), if any.
+        autocast_dtype: the dtype of the forward pass's ``torch.autocast``, if known.
+        accelerator: an ``accelerate.Accelerator``, if any.
+
+    >>> s = TrainingSetup(nn.Linear(2, 2))
+    >>> [p.name for p in s.params]
+    ['weight', 'bias']
+    """
+
+    models: Any = ()
+    optimizers: Any = ()
+    scaler: Any = None
+    autocast_dtype: torch.dtype | None = None
+    accelerator: Any = None
+    params: list[ParamInfo] = field(init=False)
+    _by_id: dict[int, ParamInfo] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.models = _as_list(self.models, nn.Module, "model", "an nn.Module")
+        self.optimizers = _as_list(self.optimizers, torch.optim.Optimizer, "optimizer", "a torch.optim.Optimizer")
+        self.params = []
+        self._by_id = {}
+        for index, model in enumerate(self.models):
+            prefix = "" if len(self.models) == 1 else f"model{index}."
+            for module_name, module in model.named_modules(remove_duplicate=True):
+                for pname, p in module.named_parameters(recurse=False):
+                    if id(p) in self._by_id:  # tied weights: first name wins, like named_parameters()
+                        continue
+                    full = f"{prefix}{module_name}.{pname}" if module_name else f"{prefix}{pname}"
+                    info = ParamInfo(full, f"{prefix}{module_name}" or "(root)", p)
+                    self.params.append(info)
+                    self._by_id[id(p)] = info
+
+    def info(self, tensor: torch.Tensor) -> ParamInfo | None:
+        """Return the model's name for ``tensor``, or None when no model owns it."""
+        return self._by_id.get(id(tensor))
+
+    def name_of(self, tensor: torch.Tensor, fallback: str = "<tensor not in any model>") -> str:
+        info = self.info(tensor)
+        return info.name if info else fallback
+
+    def trainable(self) -> list[ParamInfo]:
+        """Return the parameters with ``requires_grad=True``."""
+        return [p for p in self.params if p.param.requires_grad]
+
+    def optimizer_params(self) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Yield ``(optimizer_index, group_index, tensor)`` for every tensor in every optimizer."""
+        for oi, opt in enumerate(self.optimizers):
+            for gi, group in enumerate(opt.param_groups):
+                for p in group["params"]:
+                    yield oi, gi, p
+
+    @property
+    def scaler_enabled(self) -> bool:
+        return self.scaler is not None and bool(getattr(self.scaler, "_enabled", False))
+
+
+def _as_list(value: Any, kind: type, what: str, expected: str) -> list:
+    if value is None:
+        return []
+    items: Iterable = [value] if isinstance(value, kind) else value
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"{what} must be {expected} or a list of them, got {type(value).__name__}: {value!r:.80}") from None
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"{what} must be {expected}, got {type(item).__name__}: {item!r:.80}")
+    return items
+
+
+def group_by_module(params: Iterable[ParamInfo]) -> dict[str, list[ParamInfo]]:
+    """Return the parameters grouped by owning module, in model order."""
+    groups: dict[str, list[ParamInfo]] = {}
+    for p in params:
+        groups.setdefault(p.module, []).append(p)
+    return groups
