@@ -14,7 +14,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "check": "ampdoctor.check",
+    "check": "ampdoctor.preflight",
     "explain": "ampdoctor.explain",
     "fix": "ampdoctor.fixes",
     "upcast_trainable_params_": "ampdoctor.fixes",

