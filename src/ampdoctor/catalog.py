@@ -63,7 +63,15 @@ _HALF_FLOAT = (
     r"self and mat2 must have the same dtype",
     r"expected (both vectors|query, key|input|key|value)[^\n]*same dtype",
     r"mixed dtype \(CPU\): expect parameter to have scalar type of Float",
-    r"expected .*dtype.* to match",
+    r"expected [^\n]{0,200}?dtype[^\n]{0,200}? to match",
+    r"Input dtypes must be the same, got: input \w+, batch1",
+    r"RNN input dtype \(torch\.\w+\) does not match weight dtype",
+    r"Type promoting not supported\. Got \w+ and \w+",
+    r"expected self and source to have same dtypes",
+    r"self \(\w+\) and source \(\w+\) must have the same scalar type",
+    r"Index put requires the source and destination dtypes match",
+    r"Expected self\.dtype to be equal to src\.dtype",
+    r"Expected tensor for argument #\d+ '\w+' to have the same type as tensor for argument",
 )
 
 RULES: tuple[Rule, ...] = (
@@ -90,13 +98,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP102", "bf16-params-fp16-amp", "Trainable bfloat16 parameters under an fp16 GradScaler or fp16 autocast",
-        "bf16 and fp16 have different ranges. The CUDA unscale kernel has no bfloat16 version, so scaler.step "
-        "raises on GPU; on CPU it runs but mixes two half formats and still updates in bf16.",
+        "bf16 and fp16 have different ranges. On torch versions whose CUDA unscale kernel has no bfloat16 "
+        "version, scaler.step raises on GPU; on CPU it runs but mixes two half formats and still updates in bf16.",
         "ampdoctor.upcast_trainable_params_(model)   # keep trainable params fp32, fp16 autocast + GradScaler\n"
         "# or on Ampere+: drop the GradScaler and use torch.autocast(device, dtype=torch.bfloat16)",
         E, "preflight",
-        (r"_amp_foreach_non_finite_check_and_unscale_\w* ?\"? not implemented for 'BFloat16'",
-         r"not implemented for 'BFloat16'"),
+        (r"not implemented for 'BFloat16'",),
         (12, 13),
     ),
     Rule(
@@ -112,7 +119,8 @@ RULES: tuple[Rule, ...] = (
         "AMP104", "adam-eps-underflow", "Adam eps is below what the parameter or state dtype can represent",
         "Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8, so eps=1e-8 becomes 0 and "
         "entries with zero gradient give 0/0 = NaN.",
-        "opt = torch.optim.AdamW(params, eps=1e-4)   # or keep fp32 master weights: ampdoctor.MasterWeights(opt)",
+        "opt = torch.optim.AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)\n"
+        "# better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)",
         E, "preflight", (), (16,),
     ),
     Rule(
@@ -140,8 +148,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP203", "accelerate-fp16-ignored", "accelerate's mixed_precision='fp16' is not in effect",
-        "Accelerator(mixed_precision='fp16') on a CPU (or without a usable device) does not autocast or scale "
-        "the way it does on GPU, so what you test is not what you will run.",
+        "Accelerator(mixed_precision='fp16') on a CPU keeps reporting 'fp16' but creates no GradScaler and no "
+        "autocast: training silently runs in fp32, so what you test is not what you will run on GPU.",
         "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs",
         W, "preflight", (), (7,),
     ),
@@ -152,7 +160,7 @@ RULES: tuple[Rule, ...] = (
         E, "preflight", (r"Closure use is not currently supported if GradScaler is enabled",), (),
     ),
     Rule(
-        "AMP205", "fsdp-fp16-plain-scaler", "FSDP with fp16 parameters uses a non-sharded GradScaler",
+        "AMP205", "fsdp-fp16-plain-scaler", "Sharded FSDP training with fp16 parameters uses a non-sharded GradScaler",
         "A plain GradScaler refuses fp16 gradients and makes rank-local skip decisions: ranks disagree and "
         "collectives hang. ShardedGradScaler allows fp16 and all-reduces found_inf.",
         "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\nscaler = ShardedGradScaler()",
@@ -227,7 +235,8 @@ RULES: tuple[Rule, ...] = (
         "and fp16 gradients are not protected from underflow.",
         "scaler.scale(loss).backward()     # Lightning manual optimization: self.manual_backward(loss)",
         E, "runtime",
-        (r"Attempted (step|unscale_|update) but _scale is None", r"_growth_tracker initialized before _scale"),
+        (r"Attempted (step|unscale_|update) but _scale is None", r"Attempted \w+ but _growth_tracker is None",
+         r"_growth_tracker initialized before _scale"),
         (22, 36),
     ),
     Rule(
@@ -302,7 +311,7 @@ RULES: tuple[Rule, ...] = (
         "# find the module that overflows (AMP601) and upcast it, or train in bf16:\n"
         "with torch.autocast(device_type, dtype=torch.bfloat16): ...",
         E, "watch",
-        (r"Current loss scale already at minimum", r"loss scale.*(minimum|collapsed)"),
+        (r"Current loss scale already at minimum", r"loss scale[^\n]{0,200}(minimum|collapsed)"),
         (25, 26, 27),
     ),
     Rule(
@@ -310,7 +319,7 @@ RULES: tuple[Rule, ...] = (
         "A skipped step is a batch of data that taught the model nothing; a run of them means the model is not "
         "training.",
         "# occasional skips at the start are normal; consecutive skips: see AMP601/AMP603",
-        W, "watch", (r"OVERFLOW!.*Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
+        W, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
     ),
     Rule(
         "AMP605", "gradient-underflow", "Gradients would flush to zero in the low-precision format",
@@ -368,6 +377,19 @@ def select(prefixes: Iterable[str] = ("AMP",), phase: str | None = None) -> list
     return [r for r in RULES if r.code.startswith(prefixes) and (phase is None or r.phase == phase)]
 
 
+MAX_TEXT = 200_000  # an error sits at the end of a log; reading only its tail bounds the work on huge input
+_MAX_LINE = 2_000  # every pattern matches within one line; longer lines are cut
+
+
 def rules_for_error(text: str) -> list[Rule]:
-    """Return the rules whose error texts occur in ``text`` (an exception message or a traceback)."""
-    return [r for r in RULES if r.matches(text)]
+    """Return the rules whose error texts occur in ``text`` (an exception message or a traceback).
+
+    Work is bounded: only the last 200,000 characters are read, line by line, each cut to 2,000 characters,
+    and every pattern is linear (no nested quantifiers), so hostile input cannot make this slow.
+
+    >>> [r.code for r in rules_for_error("RuntimeError: step() has already been called since the last update().")]
+    ['AMP404']
+    """
+    lines = [line[:_MAX_LINE] for line in text[-MAX_TEXT:].splitlines()]
+    tail = "\n".join(lines)
+    return [r for r in RULES if r.matches(tail)]
