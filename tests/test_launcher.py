@@ -113,3 +113,28 @@ def test_run_leaves_no_global_hooks_behind(capsys):
     after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_pre_hooks),
              dict(vars(torch.amp.GradScaler)))
     assert after == before
+
+
+def test_minilm_fp16_lora_run_names_the_lora_parameters_and_nothing_else(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    code = main(["run", "--no-watch", "--json", str(out), script("minilm_lora.py"), "created", "2"])
+    capsys.readouterr()
+    assert code == 1
+    report = json.loads(out.read_text())
+    assert report["exception"]["message"] == "Attempting to unscale FP16 gradients."
+    amp101 = [f for f in report["findings"] if f["code"] == "AMP101"]
+    named = re.findall(r"(base_model\.\S+) \(float16", " ".join(f["detail"] for f in amp101))
+    assert len(set(named)) == 24  # r=8 LoRA A and B on query and value in 6 layers
+    assert all(".lora_A." in n or ".lora_B." in n for n in named)
+    everything = " ".join(f["where"] + " " + f["detail"] for f in report["findings"])
+    assert "attention.self.query.weight" not in everything and "embeddings" not in everything
+
+
+def test_fix_reapplies_after_a_validation_step_downcasts_minilm_lora(capsys):
+    code = main(["run", "--fix", "--no-watch", script("minilm_lora.py"), "downcast", "6"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    values = losses(captured.out)
+    assert len(values) == 6 and all(v == v for v in values)
+    assert values[-1] < values[0]
+    assert "upcast" in captured.err  # the re-applied fix is printed

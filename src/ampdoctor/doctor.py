@@ -62,7 +62,7 @@ class Doctor:
         self._guard: Any = None
         self._watch: Any = None
         self._master: list[Any] = []
-        self._upcast: list[torch.Tensor] = []
+        self._trainable: dict[int, list[torch.Tensor]] = {}
         self._broken = False
         self._attached = False
 
@@ -174,11 +174,11 @@ class Doctor:
         setup = self.setup
         assert setup is not None
         for model in self.models:
-            half = [p for p in model.parameters() if p.requires_grad and p.dtype in LOW_PRECISION]
-            if not half:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            self._trainable[id(model)] = trainable
+            if not any(p.dtype in LOW_PRECISION for p in trainable):
                 continue
-            autocast = self._autocast.get(id(model))
-            if autocast is not None:
+            if self._autocast.get(id(model)) is not None:
                 self._upcast_model(model)
             else:
                 self._master_weights_for(model)
@@ -191,7 +191,6 @@ class Doctor:
         for opt in optimizers[1:] if len(optimizers) > 1 else []:
             upcast_trainable_params_(model, optimizer=opt)
         self._record_changes(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
-        self._upcast = [p for p in model.parameters() if p.requires_grad]
 
     def _master_weights_for(self, model: nn.Module) -> None:
         from ampdoctor.master_weights import MasterWeights
@@ -208,10 +207,16 @@ class Doctor:
                     "fp32 master weights for a half-precision model without autocast")
 
     def _reapply_fixes(self, module: nn.Module, autocast: torch.dtype | None) -> None:
-        if not self._upcast or all(m is not module for m in self.models):
+        # A validation or resume path may cast the live model back to half (diffusers' `.to(float16)`): upcast
+        # again before this forward, so the backward produces fp32 gradients.
+        trainable = self._trainable.get(id(module))
+        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(module)):
             return
-        if any(p.dtype != torch.float32 for p in self._upcast):
+        if any(p.dtype in LOW_PRECISION for p in trainable):
             self._upcast_model(module)
+
+    def _master_for(self, module: nn.Module) -> list[Any]:
+        return [m for m in self._master if _owns_any(m.optimizer, module)]
 
     def _record_changes(self, changes: list[Any], why: str) -> None:
         if not changes:

@@ -13,6 +13,8 @@ from typing import Sequence
 from ampdoctor.doctor import Doctor
 from ampdoctor.report import Report
 
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
 
 @dataclass
 class RunResult:
@@ -71,8 +73,15 @@ def _exit_status(code: object) -> int:
 
 
 def _script_frames(tb: TracebackType | None, path: str) -> TracebackType | None:
-    """Drop ampdoctor's and runpy's frames, so the traceback reads as `python script.py` prints it."""
-    target, start = os.path.abspath(path), tb
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != target:
+    """Drop runpy's and ampdoctor's own frames, so the traceback reads as `python script.py` prints it."""
+    target = os.path.abspath(path)
+    frames = []
+    while tb is not None:
+        frames.append(tb)
         tb = tb.tb_next
-    return tb if tb is not None else start
+    start = next((i for i, t in enumerate(frames) if os.path.abspath(t.tb_frame.f_code.co_filename) == target), 0)
+    kept = [t for t in frames[start:] if not t.tb_frame.f_code.co_filename.startswith(_OWN_DIR)] or frames
+    rebuilt = None
+    for t in reversed(kept):
+        rebuilt = TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return rebuilt

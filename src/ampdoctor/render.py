@@ -17,14 +17,28 @@ from ampdoctor.findings import Finding, Severity
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
-def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings") -> Table:
-    """Return a table with one row per finding: code, severity, where and what was seen."""
+MAX_ROWS_PER_CODE = 4  # the JSON report keeps every finding; the console shows the first few of each code
+
+
+def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings",
+                   max_per_code: int = MAX_ROWS_PER_CODE) -> Table:
+    """Return a table with one row per finding (at most ``max_per_code`` rows of one code, then a count)."""
     table = Table(title=title, show_lines=True, expand=False)
     table.add_column("code", no_wrap=True)
     table.add_column("severity", no_wrap=True)
     table.add_column("where", overflow="fold")
     table.add_column("what", overflow="fold")
+    findings = list(findings)
+    shown: dict[str, int] = {}
     for f in findings:
+        shown[f.code] = shown.get(f.code, 0) + 1
+        if shown[f.code] > max_per_code:
+            if shown[f.code] == max_per_code + 1:
+                rest = sum(1 for g in findings if g.code == f.code) - max_per_code
+                table.add_row(f.code, Text(f.severity.value, style=_STYLE[f.severity]), Text("…"),
+                              Text(f"and {rest} more {f.code} finding(s) like the above (all are in the JSON "
+                                   "report: --json PATH)", style="italic"))
+            continue
         try:
             title_text = get_rule(f.code).title
         except KeyError:
@@ -62,8 +76,10 @@ def render_report(report: Any) -> RenderableType:
     if report.changes:
         changes = Table(title="ampdoctor changed", show_header=False)
         changes.add_column("change", overflow="fold")
-        for change in report.changes:
+        for change in report.changes[:20]:
             changes.add_row(Text(str(change)))
+        if len(report.changes) > 20:
+            changes.add_row(Text(f"… and {len(report.changes) - 20} more (see the JSON report)", style="italic"))
         parts.append(changes)
     if report.findings:
         ordered = sorted(report.findings, key=lambda f: f.severity.rank)

@@ -44,9 +44,9 @@ class Report:
         return list(dict.fromkeys(f.code for f in self.findings))
 
     def add(self, finding: Finding) -> None:
-        """Append ``finding`` unless the same code, place and step are already reported."""
-        key = (finding.code, finding.where, finding.step)
-        if all((f.code, f.where, f.step) != key for f in self.findings):
+        """Append ``finding`` unless the same code at the same place is already reported (first one wins)."""
+        key = (finding.code, finding.where)
+        if all((f.code, f.where) != key for f in self.findings):
             self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:
