@@ -74,11 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
-        err.print(str(exc), markup=False)
+        err.print(str(exc), markup=False, soft_wrap=True)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _UsageError as exc:
-        err.print(f"ampdoctor {args.command}: {exc}", markup=False)
+        err.print(f"ampdoctor {args.command}: {exc}", markup=False, soft_wrap=True)
         return 2
 
 
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
     from ampdoctor.doctor import Doctor
     from ampdoctor.launcher import run_script
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
     if not os.path.isfile(args.script):
         raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
                           "e.g. `ampdoctor run train.py --epochs 1`.")
@@ -111,17 +111,17 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError(f"--every must be a positive number of steps, got {args.every}")
     script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
     doctor = Doctor(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                    activations=args.activations, on_event=lambda line: err.print(line, markup=False))
+                    activations=args.activations, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
     result = run_script(args.script, script_args, doctor)
     report = result.report
     if report.findings or report.changes or result.exit_code:
         err.print(report)
     if result.exit_code and report.exception and not result.explained:
         err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
-                  "mixed-precision failure; its traceback is above, unchanged.", markup=False)
+                  "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)
     if args.json:
         _write(args.json, report.to_json())
-        err.print(f"ampdoctor: report written to {args.json}", markup=False)
+        err.print(f"ampdoctor: report written to {args.json}", markup=False, soft_wrap=True)
     return result.exit_code
 
 
@@ -140,7 +140,7 @@ def _explain(args: argparse.Namespace) -> int:
         rules = explain_text(text)
     if not rules:
         out.print("ampdoctor: no rule in the catalog explains this text. `ampdoctor rules` lists what is "
-                  "known; run the script under `ampdoctor run` for a diagnosis on the real objects.", markup=False)
+                  "known; run the script under `ampdoctor run` for a diagnosis on the real objects.", markup=False, soft_wrap=True)
         return 1
     for rule in rules:
         out.print(rule_panel(rule))
@@ -172,7 +172,7 @@ def _report(args: argparse.Namespace) -> int:
     out.print(render_loaded(loaded))
     if args.html:
         write_html(loaded, args.html)
-        out.print(f"ampdoctor: HTML report written to {args.html}", markup=False)
+        out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
     return 0 if loaded.ok else 1
 
 
