@@ -384,3 +384,15 @@ def test_bf16_params_under_an_fp16_scaler_on_cuda():
         assert named(findings, setup) == {"0.weight", "0.bias"}
     else:
         pytest.skip("this torch's CUDA unscale kernel accepts bfloat16")
+
+
+def test_invalid_scaler_config_is_explained():
+    with pytest.raises(AssertionError) as info:
+        torch.amp.GradScaler("cpu", growth_factor=0.5)
+    assert [f.code for f in explain_exception(info.value)] == ["AMP207"]
+
+
+def test_missing_scaler_kernel_text_is_explained():
+    text = ("RuntimeError: Could not run 'aten::_amp_foreach_non_finite_check_and_unscale_' with arguments from "
+            "the 'SparseCUDA' backend.")
+    assert [r.code for r in explain_text(text)] == ["AMP206"]

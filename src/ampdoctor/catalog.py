@@ -169,7 +169,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "AMP206", "scaler-kernel-unsupported", "The GradScaler kernels do not support this device or layout",
         "Old torch versions lacked CPU and sparse kernels for the unscale and inf-check ops.",
-        "pip install 'torch>=2.3' and use torch.amp.GradScaler('cpu') on CPU; on CPU prefer bf16 autocast",
+        "# pip install 'torch>=2.4', then:\nscaler = torch.amp.GradScaler('cpu')   # on CPU prefer bf16 autocast, no scaler",
         E, "crash",
         (r"Could not run 'aten::_amp_(foreach_)?non_finite_check_and_unscale_' with arguments from the",),
         (34, 37, 38),
