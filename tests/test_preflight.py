@@ -1,7 +1,6 @@
 """`check()` and `run_preflight()`: correct setups pass, bad input is refused clearly, broken checks are isolated."""
 
 import os
-import time
 from collections import OrderedDict
 
 import pytest
@@ -178,18 +177,14 @@ def test_check_reports_a_broken_rule_without_raising(monkeypatch):
 
 
 # ---- scale ------------------------------------------------------------------------------------------------------
-def test_ten_thousand_parameter_tensors_check_in_well_under_a_second():
+def test_ten_thousand_parameter_tensors_give_a_bounded_report():
+    # The speed (well under a second) is measured by bench/check_speed.py; tests never assert timings.
     model = nn.ModuleList(nn.Linear(4, 4) for _ in range(5000))
     for layer in model[::2]:
         layer.half()
     opt = torch.optim.AdamW(model.parameters())
     scaler = cpu_scaler()
-    timings = []
-    for _ in range(3):
-        start = time.perf_counter()
-        report = check(model, opt, scaler, autocast_dtype=torch.float16)
-        timings.append(time.perf_counter() - start)
-    assert min(timings) < 1.0, timings
+    report = check(model, opt, scaler, autocast_dtype=torch.float16)
     amp101 = [f for f in report.findings if f.code == "AMP101"]
     assert len(amp101) == 51 and amp101[-1].where == "(2450 more modules)"
 
