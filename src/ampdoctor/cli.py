@@ -114,8 +114,13 @@ def _run(args: argparse.Namespace) -> int:
                     activations=args.activations, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
     result = run_script(args.script, script_args, doctor)
     report = result.report
-    if report.findings or report.changes or result.exit_code:
+    if doctor.watch_summary is not None:
+        err.print(doctor.watch_summary)
+    if report.findings or result.exit_code:
         err.print(report)
+    elif report.changes:
+        err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix", markup=False,
+                  soft_wrap=True)
     if result.exit_code and report.exception and not result.explained:
         err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)

@@ -61,6 +61,7 @@ class Doctor:
         self._fix_handles: list[Any] = []
         self._guard: Any = None
         self._watch: Any = None
+        self.watch_summary: Any = None  # a rich renderable, once the watch has been detached
         self._master: list[Any] = []
         self._trainable: dict[int, list[torch.Tensor]] = {}
         self._broken = False
@@ -162,10 +163,20 @@ class Doctor:
         if not self.models:
             return
         self.setup = self._build_setup(scaler)
-        for finding in run_preflight(self.setup):
-            self.report.add(finding)
+        found = run_preflight(self.setup)
         if self.fix:
             self._apply_fixes()
+            if self.report.changes:
+                # Keep what the fix did not resolve; list what it did, so the output says what changed and why.
+                remaining = {(f.code, f.where) for f in run_preflight(self.setup)}
+                fixed = [f for f in found if (f.code, f.where) not in remaining]
+                found = [f for f in found if (f.code, f.where) in remaining]
+                if fixed:
+                    codes = ", ".join(dict.fromkeys(f.code for f in fixed))
+                    self.report.extra["fixed"] = [f.to_dict() for f in fixed]
+                    self.on_event(f"ampdoctor --fix resolved {len(fixed)} finding(s): {codes}")
+        for finding in found:
+            self.report.add(finding)
         self._safely(self._attach_guard)
         if self.watch_enabled:
             self._safely(self._attach_watch)
@@ -254,6 +265,7 @@ class Doctor:
             self.report.add(finding)
 
     def _collect_watch(self) -> None:
+        self.watch_summary = self._watch.summary()
         watch_report = self._watch.report()
         for finding in watch_report.findings:
             self.report.add(finding)
