@@ -174,6 +174,8 @@ def _report(args: argparse.Namespace) -> int:
         loaded = load_any(args.path)
     except (OSError, ValueError) as exc:
         raise _UsageError(str(exc)) from None
+    except RecursionError:
+        raise _UsageError(f"{args.path!r} nests JSON too deeply to be an ampdoctor report") from None
     out.print(render_loaded(loaded))
     if args.html:
         write_html(loaded, args.html)

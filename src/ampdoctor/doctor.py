@@ -86,16 +86,21 @@ class Doctor:
         return self
 
     def detach(self) -> None:
-        for handle in self._handles + self._fix_handles:
-            handle.remove()
-        self._handles, self._fix_handles = [], []
-        if self._guard is not None:
-            self._safely(self._collect_guard)
-            self._safely(self._guard.detach)
+        # Reverse order of attachment: the watch's observers sit on top of the guard's on the same scaler.
         if self._watch is not None:
             self._safely(self._collect_watch)
             self._safely(self._watch.detach)
+        if self._guard is not None:
+            self._safely(self._collect_guard)
+            self._safely(self._guard.detach)
+        for handle in reversed(self._handles + self._fix_handles):
+            handle.remove()
+        self._handles, self._fix_handles = [], []
         self._guard = self._watch = None
+        # Keep the report; drop every reference to the user's objects.
+        self.setup = None
+        self.models = []
+        self._trainable, self._autocast, self._master = {}, {}, []
         self._attached = False
 
     def __enter__(self) -> "Doctor":
@@ -127,8 +132,7 @@ class Doctor:
             if not any(p.requires_grad for p in module.parameters()):
                 return
             self.models.append(module)
-        device = first.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        dtype = _autocast_dtype(first.device.type)
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
@@ -138,7 +142,7 @@ class Doctor:
             self._reapply_fixes(module, dtype)
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
-        if self.setup is None and not self._broken:
+        if self.setup is None and not self._broken and self._attached:
             self._start(scaler)
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -305,10 +309,9 @@ class Doctor:
             self.report.add(Finding("AMP001", Severity.INFO, "ampdoctor", f"{type(exc).__name__}: {exc}{place}"))
             self.on_event(f"ampdoctor: internal error ({type(exc).__name__}: {exc}); stepping aside, "
                           "training continues unaffected")
+        # Hooks stay registered until detach (they return at once when broken): removing a hook while torch
+        # iterates over its hook dict (an optimizer step) would raise in the user's code.
         self._broken = True
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
 
 
 class _Detach:
@@ -327,8 +330,17 @@ def _scaler_classes() -> tuple[type, ...]:
     return tuple(classes)
 
 
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    try:
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    except RuntimeError:  # a device type autocast does not know, e.g. "meta"
+        return None
+
+
 def _instances(*classes: type) -> list[Any]:
     # Once per run (bounded by _MAX_EARLY_SCANS): the only way to find objects that offer no global hook.
+    # Collect first, so unreachable objects of an earlier run (notebooks, sweeps) are not diagnosed.
+    gc.collect()
     with warnings.catch_warnings():  # isinstance() on deprecated proxies (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
         return [o for o in gc.get_objects() if isinstance(o, classes)]

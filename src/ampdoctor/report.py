@@ -77,19 +77,35 @@ class Report:
         """Rebuild a report from ``to_dict()`` output; raise ``ValueError`` on anything else."""
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ValueError(f"not an ampdoctor report: expected schema {SCHEMA!r}, got "
-                             f"{(data.get('schema') if isinstance(data, dict) else type(data).__name__)!r}")
+                             f"{(data.get('schema') if isinstance(data, dict) else type(data).__name__)!r:.80}")
+        items = _typed(data, "findings", list, [])
         findings = []
-        for item in data.get("findings") or []:
+        for item in items:
             try:
+                step = item.get("step")
                 findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
-                                        str(item["detail"]), item.get("step")))
-            except (KeyError, ValueError, TypeError) as exc:
-                raise ValueError(f"malformed finding {item!r:.200}: {exc}") from None
+                                        str(item["detail"]), step if isinstance(step, int) else None))
+            except (AttributeError, KeyError, ValueError, TypeError) as exc:
+                raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
+        exception = _typed(data, "exception", dict, None)
+        if exception is not None:
+            exception = {str(k): str(v) for k, v in exception.items()}
         known = {"schema", "ok", "findings", "exception", "environment", "changes"}
-        return cls(findings, data.get("exception"), data.get("environment") or {}, list(data.get("changes") or []),
+        return cls(findings, exception, _typed(data, "environment", dict, {}),
+                   [str(c) for c in _typed(data, "changes", list, [])],
                    {k: v for k, v in data.items() if k not in known})
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from ampdoctor.render import render_report
 
         yield render_report(self)
+
+
+def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ValueError(f"not an ampdoctor report: {key!r} should be a JSON {kind.__name__}, got "
+                         f"{type(value).__name__}: {value!r:.80}")
+    return value

@@ -50,7 +50,7 @@ def load_any(path: str) -> Loaded:
         ValueError: the file is neither, with what was found.
         OSError: the file cannot be read.
     """
-    from ampdoctor.recorder import LOG_NAME, read_log
+    from ampdoctor.recorder import LOG_NAME
 
     target = os.path.join(path, LOG_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(target):
@@ -61,9 +61,9 @@ def load_any(path: str) -> Loaded:
                          "ampdoctor reads; pass a smaller log")
     with open(target, "rb") as f:
         head = f.read(4096).lstrip()
-    if head.startswith(b"{") and b'"type"' in head.split(b"\n", 1)[0] and b"\n" in head.strip():
-        header, records, problems = read_log(target)
-        return Loaded(path, _log_report(header, records), header, records, problems)
+    if head.startswith(b'{"type"') or (head.startswith(b"{") and b'"type"' in head.split(b"\n", 1)[0]
+                                         and b"\n" in head.strip()):
+        return _load_log(path, target)
     try:
         with open(target, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
@@ -72,14 +72,23 @@ def load_any(path: str) -> Loaded:
     except RecursionError:
         raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor report") from None
     except ValueError as exc:
-        header, records, problems = read_log(target)
-        if header is None and not records:
+        loaded = _load_log(path, target)
+        if loaded.header is None and not loaded.records:
             raise ValueError(f"{path!r} is neither a JSON report nor a flight recorder ({exc})") from None
-        return Loaded(path, _log_report(header, records), header, records, problems)
+        return loaded
     if isinstance(data, dict) and data.get("type") == "header":
-        header, records, problems = read_log(target)
-        return Loaded(path, _log_report(header, records), header, records, problems)
+        return _load_log(path, target)
     return Loaded(path, Report.from_dict(data))
+
+
+def _load_log(path: str, target: str) -> Loaded:
+    from ampdoctor.recorder import read_log
+
+    try:
+        header, records, problems = read_log(target)
+    except RecursionError:
+        raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor flight recorder") from None
+    return Loaded(path, _log_report(header, records), header, records, problems)
 
 
 def _log_report(header: dict[str, Any] | None, records: list[dict[str, Any]]) -> Report:
