@@ -189,8 +189,8 @@ class ActivationMonitor:
             else:
                 pair = torch.aminmax(t.detach())  # one pass, no copy; NaN and inf propagate into min/max
                 probe = None
-                if t.requires_grad:
-                    probe = _GradProbe(rec)
+                if t.requires_grad and t.grad_fn is not None:  # a leaf (a module returning its own Parameter)
+                    probe = _GradProbe(rec)                    # would keep the hook for good: not probed
                     t.register_hook(probe)
                 rec.last = (t, version, pair, probe)
             rec.fwd.append(pair)
