@@ -254,7 +254,7 @@ class Doctor:
         self._guard.attach()
 
     def _attach_watch(self) -> None:
-        from ampdoctor.watch import watch
+        from ampdoctor.watcher import watch
 
         setup = self.setup
         if setup is None or not setup.optimizers:

@@ -31,7 +31,7 @@ import ampdoctor.preflight
 import ampdoctor.recorder
 import ampdoctor.rules
 import ampdoctor.scale_monitor
-import ampdoctor.watch
+import ampdoctor.watcher
 from ampdoctor.cli import main
 
 from .test_identity import (assert_same_training, codes, leftovers, load_script, one_torch_thread,  # noqa: F401
@@ -118,12 +118,12 @@ WATCH_FAULTS = [
           error=_disk_full),
     Fault("activation-hook", lambda: ampdoctor.activations.ActivationMonitor, "_forward_stats", "Activation"),
     Fault("activation-record", lambda: ampdoctor.activations.ActivationMonitor, "_close", "Activation", after=1),
-    pytest.param(Fault("whole-sync", lambda: ampdoctor.watch.Watch, "_sync", "watch", after=2),
+    pytest.param(Fault("whole-sync", lambda: ampdoctor.watcher.Watch, "_sync", "watch", after=2),
                  marks=pytest.mark.xfail(strict=True, reason=(
                      "watch.py Watch.detach runs self._guard('activations', self._activations.detach), which "
                      "does nothing once the part is off: after a failure of part 'watch' (or 'activations') the "
                      "ActivationMonitor's forward hooks stay on every module of the model for good"))),
-    pytest.param(Fault("whole-sync-no-scaler", lambda: ampdoctor.watch.Watch, "_sync", "watch", loop="bf16-weights",
+    pytest.param(Fault("whole-sync-no-scaler", lambda: ampdoctor.watcher.Watch, "_sync", "watch", loop="bf16-weights",
                        after=2), marks=HOOKS_REMOVED_DURING_TORCH_ITERATION),
 ]
 
@@ -189,13 +189,13 @@ RUN_FAULTS = [
     Fault("guard-update", lambda: ampdoctor.guards.ScalerGuard, "_after_update", "ScalerGuard", after=3),
     Fault("guard-clip", lambda: ampdoctor.guards.ScalerGuard, "_after_clip", "ScalerGuard"),
     Fault("guard-scheduler", lambda: ampdoctor.guards.ScalerGuard, "_before_scheduler", "ScalerGuard", after=1),
-    Fault("attach-watch", lambda: ampdoctor.watch, "watch", "ampdoctor"),
+    Fault("attach-watch", lambda: ampdoctor.watcher, "watch", "ampdoctor"),
     Fault("recorder-disk-full-at-open", lambda: ampdoctor.recorder.FlightRecorder, "write", "ampdoctor",
           error=_disk_full),
     Fault("recorder-disk-full-later", lambda: ampdoctor.recorder.FlightRecorder, "write", "recorder", after=4,
           error=_disk_full),
     # summary_data() runs twice: for the doctor's report, then for the recorder's end line at detach
-    Fault("watch-report", lambda: ampdoctor.watch, "module_rollup", "ampdoctor", steps_aside=False),
+    Fault("watch-report", lambda: ampdoctor.watcher, "module_rollup", "ampdoctor", steps_aside=False),
     Fault("activation-hook", lambda: ampdoctor.activations.ActivationMonitor, "_forward_stats", "Activation"),
 ]
 
