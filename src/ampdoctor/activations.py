@@ -594,7 +594,8 @@ def _abs_max(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
     """Return max(|min|, |max|) of each (min, max) pair, copying them to the host in one sync."""
     if not pairs:
         return []
-    flat = [x for pair in pairs for x in pair]
+    # DTensor results (DTensor modules): this rank's local values, no communication
+    flat = [x.to_local() if hasattr(x, "to_local") else x for pair in pairs for x in pair]
     try:
         stacked = torch.stack(flat)
     except RuntimeError:  # values on several devices (pipeline or model parallel): one copy each

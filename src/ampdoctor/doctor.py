@@ -260,6 +260,8 @@ class Doctor:
         if setup is None or not setup.optimizers:
             return
         model = max(self.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
+        if any(p.is_meta for p in model.parameters()):
+            return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         optimizer = next((o for o in setup.optimizers if _owns_any(o, model)), setup.optimizers[0])
         self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                             activations=self.activations)

@@ -140,6 +140,7 @@ class GradStats:
         """
         if len(grads) != len(self.numels):
             raise ValueError(f"expected {len(self.numels)} gradients (one per parameter), got {len(grads)}")
+        grads = [local_tensor(g) for g in grads]
         present = [(i, g) for i, g in enumerate(grads)
                    if g is not None and not g.is_sparse and g.numel() and g.numel() == self.numels[i]]
         device = present[0][1].device if present else torch.device("cpu")
@@ -159,7 +160,9 @@ class GradStats:
                 groups.setdefault((g.device, g.dtype), []).append((i, g))
             for (gdev, dtype), items in groups.items():
                 rows = tuple(i for i, _ in items)
-                gs = [g if dtype in _NATIVE else g.float() for _, g in items]
+                # complex: the magnitudes |g| (same L2 and abs-max as g; g.float() would drop the imaginary part
+                # and warn)
+                gs = [g.abs() if g.is_complex() else g if dtype in _NATIVE else g.float() for _, g in items]
                 absmax, l2 = self._extremes(gs)
                 if self.counts:
                     counts = self._counts(rows, gs, gdev, simulate.to(gdev, non_blocking=True), absmax)
@@ -255,6 +258,19 @@ class GradStats:
             order[perm] = torch.arange(perm.numel())
             cached = self._thresholds[device] = (bounds.to(device), order.to(device))
         return cached
+
+
+def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Return the plain local tensor of a replicated DTensor (the whole value, no communication), ``None`` for a
+    DTensor that is sharded or partial (its local part is not the whole: left out rather than misreported), and
+    anything else unchanged."""
+    to_local = getattr(t, "to_local", None)
+    if t is None or to_local is None or not isinstance(t, torch.Tensor):
+        return t
+    placements = getattr(t, "placements", ())
+    if all(type(p).__name__ == "Replicate" for p in placements):
+        return to_local()
+    return None
 
 
 def sample_index(n: int, k: int, seed: int) -> torch.Tensor:

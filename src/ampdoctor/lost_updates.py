@@ -57,6 +57,7 @@ class LostUpdateMonitor:
             self._index.append(idx.to(p.device))
         self.on_error = on_error
         self.active = False
+        self.broken = False  # set by an internal error: the hooks stay (they return at once) until detach()
         self._handles: list[Any] = []
         self._before: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._found_inf: torch.Tensor | None = None
@@ -79,20 +80,35 @@ class LostUpdateMonitor:
         return self
 
     def detach(self) -> None:
-        """Remove the hooks and drop every reference to parameters; totals stay."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        """Remove the hooks and drop every reference to parameters; totals stay.
+
+        Never call it from inside an optimizer step hook: torch iterates over the hook dicts live during
+        ``step()``, so removing a hook there raises in the user's ``step()``. Use :meth:`disable` there.
+        """
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
         self._params, self._index, self._before, self._counts, self._found_inf = [], [], None, None, None
         self.active = False
 
     def set_sampling(self, active: bool) -> None:
         """Snapshot around the next optimizer step(s) or not."""
-        self.active = bool(active) and bool(self._handles)
+        self.active = bool(active) and bool(self._handles) and not self.broken
+
+    def disable(self) -> None:
+        """Switch off for good without removing the hooks (safe inside an optimizer step hook): they return at
+        once from now on; :meth:`detach` removes them."""
+        self.broken = True
+        self.active = False
+        self._before = None
+        self._counts = None
 
     # ---- hooks: device work only ----------------------------------------------------------------------------
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.active:
+        if not self.active or self.broken:
             return None
         try:
             with torch.no_grad():
@@ -112,7 +128,7 @@ class LostUpdateMonitor:
 
     def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         before, self._before = self._before, None
-        if before is None or not self.active:
+        if before is None or not self.active or self.broken:
             return
         try:
             with torch.no_grad():
@@ -129,11 +145,10 @@ class LostUpdateMonitor:
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
-        self.active = False
-        self._before = None
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        # called inside an optimizer step hook: switch off, never remove hooks here (see detach)
+        if self.broken:
+            return
+        self.disable()
         if self.on_error is not None:
             self.on_error(exc)
 

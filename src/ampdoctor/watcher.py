@@ -98,6 +98,7 @@ class Watch:
             raise ValueError(f"every must be a positive int, got {every!r}; every=1 looks at every step")
         if stats not in STATS:
             raise ValueError(f"stats must be one of {STATS}, got {stats!r}")
+        _refuse_meta(model, optimizer)
         self.every, self.stats, self.sample, self.log_dir, self.fsync = every, stats, sample, log_dir, fsync
         self._model: nn.Module | None = model
         self._optimizer: torch.optim.Optimizer | None = optimizer
@@ -184,16 +185,20 @@ class Watch:
             return
         if self.attached and "watch" not in self._off:
             self._guard("watch", self._flush, partial=True)
-        for handle in reversed(self._handles):  # last installed first: restores the scaler exactly
-            handle.remove()
-        self._handles = []
+        # Every handle of every part goes, failed parts included; detach() itself never raises.
+        handles, self._handles = self._handles, []
+        for handle in reversed(handles):  # last installed first: restores the scaler exactly
+            _quietly(handle.remove)
         if self._scale is not None:
-            self._scale.detach()
+            _quietly(self._scale.detach)
         if self._lost is not None:
-            self._lost.detach()
+            _quietly(self._lost.detach)
         if self._activations is not None:
-            self._guard("activations", self._activations.detach)
-            self._activation_result = (self._activations.summary(), self._activations.findings())
+            activations = self._activations
+            if "activations" not in self._off:
+                self._guard("activations", activations.detach)  # records the pending step, removes the hooks
+            _quietly(activations._remove_hooks)  # a part that is off keeps no hook either
+            self._activation_result = _quietly(lambda: (activations.summary(), activations.findings()))
             self._activations = None
         if self._recorder is not None:
             self._guard("recorder", lambda: self._recorder.close({"steps": self.steps, "summary": self.summary_data()}))
@@ -230,11 +235,16 @@ class Watch:
         return None
 
     def _optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if "watch" in self._off:
+            self.steps += 1  # the watch is off, but the steps still count (O(1), nothing else)
+            return
         self._guard("watch", self._end_step)
 
     def _after_update(self, result: Any, *args: Any, **kwargs: Any) -> None:
-        if "watch" not in self._off:
-            self._end_step()
+        if "watch" in self._off:
+            self.steps += 1
+            return
+        self._end_step()
 
     def _read_grads(self, scale: torch.Tensor | None, scaled: bool) -> None:
         if self._grad_pending is not None:  # already read this step (two scaler.step calls would raise anyway)
@@ -248,11 +258,13 @@ class Watch:
     # ---- the end of a step ----------------------------------------------------------------------------------
     def _end_step(self) -> None:
         start = time.perf_counter()
-        if self._sampled_now:
-            self._flush()
-        self.steps += 1
+        try:
+            if self._sampled_now:
+                self._flush()
+        finally:  # a failing flush (reported by the caller) still ends the step
+            self.steps += 1
+            self.seconds_inside += time.perf_counter() - start
         self._set_sampling(self.steps % self.every == 0)
-        self.seconds_inside += time.perf_counter() - start
 
     def _set_sampling(self, active: bool) -> None:
         self._sampled_now = active
@@ -379,7 +391,13 @@ class Watch:
         if part in ("scale", "watch") and self._scale is not None:
             self._scale.disabled = True
         if part in ("lost_updates", "watch") and self._lost is not None:
-            self._lost.detach()  # optimizer hooks: removable in any order
+            # A flag, not detach(): _fail runs inside optimizer step hooks, and torch iterates over the hook
+            # dicts live during step(), so removing a hook here would raise in the user's step(). detach()
+            # removes the hooks.
+            try:
+                self._lost.disable()
+            except Exception:
+                pass
         if part in ("activations", "watch") and self._activations is not None:
             try:
                 self._activations.set_sampling(False)
@@ -468,6 +486,27 @@ class Watch:
             "params": [{"name": n, "module": m, "dtype": d, "shape": list(p.shape)}
                        for n, m, d, p in zip(self.param_names, self.param_modules, self.param_dtypes, self._params)],
         }
+
+
+def _refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Raise a ValueError up front when the model or the optimizer holds parameters on the meta device."""
+    meta = [n for n, p in model.named_parameters() if p.is_meta]
+    in_opt = sum(1 for g in optimizer.param_groups for p in g["params"] if isinstance(p, torch.Tensor) and p.is_meta)
+    if meta or in_opt:
+        where = f"{len(meta)} parameter(s) of the model (first: {meta[0]!r})" if meta else \
+            f"{in_opt} parameter(s) of the optimizer"
+        raise ValueError(f"watch() got {where} on the meta device: meta tensors hold no values, so there are no "
+                         f"gradients, loss scales or activations to watch. Materialise the model first "
+                         f"(model.to_empty(device=...) and load its weights, or build it on a real device), "
+                         f"create the optimizer for those parameters, then call watch()")
+
+
+def _quietly(fn: Callable[[], Any]) -> Any:
+    """Call ``fn``; return its result, or ``None`` if it raised (clean-up that must not stop detach())."""
+    try:
+        return fn()
+    except Exception:
+        return None
 
 
 def _unwrap(optimizer: Any) -> Any:

@@ -98,10 +98,6 @@ def test_watch_adds_no_hook_to_a_parameter_that_a_module_returns():
     assert not hooks, f"{len(hooks)} hooks left on log_scale.value after 5 watched steps and detach()"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "grad_stats.py GradStats.compute: complex gradients are cast with g.float(), which drops the imaginary part "
-    "(wrong L2/abs-max) and emits torch's 'Casting complex values to real discards the imaginary part' "
-    "UserWarning into the user's run (an error under -W error)"))
 def test_watch_on_complex_weights_reports_true_norms_and_warns_nothing():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -113,9 +109,6 @@ def test_watch_on_complex_weights_reports_true_norms_and_warns_nothing():
         assert stats["l2"] == pytest.approx(float(torch.linalg.vector_norm(model.weight.grad)), rel=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "watch.py Watch.__init__/attach accept a model whose parameters are on the meta device; the first step then "
-    "fails inside the watch ('Cannot copy out of meta tensor', reported as AMP001) instead of a clear error up front"))
 def test_watch_refuses_a_meta_model_with_a_clear_error():
     model, opts, _ = ABSURD["build"]("meta")
     with pytest.raises((ValueError, TypeError), match="meta"):
@@ -221,11 +214,6 @@ def test_watch_trains_dtensor_parameters_bitwise_identically(dtensor_mesh):
     assert leftovers(model1, opt1) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DTensor (FSDP2 fully_shard) parameters: grad_stats.py GradStats.compute mixes DTensor gradients with plain "
-    "index/threshold tensors ('aten.bucketize.Tensor got mixed torch.Tensor and DTensor'), and activations.py "
-    "_abs_max calls .tolist() on DTensor aminmax results ('.tolist() is not supported for tensor subclasses'); "
-    "both parts report AMP001 and switch off, so the watch sees nothing of such a model"))
 def test_watch_computes_gradient_statistics_of_dtensor_parameters(dtensor_mesh):
     attach, watches = watch_all()
     _dtensor_train(dtensor_mesh, attach=attach)
@@ -235,10 +223,7 @@ def test_watch_computes_gradient_statistics_of_dtensor_parameters(dtensor_mesh):
 
 # ---- ampdoctor run ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=(
-    "doctor.py Doctor._on_root_forward: torch.is_autocast_enabled('meta') raises 'unknown device type for "
-    "autocast'; the doctor reports AMP001 and steps aside (no pre-flight, no watch) for a model on the meta device")))
-    if c == "meta" else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_ampdoctor_run_trains_absurd_setups_as_alone(case, tmp_path):
     base = run_script_plain("absurd.py", tmp_path / "base.pt", case)
     gc.collect()

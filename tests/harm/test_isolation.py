@@ -98,12 +98,6 @@ def amp001(findings: list[Any]) -> list[Any]:
 
 # ---- faults inside watch() ------------------------------------------------------------------------------------
 
-HOOKS_REMOVED_DURING_TORCH_ITERATION = pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "watch.py Watch._fail: without a GradScaler the step ends in the watch's optimizer step post-hook; a failing "
-    "part 'lost_updates' or 'watch' there calls self._lost.detach(), which removes the LostUpdateMonitor's post-hook "
-    "registered after it while torch iterates over optimizer._optimizer_step_post_hooks: the user's opt.step() "
-    "raises 'RuntimeError: OrderedDict mutated during iteration' and training stops"))
-
 WATCH_FAULTS = [
     Fault("grad-stats", lambda: ampdoctor.grad_stats.GradStats, "compute", "gradients"),
     Fault("grad-stats-late", lambda: ampdoctor.grad_stats.GradStats, "compute", "gradients", after=4),
@@ -112,19 +106,14 @@ WATCH_FAULTS = [
     Fault("scale-observer", lambda: ampdoctor.scale_monitor.ScaleMonitor, "_before_update", "scale",
           steps_aside=False),
     Fault("scale-consume", lambda: ampdoctor.scale_monitor.ScaleMonitor, "consume", "scale", after=2),
-    pytest.param(Fault("lost-updates-consume", lambda: ampdoctor.lost_updates.LostUpdateMonitor, "consume",
-                       "lost_updates", loop="bf16-weights", after=1), marks=HOOKS_REMOVED_DURING_TORCH_ITERATION),
+    Fault("lost-updates-consume", lambda: ampdoctor.lost_updates.LostUpdateMonitor, "consume", "lost_updates",
+          loop="bf16-weights", after=1),
     Fault("recorder-disk-full", lambda: ampdoctor.recorder.FlightRecorder, "write", "recorder", after=3,
           error=_disk_full),
     Fault("activation-hook", lambda: ampdoctor.activations.ActivationMonitor, "_forward_stats", "Activation"),
     Fault("activation-record", lambda: ampdoctor.activations.ActivationMonitor, "_close", "Activation", after=1),
-    pytest.param(Fault("whole-sync", lambda: ampdoctor.watcher.Watch, "_sync", "watch", after=2),
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "watch.py Watch.detach runs self._guard('activations', self._activations.detach), which "
-                     "does nothing once the part is off: after a failure of part 'watch' (or 'activations') the "
-                     "ActivationMonitor's forward hooks stay on every module of the model for good"))),
-    pytest.param(Fault("whole-sync-no-scaler", lambda: ampdoctor.watcher.Watch, "_sync", "watch", loop="bf16-weights",
-                       after=2), marks=HOOKS_REMOVED_DURING_TORCH_ITERATION),
+    Fault("whole-sync", lambda: ampdoctor.watcher.Watch, "_sync", "watch", after=2),
+    Fault("whole-sync-no-scaler", lambda: ampdoctor.watcher.Watch, "_sync", "watch", loop="bf16-weights", after=2),
 ]
 
 
