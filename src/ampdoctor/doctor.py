@@ -58,6 +58,7 @@ class Doctor:
         self._depth = 0
         self._scans = 0
         self._handles: list[Any] = []
+        self._forward_handles: list[Any] = []
         self._fix_handles: list[Any] = []
         self._guard: Any = None
         self._watch: Any = None
@@ -75,11 +76,11 @@ class Doctor:
             return self
         self._attached = True
         m = torch.nn.modules.module
-        self._handles += [
+        self._forward_handles = [
             m.register_module_forward_pre_hook(self._on_forward_pre),
             m.register_module_forward_hook(self._on_forward_post, always_call=True),
-            register_optimizer_step_pre_hook(self._on_optimizer_step),
         ]
+        self._handles += [*self._forward_handles, register_optimizer_step_pre_hook(self._on_optimizer_step)]
         for cls in _scaler_classes():
             if "scale" in vars(cls):
                 self._handles.append(observe(cls, "scale", before=self._on_scale, on_error=self._internal_error))
@@ -184,6 +185,11 @@ class Doctor:
         self._safely(self._attach_guard)
         if self.watch_enabled:
             self._safely(self._attach_watch)
+        if not self.fix:
+            # Discovery is done: stop paying two Python calls per module call. (Safe inside a forward hook:
+            # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
+            for handle in self._forward_handles:
+                handle.remove()
 
     def _apply_fixes(self) -> None:
         setup = self.setup
