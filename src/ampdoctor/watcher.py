@@ -573,9 +573,10 @@ def _render_watch(data: dict[str, Any], findings: list[Finding]) -> Any:
     if grads.get("modules"):
         table = Table(title=f"gradients at step {grads.get('step')} (unscaled; global norm "
                             f"{_num(grads.get('global_norm'))})", expand=False)
-        for col in ("module", "L2", "max|g|", "min|g|>0", "zeros", "non-finite", "fp16 under/over",
-                    "bf16 under/over", "e4m3 under/over", "e5m2 under/over"):
-            table.add_column(col, justify="left" if col == "module" else "right", no_wrap=col != "module")
+        table.add_column("module", overflow="fold", min_width=6)
+        for col in ("L2", "max|g|", "min|g|>0", "zeros", "inf/nan", "fp16 u/o", "bf16 u/o", "e4m3 u/o",
+                    "e5m2 u/o"):  # u/o: share of non-zero gradients that would underflow / overflow
+            table.add_column(col, justify="right", no_wrap=True)
         for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
             if "zero_frac" not in s:  # stats="norms"
                 table.add_row(module, _num(s["l2"]), _num(s["absmax"]), *["-"] * 7)
