@@ -22,11 +22,11 @@ import torch
 
 from ampdoctor.findings import Finding, Severity
 from ampdoctor.grad_stats import sample_index
+from ampdoctor.training import HALF
 
 __all__ = ["LostUpdateMonitor", "LOST_FRACTION"]
 
 LOST_FRACTION = 0.5  # AMP607 when most (> half) of the sampled updates of a parameter were lost
-_LOW = (torch.float16, torch.bfloat16)
 
 
 class LostUpdateMonitor:
@@ -46,7 +46,7 @@ class LostUpdateMonitor:
 
     def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *, sample: int = 4096, seed: int = 0,
                  on_error: Callable[[BaseException], None] | None = None) -> None:
-        picked = [(n, p) for n, p in named_params if p.requires_grad and p.dtype in _LOW and p.numel()]
+        picked = [(n, p) for n, p in named_params if p.requires_grad and p.dtype in HALF and p.numel()]
         self.names = [n for n, _ in picked]
         self._params: list[torch.Tensor] = [p for _, p in picked]
         self.dtypes = [str(p.dtype).removeprefix("torch.") for _, p in picked]

@@ -25,11 +25,10 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampdoctor.fixes import migrate_state_, upcast_refusal
-from ampdoctor.training import LOW_PRECISION
+from ampdoctor.training import HALF, LOW_PRECISION
 
 __all__ = ["MasterWeights", "is_managed"]
 
-_HALF = (torch.float16, torch.bfloat16)
 _AMP_ATTRS = ("grad_scale", "found_inf")  # set on the optimizer by GradScaler.step for fused optimizers
 # Parameters with an attached MasterWeights. Keyed by identity: a WeakSet would compare tensors with ==.
 _MANAGED: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -269,7 +268,7 @@ class MasterWeights(torch.optim.Optimizer):
             refusal = upcast_refusal(name, p)
             if refusal is not None:
                 raise refusal
-            if p.dtype not in _HALF:
+            if p.dtype not in HALF:
                 raise ValueError(
                     f"parameter {name!r} is {p.dtype}; MasterWeights keeps fp16/bf16 compute copies, and fp8 "
                     "training needs scaled matmuls. Use torchao's float8 training, or upcast it first."

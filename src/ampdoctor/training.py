@@ -8,6 +8,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+HALF = (torch.float16, torch.bfloat16)  # the 16-bit float formats
 LOW_PRECISION = frozenset(
     {torch.float16, torch.bfloat16}
     | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")

@@ -25,9 +25,8 @@ from ampdoctor.catalog import get_rule
 from ampdoctor.findings import Finding
 from ampdoctor.rules import check
 from ampdoctor.rules.config import dtype_name, plain_scaler_enabled, scaler_label, unwrap_optimizer
-from ampdoctor.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.training import HALF, ParamInfo, TrainingSetup, group_by_module
 
-HALF = (torch.float16, torch.bfloat16)
 MAX_MODULE_FINDINGS = 50  # per rule; the rest are counted in one summary finding
 MAX_LISTED = 10  # tensors named in one finding's detail
 
