@@ -82,7 +82,6 @@ def test_a_killed_run_leaves_a_readable_log_up_to_its_last_written_step(killed_l
 
 
 def _render(path: Path, *extra: str) -> tuple[int, str]:
-    pytest.importorskip("ampdoctor.report_files", reason="`ampdoctor report` for .jsonl logs is not in src yet")
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["report", str(path), *extra])
