@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ampdoctor.preflight import check
+from ampdoctor.preflight.engine import check
 
 
 def linear_model(tensors: int) -> nn.Module:

@@ -24,7 +24,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))  # run from a checkout
 
-from ampdoctor.master_weights import MasterWeights  # noqa: E402
+from ampdoctor.repairs.master_weights import MasterWeights  # noqa: E402
 
 WIDTH, DEPTH = 1024, 4  # 4 x (1024*1024 + 1024) ≈ 4.2 M parameters
 WARMUP, REPEATS = 5, 31

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 import ampdoctor
-from ampdoctor.activations import ActivationMonitor
+from ampdoctor.monitor.activations import ActivationMonitor
 
 VOCAB, D_MODEL, LAYERS, HEADS, FF, BATCH, SEQ = 8192, 320, 4, 5, 1280, 4, 64
 

@@ -14,21 +14,21 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "check": "ampdoctor.preflight",
-    "explain": "ampdoctor.explain",
-    "fix": "ampdoctor.fixes",
-    "upcast_trainable_params_": "ampdoctor.fixes",
-    "Change": "ampdoctor.fixes",
-    "MasterWeights": "ampdoctor.master_weights",
-    "watch": "ampdoctor.watcher",
-    "Watch": "ampdoctor.watcher",
-    "Finding": "ampdoctor.findings",
-    "Severity": "ampdoctor.findings",
-    "Rule": "ampdoctor.catalog",
-    "RULES": "ampdoctor.catalog",
-    "get_rule": "ampdoctor.catalog",
-    "Report": "ampdoctor.report",
-    "TrainingSetup": "ampdoctor.training",
+    "check": "ampdoctor.preflight.engine",
+    "explain": "ampdoctor.explanations.crash",
+    "fix": "ampdoctor.repairs.upcast",
+    "upcast_trainable_params_": "ampdoctor.repairs.upcast",
+    "Change": "ampdoctor.repairs.upcast",
+    "MasterWeights": "ampdoctor.repairs.master_weights",
+    "watch": "ampdoctor.monitor.watcher",
+    "Watch": "ampdoctor.monitor.watcher",
+    "Finding": "ampdoctor.core.findings",
+    "Severity": "ampdoctor.core.findings",
+    "Rule": "ampdoctor.core.catalog",
+    "RULES": "ampdoctor.core.catalog",
+    "get_rule": "ampdoctor.core.catalog",
+    "Report": "ampdoctor.core.report",
+    "TrainingSetup": "ampdoctor.core.training",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

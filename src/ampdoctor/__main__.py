@@ -1,3 +1,3 @@
-from ampdoctor.cli import main
+from ampdoctor.ui.cli import main
 
 raise SystemExit(main())

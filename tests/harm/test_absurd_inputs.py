@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import ampdoctor
-from ampdoctor.cli import main
+from ampdoctor.ui.cli import main
 
 from .test_identity import (assert_same_training, codes, leftovers, load_script, one_torch_thread,  # noqa: F401
                             run_script_plain, script_path, watch_all)
@@ -46,7 +46,7 @@ def test_check_gives_a_clean_report_on_absurd_setups(case):
     report = ampdoctor.check(model, opts, scaler, autocast_dtype=torch.float16 if scaler else None)
     assert "AMP001" not in report.codes(), report.findings
     data = json.loads(report.to_json())
-    assert data["schema"] == "ampdoctor.report/1"
+    assert data["schema"] == "ampdoctor.core.report/1"
 
 
 def test_check_reads_a_meta_model_without_touching_data():

@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ampdoctor
-from ampdoctor.catalog import RULES, Rule
-from ampdoctor.cli import main
-from ampdoctor.explain import explain_text
-from ampdoctor.recorder import SCHEMA as LOG_SCHEMA
-from ampdoctor.recorder import read_log
-from ampdoctor.report import SCHEMA as REPORT_SCHEMA
+from ampdoctor.core.catalog import RULES, Rule
+from ampdoctor.ui.cli import main
+from ampdoctor.explanations.crash import explain_text
+from ampdoctor.monitor.recorder import SCHEMA as LOG_SCHEMA
+from ampdoctor.monitor.recorder import read_log
+from ampdoctor.core.report import SCHEMA as REPORT_SCHEMA
 
 from .test_identity import one_torch_thread, script_path  # noqa: F401  (autouse fixture)
 

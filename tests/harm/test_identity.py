@@ -37,9 +37,9 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 import ampdoctor
-from ampdoctor.cli import main
-from ampdoctor.doctor import Doctor
-from ampdoctor.launcher import run_script
+from ampdoctor.ui.cli import main
+from ampdoctor.runner.doctor import Doctor
+from ampdoctor.runner.launcher import run_script
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -520,7 +520,7 @@ def test_watch_does_not_keep_the_training_objects_alive(tmp_path):
 
 
 def test_watch_does_not_keep_the_objects_alive_after_an_internal_error(monkeypatch):
-    from ampdoctor.grad_stats import GradStats
+    from ampdoctor.monitor.grad_stats import GradStats
 
     def broken(self, *args, **kwargs):
         raise RuntimeError("injected")

@@ -20,19 +20,19 @@ from typing import Any, Callable
 import pytest
 import torch
 
-import ampdoctor.activations
-import ampdoctor.doctor
-import ampdoctor.explain
-import ampdoctor.grad_stats
-import ampdoctor.guards
-import ampdoctor.lost_updates
-import ampdoctor.op_trace
-import ampdoctor.preflight
-import ampdoctor.recorder
-import ampdoctor.rules
-import ampdoctor.scale_monitor
-import ampdoctor.watcher
-from ampdoctor.cli import main
+import ampdoctor.monitor.activations
+import ampdoctor.runner.doctor
+import ampdoctor.explanations.crash
+import ampdoctor.monitor.grad_stats
+import ampdoctor.guard.scaler_guard
+import ampdoctor.monitor.lost_updates
+import ampdoctor.monitor.op_replay
+import ampdoctor.preflight.engine
+import ampdoctor.monitor.recorder
+import ampdoctor.preflight.rules
+import ampdoctor.monitor.loss_scale
+import ampdoctor.monitor.watcher
+from ampdoctor.ui.cli import main
 
 from .test_identity import (assert_same_training, codes, leftovers, load_script, one_torch_thread,  # noqa: F401
                             script_path, watch_all)
@@ -99,21 +99,21 @@ def amp001(findings: list[Any]) -> list[Any]:
 # ---- faults inside watch() ------------------------------------------------------------------------------------
 
 WATCH_FAULTS = [
-    Fault("grad-stats", lambda: ampdoctor.grad_stats.GradStats, "compute", "gradients"),
-    Fault("grad-stats-late", lambda: ampdoctor.grad_stats.GradStats, "compute", "gradients", after=4),
-    Fault("grad-stats-unscaled", lambda: ampdoctor.grad_stats.GradStats, "compute", "gradients", loop="bf16-weights"),
+    Fault("grad-stats", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients"),
+    Fault("grad-stats-late", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients", after=4),
+    Fault("grad-stats-unscaled", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients", loop="bf16-weights"),
     # the observer itself is what checks ScaleMonitor.disabled: replaced, it keeps being called (and ignored)
-    Fault("scale-observer", lambda: ampdoctor.scale_monitor.ScaleMonitor, "_before_update", "scale",
+    Fault("scale-observer", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "_before_update", "scale",
           steps_aside=False),
-    Fault("scale-consume", lambda: ampdoctor.scale_monitor.ScaleMonitor, "consume", "scale", after=2),
-    Fault("lost-updates-consume", lambda: ampdoctor.lost_updates.LostUpdateMonitor, "consume", "lost_updates",
+    Fault("scale-consume", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "consume", "scale", after=2),
+    Fault("lost-updates-consume", lambda: ampdoctor.monitor.lost_updates.LostUpdateMonitor, "consume", "lost_updates",
           loop="bf16-weights", after=1),
-    Fault("recorder-disk-full", lambda: ampdoctor.recorder.FlightRecorder, "write", "recorder", after=3,
+    Fault("recorder-disk-full", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=3,
           error=_disk_full),
-    Fault("activation-hook", lambda: ampdoctor.activations.ActivationMonitor, "_forward_stats", "Activation"),
-    Fault("activation-record", lambda: ampdoctor.activations.ActivationMonitor, "_close", "Activation", after=1),
-    Fault("whole-sync", lambda: ampdoctor.watcher.Watch, "_sync", "watch", after=2),
-    Fault("whole-sync-no-scaler", lambda: ampdoctor.watcher.Watch, "_sync", "watch", loop="bf16-weights", after=2),
+    Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
+    Fault("activation-record", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_close", "Activation", after=1),
+    Fault("whole-sync", lambda: ampdoctor.monitor.watcher.Watch, "_sync", "watch", after=2),
+    Fault("whole-sync-no-scaler", lambda: ampdoctor.monitor.watcher.Watch, "_sync", "watch", loop="bf16-weights", after=2),
 ]
 
 
@@ -142,7 +142,7 @@ def test_a_fault_inside_watch_is_reported_once_and_training_is_unchanged(fault, 
 
 
 def test_the_other_parts_keep_working_when_one_steps_aside(monkeypatch):
-    inject(monkeypatch, Fault("scale", lambda: ampdoctor.scale_monitor.ScaleMonitor, "_before_update", "scale"))
+    inject(monkeypatch, Fault("scale", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "_before_update", "scale"))
     attach, watches = watch_all()
     load_script("amp_loop.py")["train"]("foreach", attach=attach)
     w = watches[0]
@@ -153,7 +153,7 @@ def test_the_other_parts_keep_working_when_one_steps_aside(monkeypatch):
 def test_a_fault_in_the_forward_replay_restores_buffers_and_rng(monkeypatch):
     """The op-level re-run of a non-finite forward fails half-way (after BatchNorm ran in train mode): the
     running statistics and the RNG must be restored all the same."""
-    calls = inject(monkeypatch, Fault("op-trace", lambda: ampdoctor.op_trace.NonfiniteOpTracer,
+    calls = inject(monkeypatch, Fault("op-trace", lambda: ampdoctor.monitor.op_replay.NonfiniteOpTracer,
                                       "__torch_dispatch__", "", after=6))
     base = baseline("foreach")
     attach, watches = watch_all()
@@ -172,20 +172,20 @@ def _boom_rule(setup: Any) -> Any:
 
 
 RUN_FAULTS = [
-    Fault("rule", lambda: ampdoctor.rules.CHECKS, "AMP101", "rule AMP101", dict_item=True),
-    Fault("preflight", lambda: ampdoctor.preflight, "run_preflight", "ampdoctor"),
-    Fault("guard-step", lambda: ampdoctor.guards.ScalerGuard, "_before_step", "ScalerGuard"),
-    Fault("guard-update", lambda: ampdoctor.guards.ScalerGuard, "_after_update", "ScalerGuard", after=3),
-    Fault("guard-clip", lambda: ampdoctor.guards.ScalerGuard, "_after_clip", "ScalerGuard"),
-    Fault("guard-scheduler", lambda: ampdoctor.guards.ScalerGuard, "_before_scheduler", "ScalerGuard", after=1),
-    Fault("attach-watch", lambda: ampdoctor.watcher, "watch", "ampdoctor"),
-    Fault("recorder-disk-full-at-open", lambda: ampdoctor.recorder.FlightRecorder, "write", "ampdoctor",
+    Fault("rule", lambda: ampdoctor.preflight.rules.CHECKS, "AMP101", "rule AMP101", dict_item=True),
+    Fault("preflight", lambda: ampdoctor.preflight.engine, "run_preflight", "ampdoctor"),
+    Fault("guard-step", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_step", "ScalerGuard"),
+    Fault("guard-update", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_update", "ScalerGuard", after=3),
+    Fault("guard-clip", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_clip", "ScalerGuard"),
+    Fault("guard-scheduler", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_scheduler", "ScalerGuard", after=1),
+    Fault("attach-watch", lambda: ampdoctor.monitor.watcher, "watch", "ampdoctor"),
+    Fault("recorder-disk-full-at-open", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "ampdoctor",
           error=_disk_full),
-    Fault("recorder-disk-full-later", lambda: ampdoctor.recorder.FlightRecorder, "write", "recorder", after=4,
+    Fault("recorder-disk-full-later", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=4,
           error=_disk_full),
     # summary_data() runs twice: for the doctor's report, then for the recorder's end line at detach
-    Fault("watch-report", lambda: ampdoctor.watcher, "module_rollup", "ampdoctor", steps_aside=False),
-    Fault("activation-hook", lambda: ampdoctor.activations.ActivationMonitor, "_forward_stats", "Activation"),
+    Fault("watch-report", lambda: ampdoctor.monitor.watcher, "module_rollup", "ampdoctor", steps_aside=False),
+    Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
 ]
 
 
@@ -218,9 +218,9 @@ def test_a_fault_inside_ampdoctor_run_is_reported_once_and_training_is_unchanged
 
 
 def test_check_reports_a_broken_rule_once_and_runs_the_others(monkeypatch):
-    monkeypatch.setitem(ampdoctor.rules.CHECKS, "AMP101", _boom_rule)
+    monkeypatch.setitem(ampdoctor.preflight.rules.CHECKS, "AMP101", _boom_rule)
     model = torch.nn.Linear(4, 4).half()
-    report = ampdoctor.preflight.check(model, torch.optim.SGD(model.parameters(), lr=0.1),
+    report = ampdoctor.preflight.engine.check(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                        torch.amp.GradScaler("cpu"), autocast_dtype=torch.bfloat16)
     assert [f.where for f in report.findings if f.code == "AMP001"] == ["rule AMP101"]
     assert "AMP201" in report.codes()  # the other rules still ran: a GradScaler under bf16 autocast
@@ -228,7 +228,7 @@ def test_check_reports_a_broken_rule_once_and_runs_the_others(monkeypatch):
 
 def test_a_fault_while_explaining_a_crash_keeps_the_scripts_own_error(monkeypatch, tmp_path):
     """The script fails; explaining it fails too. The user still gets the script's traceback and exit status 1."""
-    calls = inject(monkeypatch, Fault("explain", lambda: ampdoctor.explain, "explain_exception", "ampdoctor"))
+    calls = inject(monkeypatch, Fault("explain", lambda: ampdoctor.explanations.crash, "explain_exception", "ampdoctor"))
     script = tmp_path / "fails.py"
     script.write_text("import torch\nraise KeyError('the script itself')\n")
     gc.collect()

@@ -1,0 +1,1 @@
+"""Core data: findings, the rule catalog, the training setup under examination, reports, environment."""

@@ -1,0 +1,395 @@
+'''The catalog of mixed-precision rules: stable codes, explanations and fixes.
+
+Every rule, whether it runs before the first step (``preflight``), while the GradScaler state machine runs
+(``runtime``), on a crash (``crash``) or while watching numerics (``watch``), lives here. Crash explanations match
+the ``errors`` patterns of these same rules, so there is one source of truth. Codes are never reused.
+'''
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ampdoctor.core.findings import Severity
+
+PHASES = ("preflight", "runtime", "crash", "watch")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One catalog entry.
+
+    Attributes:
+        code: stable identifier such as ``"AMP101"``; prefixes group rules (``AMP1`` = parameter dtypes).
+        name: symbolic kebab-case name.
+        title: one line saying what is wrong.
+        why: why it hurts.
+        fix: the fix, as code the user can paste.
+        severity: default severity of its findings.
+        phase: when it is checked; one of ``PHASES``.
+        errors: regular expressions matching the torch or library error texts this rule explains.
+        cases: failures.md case numbers it comes from.
+    """
+
+    code: str
+    name: str
+    title: str
+    why: str
+    fix: str
+    severity: Severity
+    phase: str
+    errors: tuple[str, ...] = ()
+    cases: tuple[int, ...] = ()
+    _compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", tuple(re.compile(p, re.IGNORECASE) for p in self.errors))
+
+    def matches(self, text: str) -> bool:
+        """Return whether ``text`` contains one of the error texts this rule explains."""
+        return any(p.search(text) for p in self._compiled)
+
+
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+_UNSCALE_TWICE = r"unscale_\(\) has already been called on this optimizer since the last update\(\)"
+_HALF_FLOAT = (
+    r"expected scalar type (Half|BFloat16|Float) but found (Half|BFloat16|Float)",
+    r"Input type \(\S+\) and (bias|weight) type \(\S+\) should be the same",
+    r"mat1 and mat2 must have the same dtype",
+    r"expected mat1 and mat2 to have the same dtype",
+    r"expected m1 and m2 to have the same dtype",
+    r"self and mat2 must have the same dtype",
+    r"expected (both vectors|query, key|input|key|value)[^\n]*same dtype",
+    r"mixed dtype \(CPU\): expect parameter to have scalar type of Float",
+    r"expected [^\n]{0,200}?dtype[^\n]{0,200}? to match",
+    r"Input dtypes must be the same, got: input \w+, batch1",
+    r"RNN input dtype \(torch\.\w+\) does not match weight dtype",
+    r"Type promoting not supported\. Got \w+ and \w+",
+    r"expected self and source to have same dtypes",
+    r"self \(\w+\) and source \(\w+\) must have the same scalar type",
+    r"Index put requires the source and destination dtypes match",
+    r"Expected self\.dtype to be equal to src\.dtype",
+    r"Expected tensor for argument #\d+ '\w+' to have the same type as tensor for argument",
+)
+
+RULES: tuple[Rule, ...] = (
+    # ---- AMP0xx: ampdoctor itself ---------------------------------------------------------------------------
+    Rule(
+        "AMP001", "internal-error", "ampdoctor hit an internal error and stepped aside",
+        "A check, monitor or writer of ampdoctor raised. Your training was not affected; that part of ampdoctor "
+        "is switched off for the rest of the run.",
+        "# please report it with `ampdoctor env` output: https://github.com/ampdoctor/ampdoctor/issues",
+        Severity.INFO, "runtime", (), (),
+    ),
+    # ---- AMP1xx: trainable parameter dtypes -------------------------------------------------------------
+    Rule(
+        "AMP101", "fp16-trainable-params", "Trainable float16 parameters under an fp16 GradScaler",
+        "GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 "
+        "optimizer update loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises "
+        "without naming the parameter. AMP expects fp32 parameters with fp16 compute under torch.autocast.",
+        "ampdoctor.upcast_trainable_params_(model)        # or: ampdoctor run --fix train.py\n"
+        "# by hand: for p in model.parameters():\n"
+        "#     if p.requires_grad: p.data = p.data.float()\n"
+        "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
+        "# diffusers: cast_training_params(model, dtype=torch.float32)",
+        E, "preflight", (r"Attempting to unscale FP16 gradients",), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
+    ),
+    Rule(
+        "AMP102", "bf16-params-fp16-amp", "Trainable bfloat16 parameters under an fp16 GradScaler or fp16 autocast",
+        "bf16 and fp16 have different ranges. On torch versions whose CUDA unscale kernel has no bfloat16 "
+        "version, scaler.step raises on GPU; on CPU it runs but mixes two half formats and still updates in bf16.",
+        "ampdoctor.upcast_trainable_params_(model)   # keep trainable params fp32, fp16 autocast + GradScaler\n"
+        "# or on Ampere+: drop the GradScaler and use torch.autocast(device, dtype=torch.bfloat16)",
+        E, "preflight",
+        (r"not implemented for 'BFloat16'",),
+        (12, 13),
+    ),
+    Rule(
+        "AMP103", "pure-half-no-master", "Pure half-precision training without fp32 master weights",
+        "The optimizer updates fp16/bf16 weights directly. w + lr*g rounds back to w when |lr*g| < |w|*2**-11 "
+        "(fp16) or |w|*2**-8 (bf16), so small updates vanish silently: LoRAs that learn nothing, frozen "
+        "LayerNorm gains.",
+        "opt = ampdoctor.MasterWeights(opt)   # fp32 master copy, model stays half\n"
+        "# or keep parameters fp32 and run the forward under torch.autocast(...)",
+        W, "preflight", (), (14, 15, 16, 39),
+    ),
+    Rule(
+        "AMP104", "adam-eps-underflow", "Adam eps is below what the parameter or state dtype can represent",
+        "Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8, so eps=1e-8 becomes 0 and "
+        "entries with zero gradient give 0/0 = NaN.",
+        "opt = torch.optim.AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)\n"
+        "# better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)",
+        E, "preflight", (), (16,),
+    ),
+    Rule(
+        "AMP105", "fused-optimizer-fp16-params", "A fused optimizer over float16 parameters hides the fp16-unscale error",
+        "Fused optimizers unscale inside their kernel (GradScaler passes allow_fp16=True), so no error is raised "
+        "and training is silently pure fp16, losing small updates. The first explicit unscale_() (for "
+        "clipping) then raises 'Attempting to unscale FP16 gradients'.",
+        "ampdoctor.upcast_trainable_params_(model, optimizer=opt)",
+        W, "preflight", (), (1,),
+    ),
+    # ---- AMP2xx: scaler, autocast and accelerator configuration --------------------------------------------
+    Rule(
+        "AMP201", "scaler-with-bf16", "A GradScaler is used with bf16 autocast",
+        "bf16 has fp32's exponent range, so loss scaling is not needed; the scaler only costs time (and on CUDA "
+        "bf16 gradients make it raise).",
+        "scaler = torch.amp.GradScaler(device, enabled=False)   # or remove scaler.scale/step/update",
+        W, "preflight", (), (40,),
+    ),
+    Rule(
+        "AMP202", "cuda-scaler-disabled", "GradScaler('cuda') quietly disabled itself: CUDA is not available",
+        "torch disables a 'cuda' GradScaler with one UserWarning when CUDA is missing. Training then runs with no "
+        "loss scaling, and fp16 gradients can underflow to zero unnoticed.",
+        "scaler = torch.amp.GradScaler('cpu')   # match the device you train on",
+        W, "preflight", (r"GradScaler is enabled, but CUDA is not available", ), (37,),
+    ),
+    Rule(
+        "AMP203", "accelerate-fp16-ignored", "accelerate's mixed_precision='fp16' is not in effect",
+        "Accelerator(mixed_precision='fp16') on a CPU keeps reporting 'fp16' but creates no GradScaler and no "
+        "autocast: training silently runs in fp32, so what you test is not what you will run on GPU.",
+        "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs",
+        W, "preflight", (), (7,),
+    ),
+    Rule(
+        "AMP204", "closure-with-scaler", "An optimizer closure (LBFGS) is used with an enabled GradScaler",
+        "GradScaler.step cannot re-evaluate a closure under loss scaling and raises.",
+        "# LBFGS: train without GradScaler (fp32 or bf16 autocast), or use a first-order optimizer with AMP",
+        E, "preflight", (r"Closure use is not currently supported if GradScaler is enabled",), (),
+    ),
+    Rule(
+        "AMP205", "fsdp-fp16-plain-scaler", "Sharded FSDP training with fp16 parameters uses a non-sharded GradScaler",
+        "A plain GradScaler refuses fp16 gradients and makes rank-local skip decisions: ranks disagree and "
+        "collectives hang. ShardedGradScaler allows fp16 and all-reduces found_inf.",
+        "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\nscaler = ShardedGradScaler()",
+        E, "preflight", (), (33, 34),
+    ),
+    Rule(
+        "AMP206", "scaler-kernel-unsupported", "The GradScaler kernels do not support this device or layout",
+        "Old torch versions lacked CPU and sparse kernels for the unscale and inf-check ops.",
+        "# pip install 'torch>=2.4', then:\nscaler = torch.amp.GradScaler('cpu')   # on CPU prefer bf16 autocast, no scaler",
+        E, "crash",
+        (r"Could not run 'aten::_amp_(foreach_)?non_finite_check_and_unscale_' with arguments from the",),
+        (34, 37, 38),
+    ),
+    Rule(
+        "AMP207", "bad-scaler-config", "GradScaler was constructed or updated with invalid values",
+        "growth_factor must be > 1, backoff_factor < 1, and a manual new_scale must be a float or a 1-element "
+        "tensor.",
+        "scaler = torch.amp.GradScaler(device, growth_factor=2.0, backoff_factor=0.5)\n"
+        "scaler.update(new_scale=float(value))",
+        E, "crash",
+        (r"The growth factor must be > 1\.0", r"The backoff factor must be < 1\.0",
+         r"new_scale should be a float or a 1-element"),
+        (),
+    ),
+    # ---- AMP3xx: model and optimizer wiring ----------------------------------------------------------------
+    Rule(
+        "AMP301", "optimizer-params-not-in-model", "The optimizer holds tensors that are not the model's parameters",
+        "The optimizer was built before the model was moved, cast, wrapped or re-created, so it updates stale "
+        "copies; their grads stay None and GradScaler reports 'No inf checks were recorded'.",
+        "model = model.to(device)            # move/cast/wrap first\n"
+        "opt = torch.optim.AdamW(model.parameters())   # then build the optimizer",
+        E, "preflight", (), (21,),
+    ),
+    Rule(
+        "AMP302", "params-missing-from-optimizer", "Trainable parameters are missing from every optimizer",
+        "They get gradients (and memory) but are never updated.",
+        "opt.add_param_group({'params': missing_params})   # or freeze them: p.requires_grad_(False)",
+        W, "preflight", (), (21,),
+    ),
+    # ---- AMP4xx: GradScaler state machine (runtime guards) ---------------------------------------------------
+    Rule(
+        "AMP401", "unscale-per-microbatch", "unscale_() (clipping) runs on every micro-batch of gradient accumulation",
+        "GradScaler allows one unscale_() per optimizer per update(). Clipping inside the accumulation loop "
+        "calls it again on the next micro-batch.",
+        "if (i + 1) % accum_steps == 0:        # accelerate: if accelerator.sync_gradients:\n"
+        "    scaler.unscale_(opt)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    scaler.step(opt); scaler.update(); opt.zero_grad()",
+        E, "runtime", (_UNSCALE_TWICE,), (17, 18),
+    ),
+    Rule(
+        "AMP402", "skip-without-update", "A step was skipped without calling scaler.update()",
+        "The optimizer stays UNSCALED until update(); skipping update() after a grad-norm guard makes the next "
+        "unscale_() raise.",
+        "if not torch.isfinite(norm) or norm > limit:\n    opt.zero_grad(); scaler.update(); continue   # always update()",
+        E, "runtime", (_UNSCALE_TWICE,), (19,),
+    ),
+    Rule(
+        "AMP403", "unscale-after-step", "unscale_() was called after scaler.step()",
+        "Unscaling and clipping must happen before the step that uses the gradients.",
+        "scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt); scaler.update()",
+        E, "runtime", (r"unscale_\(\) is being called after step\(\)",), (),
+    ),
+    Rule(
+        "AMP404", "step-twice", "scaler.step() was called twice for one optimizer before update()",
+        "Each optimizer may step once per iteration; several losses must be summed, or update() called between.",
+        "scaler.scale(loss_a + loss_b).backward()\nscaler.step(opt)\nscaler.update()",
+        E, "runtime", (r"step\(\) has already been called since the last update\(\)",), (20,),
+    ),
+    Rule(
+        "AMP405", "unscaled-backward", "backward() ran on an unscaled loss while a GradScaler is enabled",
+        "The scale is created by the first scaler.scale(loss); without it, unscale_/step/update have no scale, "
+        "and fp16 gradients are not protected from underflow.",
+        "scaler.scale(loss).backward()     # Lightning manual optimization: self.manual_backward(loss)",
+        E, "runtime",
+        (r"Attempted (step|unscale_|update) but _scale is None", r"Attempted \w+ but _growth_tracker is None",
+         r"_growth_tracker initialized before _scale"),
+        (22, 36),
+    ),
+    Rule(
+        "AMP406", "no-inf-checks", "The optimizer's parameters got no gradients (No inf checks were recorded)",
+        "GradScaler found no .grad in any of the optimizer's parameters: they are frozen, unused in forward, cut "
+        "off by reentrant checkpointing, or are not the tensors the model trains.",
+        "opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])\n"
+        "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})\n"
+        "# peft + reentrant checkpointing: model.enable_input_require_grads()",
+        E, "runtime", (r"No inf checks were recorded for this optimizer",), (21, 35),
+    ),
+    Rule(
+        "AMP407", "update-without-step", "scaler.update() ran with no step() or unscale_() in this iteration",
+        "update() needs at least one optimizer to have recorded an inf check since the last update().",
+        "scaler.step(opt)    # call step (or unscale_) for each optimizer before scaler.update()",
+        E, "runtime", (r"No inf checks were recorded prior to update",), (),
+    ),
+    Rule(
+        "AMP408", "clip-scaled-grads", "Gradients were clipped while still multiplied by the loss scale",
+        "clip_grad_norm_ compares the scaled norm (times 65536 by default) to max_norm, so clipping is "
+        "effectively always on and the updates shrink silently.",
+        "scaler.scale(loss).backward()\nscaler.unscale_(opt)          # before clipping\n"
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\nscaler.step(opt); scaler.update()",
+        W, "runtime", (), (24,),
+    ),
+    Rule(
+        "AMP409", "scheduler-on-skipped-step", "The LR scheduler stepped on a step the GradScaler skipped",
+        "The optimizer did not update, but the learning-rate schedule advanced, so the schedule drifts.",
+        "scale_before = scaler.get_scale(); scaler.step(opt); scaler.update()\n"
+        "if scaler.get_scale() >= scale_before: scheduler.step()   # accelerate: if not accelerator.optimizer_step_was_skipped",
+        I, "runtime", (r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`",), (23,),
+    ),
+    Rule(
+        "AMP410", "scaler-state-not-restored", "A resume restored the optimizer but not the GradScaler",
+        "The loss scale is learned state. Without scaler.load_state_dict it restarts at 65536, so the first steps "
+        "overflow and are skipped.",
+        "torch.save({'model': ..., 'opt': opt.state_dict(), 'scaler': scaler.state_dict()}, path)\n"
+        "scaler.load_state_dict(ckpt['scaler'])",
+        W, "runtime",
+        (r"The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler",
+         r"A GradScaler instance may only be pickled at the beginning of an iteration"),
+        (36,),
+    ),
+    # ---- AMP5xx: half/float mismatches outside autocast ---------------------------------------------------------
+    Rule(
+        "AMP501", "dtype-mismatch", "Half and float tensors meet outside torch.autocast",
+        "A module was cast with .half()/.to(dtype) while its inputs (or other modules) stayed in another dtype. "
+        "Ops outside autocast require matching dtypes.",
+        "with torch.autocast(device_type, dtype=torch.float16):   # let autocast pick op dtypes\n"
+        "    out = model(x)\n# or cast the input: model(x.to(next(model.parameters()).dtype))",
+        E, "crash", _HALF_FLOAT, (31, 32, 35),
+    ),
+    # ---- AMP6xx: numerics while training (watch) ------------------------------------------------------------
+    Rule(
+        "AMP601", "nonfinite-forward", "A module produced inf/NaN in the forward pass",
+        "fp16 overflows above 65504. Once an activation is inf, the loss is NaN and every step is skipped.",
+        "# upcast the module that overflows, e.g. run it outside autocast:\n"
+        "with torch.autocast(device_type, enabled=False):\n    y = module(x.float())\n"
+        "# or train in bf16, clamp activations, softmax(..., dtype=torch.float32)",
+        E, "watch", (r"returned (nan|inf) values", r"inf/nan detected"), (25, 28, 29),
+    ),
+    Rule(
+        "AMP602", "nonfinite-backward", "A module's gradient became inf/NaN in the backward pass",
+        "Gradients overflow the scaled fp16 range, or the forward produced values whose derivative is infinite.",
+        "# the GradScaler skips such steps; if it keeps happening, see AMP603 and upcast the module named here",
+        W, "watch", (r"Function '\w+' returned nan values",), (28, 30),
+    ),
+    Rule(
+        "AMP603", "loss-scale-collapse", "The loss scale keeps falling",
+        "The scaler halves the scale on every step with inf gradients. If the infs come from the forward pass "
+        "(an activation above 65504), lowering the scale never helps and the scale heads to 0.",
+        "# find the module that overflows (AMP601) and upcast it, or train in bf16:\n"
+        "with torch.autocast(device_type, dtype=torch.bfloat16): ...",
+        E, "watch",
+        (r"Current loss scale already at minimum", r"loss scale[^\n]{0,200}(minimum|collapsed)"),
+        (25, 26, 27),
+    ),
+    Rule(
+        "AMP604", "skipped-steps", "The GradScaler skipped optimizer steps",
+        "A skipped step is a batch of data that taught the model nothing; a run of them means the model is not "
+        "training.",
+        "# occasional skips at the start are normal; consecutive skips: see AMP601/AMP603",
+        W, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
+    ),
+    Rule(
+        "AMP605", "gradient-underflow", "Gradients would flush to zero in the low-precision format",
+        "Values below a format's smallest subnormal become 0 (fp16: 2**-24 ≈ 6e-8 after scaling).",
+        "# raise the loss scale (init_scale / growth_interval) or use bf16",
+        W, "watch", (), (),
+    ),
+    Rule(
+        "AMP606", "activation-headroom", "Activations are close to the fp16 maximum (65504)",
+        "An activation within a small factor of 65504 overflows to inf after the next growth in data or weights.",
+        "# run this module in fp32 or bf16, or rescale/clamp its output",
+        W, "watch", (), (25, 29),
+    ),
+    Rule(
+        "AMP607", "lost-updates", "Optimizer updates round away in low-precision weights",
+        "w + Δ == w when |Δ| < half an ulp of w. With bf16 weights a relative update below 2**-9 is lost.",
+        "opt = ampdoctor.MasterWeights(opt)   # fp32 master weights",
+        W, "watch", (), (15, 39),
+    ),
+    Rule(
+        "AMP608", "nonfinite-grad-norm", "The gradient norm is not finite",
+        "clip_grad_norm_ on inf gradients zeroes or NaNs them; under fp16 let the GradScaler skip the step "
+        "instead of raising before it.",
+        "scaler.unscale_(opt)\nnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # no error_if_nonfinite\n"
+        "scaler.step(opt); scaler.update()",
+        W, "watch", (r"The total norm of order \S+ for gradients from `parameters` is non-finite",), (30,),
+    ),
+)
+
+_BY_CODE = {r.code: r for r in RULES}
+_BY_NAME = {r.name: r for r in RULES}
+
+
+def get_rule(code_or_name: str) -> Rule:
+    """Return the rule with this code (``"AMP101"``) or name (``"fp16-trainable-params"``).
+
+    >>> get_rule("amp101").name
+    'fp16-trainable-params'
+    """
+    key = code_or_name.strip()
+    rule = _BY_CODE.get(key.upper()) or _BY_NAME.get(key.lower())
+    if rule is None:
+        raise KeyError(f"no rule {code_or_name!r}; codes run from {RULES[0].code} to {RULES[-1].code} "
+                       "(see `ampdoctor rules`)")
+    return rule
+
+
+def select(prefixes: Iterable[str] = ("AMP",), phase: str | None = None) -> list[Rule]:
+    """Return the rules whose codes start with any of ``prefixes``, optionally of one phase.
+
+    >>> [r.code for r in select(["AMP10"], phase="preflight")][:2]
+    ['AMP101', 'AMP102']
+    """
+    prefixes = tuple(p.upper() for p in prefixes)
+    return [r for r in RULES if r.code.startswith(prefixes) and (phase is None or r.phase == phase)]
+
+
+MAX_TEXT = 200_000  # an error sits at the end of a log; reading only its tail bounds the work on huge input
+_MAX_LINE = 2_000  # every pattern matches within one line; longer lines are cut
+
+
+def rules_for_error(text: str) -> list[Rule]:
+    """Return the rules whose error texts occur in ``text`` (an exception message or a traceback).
+
+    Work is bounded: only the last 200,000 characters are read, line by line, each cut to 2,000 characters,
+    and every pattern is linear (no nested quantifiers), so hostile input cannot make this slow.
+
+    >>> [r.code for r in rules_for_error("RuntimeError: step() has already been called since the last update().")]
+    ['AMP404']
+    """
+    lines = [line[:_MAX_LINE] for line in text[-MAX_TEXT:].splitlines()]
+    tail = "\n".join(lines)
+    return [r for r in RULES if r.matches(tail)]

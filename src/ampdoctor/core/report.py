@@ -1,0 +1,111 @@
+"""A report: findings plus context, one JSON shape for `check()`, `ampdoctor run` and `ampdoctor report`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding, Severity
+
+SCHEMA = "ampdoctor.core.report/1"
+
+
+@dataclass
+class Report:
+    """What ampdoctor found in one run or one check.
+
+    Attributes:
+        findings: the findings, in the order found.
+        exception: ``{"type", "message", "traceback"}`` of a crash, if any.
+        environment: see ``ampdoctor.core.environment.environment()``.
+        changes: what a fix changed, as strings.
+        extra: other sections (watch summaries), JSON-ready.
+
+    >>> r = Report([Finding("AMP101", Severity.ERROR, "fc.weight", "float16")])
+    >>> r.to_dict()["findings"][0]["title"]
+    'Trainable float16 parameters under an fp16 GradScaler'
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    exception: dict[str, str] | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error or warning finding and no exception."""
+        return self.exception is None and not any(f.severity is not Severity.INFO for f in self.findings)
+
+    def codes(self) -> list[str]:
+        """Return the distinct finding codes, in order of first appearance."""
+        return list(dict.fromkeys(f.code for f in self.findings))
+
+    def add(self, finding: Finding) -> None:
+        """Append ``finding`` unless the same code at the same place is already reported (first one wins)."""
+        key = (finding.code, finding.where)
+        if all((f.code, f.where) != key for f in self.findings):
+            self.findings.append(finding)
+
+    def to_dict(self) -> dict[str, Any]:
+        findings = []
+        for f in self.findings:
+            data = f.to_dict()
+            try:
+                rule = get_rule(f.code)
+                data.update(title=rule.title, fix=rule.fix)
+            except KeyError:
+                data.update(title="", fix="")
+            findings.append(data)
+        return {
+            "schema": SCHEMA,
+            "ok": self.ok,
+            "findings": findings,
+            "exception": self.exception,
+            "environment": self.environment,
+            "changes": self.changes,
+            **self.extra,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), indent=kwargs.pop("indent", 2), default=str, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Report":
+        """Rebuild a report from ``to_dict()`` output; raise ``ValueError`` on anything else."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError(f"not an ampdoctor report: expected schema {SCHEMA!r}, got "
+                             f"{(data.get('schema') if isinstance(data, dict) else type(data).__name__)!r:.80}")
+        items = _typed(data, "findings", list, [])
+        findings = []
+        for item in items:
+            try:
+                step = item.get("step")
+                findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
+                                        str(item["detail"]), step if isinstance(step, int) else None))
+            except (AttributeError, KeyError, ValueError, TypeError) as exc:
+                raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
+        exception = _typed(data, "exception", dict, None)
+        if exception is not None:
+            exception = {str(k): str(v) for k, v in exception.items()}
+        known = {"schema", "ok", "findings", "exception", "environment", "changes"}
+        return cls(findings, exception, _typed(data, "environment", dict, {}),
+                   [str(c) for c in _typed(data, "changes", list, [])],
+                   {k: v for k, v in data.items() if k not in known})
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from ampdoctor.ui.console import render_report
+
+        yield render_report(self)
+
+
+def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ValueError(f"not an ampdoctor report: {key!r} should be a JSON {kind.__name__}, got "
+                         f"{type(value).__name__}: {value!r:.80}")
+    return value

@@ -1,0 +1,1 @@
+"""Explain: crash explanations from the rule catalog."""

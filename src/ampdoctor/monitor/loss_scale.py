@@ -1,0 +1,246 @@
+"""The GradScaler's loss scale, step by step, and the optimizer steps it skipped.
+
+``ScaleMonitor`` observes ``scaler.update`` with a pass-through wrapper (``ampdoctor.core.patch.observe``). Just
+before ``update()`` runs it copies, on the device, the scale used for this step's backward and the sum of the
+scaler's own inf checks of every optimizer (``_per_optimizer_states[id(opt)]["found_inf_per_device"]``) into a
+preallocated buffer. That works the same for fused, foreach and for-loop optimizers: with a fused optimizer the
+scaler still records ``found_inf`` (``_check_inf_per_device``) and the kernel skips the update itself, so patching
+``optimizer.step`` would see a call that changed nothing. Nothing is read on the host until the owner gathers
+``pending()`` into its one sync of a sampled step and hands the values back to ``consume()``.
+
+Alarms (host side, at each consume):
+
+* AMP604 when a run of consecutive skipped steps reaches ``skip_run`` (3), or a run that starts at step 0 reaches
+  ``warmup_skip_run`` (8; the scale often halves a few times from 2**16 while it calibrates), or more than
+  ``skip_fraction`` (5%) of at least 100 steps were skipped.
+* AMP603 when the scale has fallen by ``collapse_factor`` (2**8) from its peak, or below 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.findings import Finding, Severity
+
+__all__ = ["ScaleMonitor"]
+
+
+class ScaleMonitor:
+    """Record the loss scale and skipped steps of a ``torch.amp.GradScaler``, with no host sync per step.
+
+    Args:
+        scaler: an enabled GradScaler (or subclass such as ``ShardedGradScaler``).
+        capacity: steps buffered on the device between two ``consume()`` calls; the buffer doubles if needed.
+        skip_run, warmup_skip_run, skip_fraction, collapse_factor: alarm thresholds, see the module docstring.
+        on_error: called with an exception raised inside the observer (the caller's update still runs).
+
+    >>> scaler = torch.amp.GradScaler("cpu")
+    >>> with ScaleMonitor(scaler) as monitor:
+    ...     pass
+    >>> monitor.steps
+    0
+    """
+
+    def __init__(self, scaler: Any, *, capacity: int = 64, skip_run: int = 3, warmup_skip_run: int = 8,
+                 skip_fraction: float = 0.05, collapse_factor: float = 2.0**8,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        if not hasattr(scaler, "update") or not hasattr(scaler, "_per_optimizer_states"):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}: {scaler!r:.80}")
+        self._scaler: Any = scaler
+        self.skip_run, self.warmup_skip_run = skip_run, warmup_skip_run
+        self.skip_fraction, self.collapse_factor = skip_fraction, collapse_factor
+        self.on_error = on_error
+        self._capacity = max(int(capacity), 1)
+        self._buffer: torch.Tensor | None = None  # [capacity, 2]: scale used, inf found (sum over optimizers)
+        self._pending = 0  # rows filled since the last consume
+        self._in_update = False
+        self.disabled = False  # set after an internal error: the observer stays (removed in order on detach)
+        self._handle: PatchHandle | None = None
+        # host-side state, filled by consume()
+        self.steps = 0
+        self.skipped = 0
+        self.history: list[tuple[int, float]] = []  # (step, scale) whenever the scale used changes
+        self.skipped_steps: list[int] = []  # kept up to 10_000; counts stay exact beyond that
+        self.current_scale: float | None = None  # the scale after the last consumed update
+        self.peak: tuple[int, float] | None = None
+        self.lowest: tuple[int, float] | None = None
+        self.run = 0  # consecutive skipped steps up to the last consumed one
+        self.run_start = 0
+        self.longest_run: tuple[int, int] = (0, 0)  # (length, first step)
+        self._findings: list[Finding] = []
+        self._reported: set[str] = set()
+
+    # ---- attaching ----------------------------------------------------------------------------------------
+    def attach(self) -> "ScaleMonitor":
+        """Observe ``scaler.update``; return ``self``. Attaching twice is a no-op."""
+        if self._handle is None:
+            self._handle = observe(self._scaler, "update", before=self._before_update, after=self._after_update,
+                                   on_error=self._error)
+        return self
+
+    def detach(self) -> None:
+        """Remove the observer and drop the reference to the scaler; gathered history stays."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._scaler = None
+
+    def __enter__(self) -> "ScaleMonitor":
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # ---- the observer: device copies only -----------------------------------------------------------------
+    def _before_update(self, new_scale: Any = None) -> None:
+        self._in_update = False
+        if self.disabled:
+            return
+        scaler = self._scaler
+        scale = getattr(scaler, "_scale", None)
+        if scaler is None or scale is None or not getattr(scaler, "_enabled", False):
+            return
+        found = [f for state in scaler._per_optimizer_states.values()
+                 for f in state["found_inf_per_device"].values()]
+        buffer = self._row_buffer(scale.device)
+        row = buffer[self._pending]
+        row[0].copy_(scale)  # before update(): the scale this step's backward used
+        if found:
+            # copy now: update() adds the other optimizers' flags into the first tensor in place
+            row[1].copy_(found[0])
+            for f in found[1:]:
+                row[1].add_(f.to(scale.device, non_blocking=True))
+        else:  # update() will raise "No inf checks were recorded" unless new_scale is given
+            row[1].zero_()
+        self._in_update = True
+
+    def _after_update(self, result: Any, new_scale: Any = None) -> None:
+        if self._in_update:  # update() returned: the step counts
+            self._pending += 1
+            self._in_update = False
+
+    def _row_buffer(self, device: torch.device) -> torch.Tensor:
+        buffer = self._buffer
+        if buffer is None or buffer.device != device:
+            buffer = self._buffer = torch.zeros((self._capacity, 2), dtype=torch.float32, device=device)
+            self._pending = 0
+        elif self._pending == buffer.shape[0]:  # more steps than expected between two syncs: grow on the device
+            buffer = self._buffer = torch.cat([buffer, torch.zeros_like(buffer)])
+        return buffer
+
+    def _error(self, exc: BaseException) -> None:
+        self._in_update = False
+        self.disabled = True
+        if self.on_error is not None:
+            self.on_error(exc)
+
+    # ---- the owner's sync -----------------------------------------------------------------------------------
+    def pending(self) -> dict[str, torch.Tensor]:
+        """Return the device tensors to read in the next sync: per-step rows and the scale after the last update."""
+        out: dict[str, torch.Tensor] = {}
+        if self.disabled:
+            return out
+        if self._buffer is not None and self._pending:
+            out["steps"] = self._buffer[: self._pending]
+        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        if scale is not None:
+            out["scale"] = scale.detach().reshape(1)
+        return out
+
+    def consume(self, values: dict[str, list[float]]) -> dict[str, Any]:
+        """Take the host values of ``pending()``; update history and alarms; return this stretch as JSON-ready."""
+        rows = values.get("steps", [])
+        first = self.steps
+        skipped_now: list[int] = []
+        changes: list[list[float]] = []
+        for k in range(0, len(rows), 2):
+            scale, inf = rows[k], rows[k + 1]
+            step = self.steps
+            if not self.history or self.history[-1][1] != scale:
+                self.history.append((step, scale))
+                changes.append([step, scale])
+            if self.peak is None or scale > self.peak[1]:
+                self.peak = (step, scale)
+            if self.lowest is None or scale < self.lowest[1]:
+                self.lowest = (step, scale)
+            if inf > 0:
+                if self.run == 0:
+                    self.run_start = step
+                self.run += 1
+                self.skipped += 1
+                skipped_now.append(step)
+                if len(self.skipped_steps) < 10_000:
+                    self.skipped_steps.append(step)
+                if self.run > self.longest_run[0]:
+                    self.longest_run = (self.run, self.run_start)
+            else:
+                self.run = 0
+            self.steps += 1
+        self._pending = 0
+        if "scale" in values:
+            self.current_scale = values["scale"][0]
+        self._check()
+        return {"steps": [first, self.steps], "scale": self.current_scale, "scale_changes": changes,
+                "skipped": skipped_now, "skipped_total": self.skipped, "skip_run": self.run}
+
+    # ---- alarms -------------------------------------------------------------------------------------------
+    def _check(self) -> None:
+        length, start = self.longest_run
+        needed = self.warmup_skip_run if start == 0 else self.skip_run
+        if "AMP604" not in self._reported and length >= needed:
+            self._report("AMP604", Severity.WARNING, start,
+                         f"{length} consecutive optimizer steps skipped from step {start} (inf/NaN gradients); "
+                         f"{self.skipped} of {self.steps} steps skipped so far")
+        elif "AMP604" not in self._reported and self.steps >= 100 and self.skipped > self.skip_fraction * self.steps:
+            self._report("AMP604", Severity.WARNING, self.steps - 1,
+                         f"{self.skipped} of {self.steps} optimizer steps skipped ({self.skipped / self.steps:.0%}), "
+                         f"more than {self.skip_fraction:.0%}")
+        low = self.current_scale
+        if "AMP603" in self._reported or self.peak is None or low is None:
+            return
+        if low < 1 or self.peak[1] / max(low, 1e-45) >= self.collapse_factor:
+            self._report("AMP603", Severity.ERROR, self.steps - 1, self.collapse_detail())
+
+    def collapse_detail(self, first_nonfinite_module: str | None = None) -> str:
+        """Describe the fall of the scale; name the first non-finite module when one is known."""
+        peak_step, peak = self.peak or (0, math.nan)
+        low = self.current_scale if self.current_scale is not None else math.nan
+        text = (f"loss scale fell from {peak:g} (step {peak_step}) to {low:g} after step {self.steps - 1}, "
+                f"{self.skipped} of {self.steps} steps skipped. When the scale keeps halving, the inf/NaN come from "
+                f"the forward pass (an activation above 65504), not from the scaling: no smaller scale can fix them.")
+        if first_nonfinite_module:
+            text += f" First module with a non-finite output: {first_nonfinite_module}."
+        else:
+            text += " Run with activations=True to name the first module whose output is inf/NaN."
+        return text
+
+    def name_culprit(self, module: str | None) -> None:
+        """Add the activation monitor's first non-finite module to an AMP603 finding already made."""
+        for k, f in enumerate(self._findings):
+            if f.code == "AMP603" and module and module not in f.detail:
+                self._findings[k] = Finding(f.code, f.severity, f.where, self.collapse_detail(module), f.step)
+
+    def _report(self, code: str, severity: Severity, step: int, detail: str) -> None:
+        self._reported.add(code)
+        self._findings.append(Finding(code, severity, "GradScaler", detail, step))
+
+    def findings(self) -> list[Finding]:
+        """Return AMP603 and AMP604 findings so far (each at most once)."""
+        return list(self._findings)
+
+    def summary(self) -> dict[str, Any]:
+        """Return a JSON-ready summary of the scale and the skipped steps."""
+        return {
+            "steps": self.steps, "skipped": self.skipped,
+            "skipped_fraction": self.skipped / self.steps if self.steps else 0.0,
+            "longest_skip_run": {"length": self.longest_run[0], "first_step": self.longest_run[1]},
+            "current": self.current_scale,
+            "peak": None if self.peak is None else {"step": self.peak[0], "scale": self.peak[1]},
+            "lowest": None if self.lowest is None else {"step": self.lowest[0], "scale": self.lowest[1]},
+            "history": [list(h) for h in self.history[-200:]],
+            "skipped_steps": self.skipped_steps[-200:],
+        }

@@ -1,0 +1,236 @@
+"""Pre-flight rules AMP201–AMP205: how the GradScaler, autocast, accelerate and FSDP are configured.
+
+The scaler helpers here (`is_sharded_scaler`, `plain_scaler_enabled`, `scaler_label`) are shared with the other
+rule modules. Nothing here imports ``torch.distributed`` or ``accelerate``: a user object can only be an instance of
+a class whose module is already imported, so the rules look the class up in ``sys.modules`` (importing
+``torch.distributed.fsdp`` costs about a second when nothing else has).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Iterator
+
+import torch
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding
+from ampdoctor.preflight.rules import check
+from ampdoctor.core.training import TrainingSetup
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Return the dtype's name without the ``torch.`` prefix.
+
+    >>> dtype_name(torch.float16)
+    'float16'
+    """
+    return str(dtype).removeprefix("torch.")
+
+
+def _loaded_class(module: str, name: str) -> type | None:
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name, None) if loaded is not None else None
+
+
+def is_sharded_scaler(scaler: Any) -> bool:
+    """Return whether ``scaler`` is an FSDP ``ShardedGradScaler``, which allows fp16 gradients."""
+    cls = _loaded_class("torch.distributed.fsdp.sharded_grad_scaler", "ShardedGradScaler")
+    return cls is not None and isinstance(scaler, cls)
+
+
+def plain_scaler_enabled(setup: TrainingSetup) -> bool:
+    """Return whether an enabled GradScaler that refuses fp16 gradients (not a ShardedGradScaler) is present."""
+    return setup.scaler_enabled and not is_sharded_scaler(setup.scaler)
+
+
+def scaler_label(scaler: Any) -> str:
+    """Return how the scaler was built.
+
+    >>> scaler_label(torch.amp.GradScaler("cpu"))
+    "GradScaler('cpu')"
+    """
+    return f"{type(scaler).__name__}({getattr(scaler, '_device', '?')!r})"
+
+
+def unwrap_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Return the optimizer inside wrappers such as accelerate's ``AcceleratedOptimizer``."""
+    seen = 0
+    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 8:
+        opt, seen = opt.optimizer, seen + 1
+    return opt
+
+
+@check("AMP201")
+def scaler_with_bf16_autocast(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag an enabled GradScaler while autocast runs in bfloat16.
+
+    >>> setup = TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"), autocast_dtype=torch.bfloat16)
+    >>> [f.where for f in scaler_with_bf16_autocast(setup)]
+    ['GradScaler']
+    """
+    if not setup.scaler_enabled or setup.autocast_dtype != torch.bfloat16:
+        return
+    scaler = setup.scaler
+    yield Finding(
+        "AMP201", get_rule("AMP201").severity, "GradScaler",
+        f"{scaler_label(scaler)} is enabled (init_scale={getattr(scaler, '_init_scale', '?')}) while autocast runs in "
+        "bfloat16. bfloat16 has float32's 8 exponent bits (max ≈ 3.4e38, smallest normal ≈ 1.2e-38), so gradients "
+        "need no loss scaling; scale(), unscale_() and update() only add work (and on CUDA, torch versions "
+        "without a bfloat16 unscale kernel raise on bfloat16 gradients).",
+    )
+
+
+@check("AMP202")
+def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag a GradScaler('cuda') that torch disabled because CUDA is not available.
+
+    >>> setup = TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"))
+    >>> list(cuda_scaler_disabled(setup))
+    []
+    """
+    scaler = setup.scaler
+    if scaler is None or getattr(scaler, "_device", None) != "cuda" or getattr(scaler, "_enabled", True):
+        return
+    if setup.autocast_dtype == torch.bfloat16:
+        return  # a disabled scaler is what bf16 wants, however it came about
+    if torch.cuda.is_available():
+        return  # then enabled=False was the user's choice
+    yield Finding(
+        "AMP202", get_rule("AMP202").severity, "GradScaler",
+        f"{scaler_label(scaler)} has _enabled=False and torch.cuda.is_available() is False: torch disabled it at "
+        "construction with one UserWarning ('torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
+        "Disabling.'). scale() returns the loss unchanged and step() is a plain optimizer.step(), so "
+        f"{'fp16' if setup.autocast_dtype == torch.float16 else 'any fp16'} gradients get no loss scaling and "
+        "values below 2**-24 ≈ 6e-8 flush to zero. If you passed enabled=False on purpose, build it for the "
+        "device you train on instead.",
+    )
+
+
+# accelerate leaves these to the engine, which owns fp16 and its loss scaler
+_ENGINE_OWNS_FP16 = {"DEEPSPEED", "MEGATRON_LM"}
+
+
+@check("AMP203")
+def accelerate_fp16_not_in_effect(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag an ``Accelerator(mixed_precision="fp16")`` that neither autocasts nor scales.
+
+    >>> list(accelerate_fp16_not_in_effect(TrainingSetup(torch.nn.Linear(2, 2))))  # no accelerator
+    []
+    """
+    acc = setup.accelerator
+    if acc is None or str(getattr(acc, "mixed_precision", "")) != "fp16":
+        return
+    kind = getattr(getattr(acc, "distributed_type", None), "value", str(getattr(acc, "distributed_type", "")))
+    if str(kind).upper() in _ENGINE_OWNS_FP16:
+        return
+    native_amp = bool(getattr(acc, "native_amp", False))
+    scaler = getattr(acc, "scaler", None)
+    if native_amp and scaler is not None:
+        return
+    device = getattr(acc, "device", None)
+    device_type = getattr(device, "type", str(device))
+    accelerate = sys.modules.get("accelerate")
+    version = getattr(accelerate, "__version__", "?")
+    if device_type == "cpu":
+        # accelerate (1.x, read in 1.15 Accelerator.__init__) sets up fp16 only when `self.device.type != "cpu"`;
+        # on CPU it neither raises nor warns.
+        how = (f"on device {str(device)!r}: accelerate {version} only sets up fp16 when the device is not CPU, so it "
+               f"left native_amp={native_amp} and created no GradScaler (accelerator.scaler is "
+               f"{'None' if scaler is None else scaler_label(scaler)}), and raised no error")
+    else:
+        how = (f"on device {str(device)!r} with native_amp={native_amp} and accelerator.scaler="
+               f"{'None' if scaler is None else scaler_label(scaler)} (accelerate {version})")
+    yield Finding(
+        "AMP203", get_rule("AMP203").severity, "Accelerator",
+        f"Accelerator(mixed_precision='fp16') reports mixed_precision='fp16' {how}. prepare() therefore does not "
+        "wrap forward in torch.autocast, accelerator.autocast() is a no-op and accelerator.backward() does not "
+        "scale the loss: the model trains in its own parameter dtype (float32 for a float32 model), not fp16 "
+        "mixed precision.",
+    )
+
+
+def _requires_closure(opt: torch.optim.Optimizer) -> bool:
+    if isinstance(opt, torch.optim.LBFGS):
+        return True
+    try:
+        closure = inspect.signature(opt.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+@check("AMP204")
+def closure_with_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag an optimizer whose step needs a closure (LBFGS) next to an enabled GradScaler.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> opt = torch.optim.LBFGS(model.parameters())
+    >>> [f.where for f in closure_with_scaler(TrainingSetup(model, opt, torch.amp.GradScaler("cpu")))]
+    ['optimizer[0]']
+    """
+    if not setup.scaler_enabled:
+        return
+    for index, opt in enumerate(setup.optimizers):
+        inner = unwrap_optimizer(opt)
+        if _requires_closure(inner):
+            yield Finding(
+                "AMP204", get_rule("AMP204").severity, f"optimizer[{index}]",
+                f"{type(inner).__name__}.step needs a closure that re-evaluates the loss, and "
+                f"{scaler_label(setup.scaler)} is enabled: scaler.step(opt, closure) raises 'Closure use is not "
+                "currently supported if GradScaler is enabled.' (GradScaler cannot rescale a loss computed inside "
+                "the step).",
+            )
+
+
+def _fsdp2_reduces_found_inf() -> bool:
+    # DTensor's dispatcher all-reduces found_inf for DTensor grads (found_inf_reduce_handler, present in torch 2.13),
+    # so a plain GradScaler agrees across ranks under FSDP2, whose sharded fp32 params also give fp32 grads. This is
+    # why accelerate builds a plain GradScaler for FSDP2. Older torch without the handler decides per rank.
+    dispatch = sys.modules.get("torch.distributed.tensor._dispatch")
+    return dispatch is not None and hasattr(dispatch, "found_inf_reduce_handler")
+
+
+@check("AMP205")
+def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag FSDP (FSDP1) computing in float16 next to an enabled GradScaler that is not a ShardedGradScaler.
+
+    FSDP2 (``fully_shard``) is left alone on a torch whose DTensor all-reduces ``found_inf``; see
+    ``_fsdp2_reduces_found_inf``.
+
+    >>> list(fsdp_fp16_with_plain_scaler(TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"))))
+    []
+    """
+    if not plain_scaler_enabled(setup):
+        return
+    fsdp1 = _loaded_class("torch.distributed.fsdp", "FullyShardedDataParallel")
+    fsdp2 = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+    if fsdp1 is None and fsdp2 is None:
+        return  # FSDP was never imported, so nothing can be wrapped in it
+    check_fsdp2 = fsdp2 is not None and not _fsdp2_reduces_found_inf()
+    units: list[tuple[str, str]] = []
+    for mi, model in enumerate(setup.models):
+        prefix = "" if len(setup.models) == 1 else f"model{mi}."
+        for name, module in model.named_modules():
+            dtype = None
+            if fsdp1 is not None and isinstance(module, fsdp1):
+                dtype = getattr(getattr(module, "mixed_precision", None), "param_dtype", None)
+                kind = "FSDP(mixed_precision=MixedPrecision(param_dtype=float16))"
+            elif check_fsdp2 and isinstance(module, fsdp2):
+                state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+                dtype = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
+                kind = "fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=float16))"
+            if dtype == torch.float16:
+                units.append((f"{prefix}{name}" or "(root)", kind))
+    if not units:
+        return
+    where, kind = units[0]
+    shown = ", ".join(n for n, _ in units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
+    yield Finding(
+        "AMP205", get_rule("AMP205").severity, where,
+        f"{len(units)} FSDP unit(s) compute in float16 ({kind}): {shown}; the scaler is {scaler_label(setup.scaler)}, "
+        "not a ShardedGradScaler. Each rank checks only its own gradient shard for inf, so ranks can disagree "
+        "on skipping a step and their loss scales drift apart (and with keep_low_precision_grads=True it refuses the "
+        "fp16 gradients outright).",
+    )

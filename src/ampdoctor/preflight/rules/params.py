@@ -1,0 +1,339 @@
+"""Pre-flight rules AMP101–AMP105: the dtypes of trainable parameters and how the optimizer updates them.
+
+Only metadata is read (``dtype``, ``shape``, ``requires_grad``), so the rules work on meta-device models and cost
+one pass over the parameters. How the parameter rules split the work:
+
+* fp16 trainable parameters under an enabled GradScaler that refuses fp16 grads: AMP101 (plus AMP105 when the
+  optimizer is fused, which hides the error until the first explicit ``unscale_()``).
+* bf16 trainable parameters under an enabled GradScaler or fp16 autocast: AMP102.
+* any other fp16/bf16 trainable parameter (no scaler, a ShardedGradScaler, bf16 autocast) is updated without an fp32
+  master copy: AMP103. fp16 autocast without a scaler and fp16 parameters is therefore AMP103: nothing raises, the
+  update is simply pure half.
+
+Parameters with fp32 master weights (``ampdoctor.MasterWeights``) are exempt from all five: outside forward and
+backward the scaler, the optimizer and its state see fp32.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding
+from ampdoctor.preflight.rules import check
+from ampdoctor.preflight.rules.config import dtype_name, plain_scaler_enabled, scaler_label, unwrap_optimizer
+from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
+
+MAX_MODULE_FINDINGS = 50  # per rule; the rest are counted in one summary finding
+MAX_LISTED = 10  # tensors named in one finding's detail
+
+
+def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
+    """Return ``"a, b, c"``, cut to ``limit`` items with a count of the rest.
+
+    >>> listing(["a", "b", "c"], limit=2)
+    'a, b and 1 more'
+    """
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def findings_by_module(code: str, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
+    """Yield one finding per owning module naming its ``params``; past 50 modules, one finding counts the rest.
+
+    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``.
+    """
+    severity = get_rule(code).severity
+    summary = summary[:1].upper() + summary[1:]
+    end = " " if state.endswith((".", ".'")) else ". "
+    groups = list(group_by_module(params).items())
+    for module, members in groups[:MAX_MODULE_FINDINGS]:
+        verb = "is" if len(members) == 1 else "are"
+        yield Finding(code, severity, module,
+                      f"{listing([p.describe() for p in members])} {verb} {state}{end}{summary}")
+    rest = groups[MAX_MODULE_FINDINGS:]
+    if rest:
+        count = sum(len(members) for _, members in rest)
+        names = listing([module for module, _ in rest], limit=5)
+        yield Finding(code, severity, f"({len(rest)} more modules)",
+                      f"{count} more parameters in {len(rest)} more modules ({names}) are {state}{end}{summary}")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _share(count: int, total: int, dtype: torch.dtype, frozen: int) -> str:
+    """Say whether the low-precision trainable parameters are all of them or a few strays."""
+    name = dtype_name(dtype)
+    method = ".half()" if dtype == torch.float16 else ".bfloat16()"
+    if 2 * count > total and count < total:
+        return (f"{count} of {total} trainable parameters are {name}: most of the model was cast and a few modules "
+                f"kept float32, e.g. torch_dtype=torch.{name} with transformers' _keep_in_fp32_modules.")
+    if count < total:
+        return (f"{count} of {total} trainable parameters are {name}: stray casts of a few modules or parameters "
+                f"(a {method} or .to(torch.{name}) on one submodule, or an nn.Parameter created in {name}).")
+    everything = "the only trainable parameter is" if total == 1 else f"all {total} trainable parameters are"
+    if frozen:
+        return (f"{everything} {name} (next to {_plural(frozen, 'frozen parameter')}): the trainable part (adapters, "
+                f"heads) was created in or cast to the base model's {name}, e.g. peft with "
+                "autocast_adapter_dtype=False or a .to(dtype) after adding adapters.")
+    return f"{everything} {name}: the whole model was cast, e.g. torch_dtype=torch.{name} or {method}."
+
+
+def _master_weights_module() -> Any:
+    # Nothing can be managed by MasterWeights unless its module was imported, so look, don't import.
+    return sys.modules.get("ampdoctor.repairs.master_weights")
+
+
+def is_master_weights(opt: torch.optim.Optimizer) -> bool:
+    """Return whether ``opt`` is an ``ampdoctor.MasterWeights``, which keeps fp32 master copies.
+
+    >>> is_master_weights(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
+    False
+    """
+    cls = getattr(_master_weights_module(), "MasterWeights", None)
+    for candidate in (opt, unwrap_optimizer(opt)):
+        if cls is not None and isinstance(candidate, cls):
+            return True
+        if any(c.__name__ == "MasterWeights" for c in type(candidate).__mro__):  # a copy of it, or a fork
+            return True
+    return False
+
+
+def has_master(setup: TrainingSetup) -> Callable[[torch.Tensor], bool]:
+    """Return a predicate: does this parameter have fp32 master weights (``ampdoctor.MasterWeights``)?
+
+    Such a parameter is half only for forward and backward; ``unscale_()``, clipping and the optimizer see the fp32
+    master and an fp32 gradient, so the parameter rules leave it alone.
+    """
+    managed = set()
+    for opt in setup.optimizers:
+        if is_master_weights(opt):
+            managed.update(id(t) for g in opt.param_groups for t in g["params"])
+    is_managed = getattr(_master_weights_module(), "is_managed", None)  # also when only the inner optimizer is passed
+    if is_managed is None:
+        return (lambda tensor: id(tensor) in managed) if managed else (lambda tensor: False)
+    return lambda tensor: id(tensor) in managed or is_managed(tensor)
+
+
+def _trainable_counts(setup: TrainingSetup) -> tuple[list[ParamInfo], int]:
+    trainable = setup.trainable()
+    return trainable, len(setup.params) - len(trainable)
+
+
+def _unmastered(setup: TrainingSetup, params: Iterable[ParamInfo], dtype: torch.dtype) -> list[ParamInfo]:
+    mastered = has_master(setup)
+    return [p for p in params if p.dtype == dtype and not mastered(p.param)]
+
+
+@check("AMP101")
+def fp16_trainable_params(setup: TrainingSetup) -> Iterator[Finding]:
+    """Name every trainable float16 parameter when an enabled GradScaler refuses fp16 gradients.
+
+    >>> setup = TrainingSetup(torch.nn.Linear(2, 2).half(), scaler=torch.amp.GradScaler("cpu"))
+    >>> [(f.code, f.where) for f in fp16_trainable_params(setup)]
+    [('AMP101', '(root)')]
+    """
+    if not plain_scaler_enabled(setup):
+        return
+    trainable, frozen = _trainable_counts(setup)
+    fp16 = _unmastered(setup, trainable, torch.float16)
+    if not fp16:
+        return
+    state = (f"trainable float16 while {scaler_label(setup.scaler)} is enabled, so scaler.unscale_() will raise "
+             "'Attempting to unscale FP16 gradients.'")
+    yield from findings_by_module("AMP101", fp16, state, _share(len(fp16), len(trainable), torch.float16, frozen))
+
+
+@check("AMP102")
+def bf16_params_under_fp16_amp(setup: TrainingSetup) -> Iterator[Finding]:
+    """Name every trainable bfloat16 parameter under an enabled GradScaler or fp16 autocast.
+
+    >>> setup = TrainingSetup(torch.nn.Linear(2, 2).bfloat16(), autocast_dtype=torch.float16)
+    >>> [f.code for f in bf16_params_under_fp16_amp(setup)]
+    ['AMP102']
+    """
+    contexts = []
+    if setup.scaler_enabled:
+        contexts.append(f"{scaler_label(setup.scaler)} is enabled")
+    if setup.autocast_dtype == torch.float16:
+        contexts.append("autocast runs in float16")
+    if not contexts:
+        return
+    trainable, frozen = _trainable_counts(setup)
+    bf16 = _unmastered(setup, trainable, torch.bfloat16)
+    if not bf16:
+        return
+    # the CUDA unscale kernel has lacked bfloat16 (pytorch #127176); the CPU kernel has it
+    cuda = (" (on CUDA, torch versions without a bfloat16 unscale kernel raise \"not implemented for 'BFloat16'\" in "
+            "scaler.step())" if setup.scaler_enabled else "")
+    state = f"trainable bfloat16 while {' and '.join(contexts)}{cuda}"
+    yield from findings_by_module("AMP102", bf16, state, _share(len(bf16), len(trainable), torch.bfloat16, frozen))
+
+
+def _reported_elsewhere(setup: TrainingSetup) -> set[torch.dtype]:
+    """Return the half dtypes whose trainable parameters AMP101/AMP102 already report."""
+    covered = set()
+    if plain_scaler_enabled(setup):
+        covered.add(torch.float16)
+    if setup.scaler_enabled or setup.autocast_dtype == torch.float16:
+        covered.add(torch.bfloat16)
+    return covered
+
+
+def _tensor_label(setup: TrainingSetup, index: int, tensor: torch.Tensor) -> str:
+    info = setup.info(tensor)
+    if info is not None:
+        return info.describe()
+    return f"params[{index}] ({dtype_name(tensor.dtype)}, {list(tensor.shape)})"
+
+
+def _dtype_counts(tensors: Iterable[torch.Tensor]) -> str:
+    counts: dict[torch.dtype, int] = {}
+    for t in tensors:
+        counts[t.dtype] = counts.get(t.dtype, 0) + 1
+    return ", ".join(f"{n} {dtype_name(d)}" for d, n in counts.items())
+
+
+# w + u == w when |u| is below half an ulp of w: fp16 keeps 11 significant bits, bf16 keeps 8
+_LOST_BELOW = {torch.float16: "|w|·2**-11", torch.bfloat16: "|w|·2**-8"}
+
+
+@check("AMP103")
+def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag fp16/bf16 trainable parameters that an optimizer updates with no fp32 master copy.
+
+    >>> model = torch.nn.Linear(2, 2).bfloat16()
+    >>> setup = TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1), autocast_dtype=torch.bfloat16)
+    >>> [f.where for f in pure_half_without_master(setup)]
+    ['optimizer[0] group 0']
+    """
+    rule = get_rule("AMP103")
+    half = tuple(d for d in HALF if d not in _reported_elsewhere(setup))
+    if not half:
+        return
+    scaler = scaler_label(setup.scaler) if setup.scaler_enabled else "no enabled GradScaler"
+    mastered = has_master(setup)
+    if not setup.optimizers:
+        trainable = setup.trainable()
+        members = [p for p in trainable if p.dtype in half and not mastered(p.param)]
+        if members:
+            present = [d for d in half if any(p.dtype == d for p in members)]
+            yield Finding(
+                "AMP103", rule.severity, "model",
+                f"{len(members)} of {len(trainable)} trainable parameters are half precision "
+                f"({_dtype_counts(p.param for p in members)}): {listing([p.describe() for p in members])}; with "
+                f"{scaler} and no MasterWeights optimizer given, they will be updated in place in half precision. "
+                f"An update smaller than {' or '.join(_LOST_BELOW[d] for d in present)} rounds away.",
+            )
+        return
+    for oi, opt in enumerate(setup.optimizers):
+        for gi, group in enumerate(opt.param_groups):
+            tensors = group["params"]
+            members = [(i, t) for i, t in enumerate(tensors)
+                       if t.requires_grad and t.dtype in half and not mastered(t)]
+            if not members:
+                continue
+            dtypes = sorted({t.dtype for _, t in members}, key=str)
+            yield Finding(
+                "AMP103", rule.severity, f"optimizer[{oi}] group {gi}",
+                f"{type(unwrap_optimizer(opt)).__name__} (lr={group.get('lr')}) updates {len(members)} of "
+                f"{len(tensors)} tensors in place in half precision ({_dtype_counts(t for _, t in members)}), with "
+                f"{scaler} and no fp32 master copy: {listing([_tensor_label(setup, i, t) for i, t in members])}. An "
+                f"update smaller than {' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
+            )
+
+
+def _is_adam_family(group: dict) -> bool:
+    return "eps" in group and "betas" in group
+
+
+def _smallest_subnormal(dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps  # fp16: 2**-14 · 2**-10 = 2**-24 ≈ 5.96e-8; bf16: 2**-133 ≈ 9.2e-41
+
+
+@check("AMP104")
+def adam_eps_underflow(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag an Adam-family eps below the smallest subnormal of its parameters' or state's half dtype.
+
+    >>> model = torch.nn.Linear(2, 2).half()
+    >>> [f.where for f in adam_eps_underflow(TrainingSetup(model, torch.optim.AdamW(model.parameters())))]
+    ['optimizer[0] group 0']
+    """
+    rule = get_rule("AMP104")
+    mastered = has_master(setup)  # the optimizer sees their fp32 masters and keeps fp32 state
+    for oi, opt in enumerate(setup.optimizers):
+        inner = unwrap_optimizer(opt)
+        for gi, group in enumerate(opt.param_groups):
+            if not _is_adam_family(group) or group.get("fused"):
+                continue  # fused Adam kernels add eps in float32 (opmath), so it cannot underflow there
+            eps = group["eps"]
+            if not isinstance(eps, (int, float)) or eps <= 0:
+                continue
+            floors = {d: _smallest_subnormal(d) for d in HALF if eps < _smallest_subnormal(d)}
+            if not floors:
+                continue  # e.g. eps=1e-8 is fine for everything but fp16
+            state = inner.state if len(inner.state) else {}  # fp32 params may still keep half state
+            by_dtype: dict[torch.dtype, list[str]] = {}
+            for t in group["params"]:
+                if not t.requires_grad or mastered(t):
+                    continue
+                if t.dtype in floors:
+                    by_dtype.setdefault(t.dtype, []).append(setup.name_of(t, f"{list(t.shape)} tensor"))
+                elif state:
+                    sq = state.get(t, {}).get("exp_avg_sq")
+                    if isinstance(sq, torch.Tensor) and sq.dtype in floors:
+                        by_dtype.setdefault(sq.dtype, []).append(f"exp_avg_sq of {setup.name_of(t, 'a tensor')}")
+            for dtype, names in by_dtype.items():
+                floor = floors[dtype]
+                rounded = torch.tensor(eps, dtype=dtype).item()
+                became = "is 0" if rounded == 0 else f"rounds to {rounded:.3g}"
+                yield Finding(
+                    "AMP104", rule.severity, f"optimizer[{oi}] group {gi}",
+                    f"{type(inner).__name__} eps={eps:g} {became} in {dtype_name(dtype)}, whose smallest subnormal "
+                    f"is {floor:.3g}; the group updates {_plural(len(names), dtype_name(dtype) + ' tensor')} "
+                    f"({listing(names)}). "
+                    + ("Where exp_avg_sq is 0 (a zero gradient) the step is 0/(0+0) = NaN." if rounded == 0 else
+                       f"eps is applied as {rounded:.3g}, not {eps:g}, with one bit of precision."),
+                )
+
+
+def _is_fused(opt: torch.optim.Optimizer) -> bool:
+    inner = unwrap_optimizer(opt)
+    return bool(getattr(inner, "_step_supports_amp_scaling", False)) or any(
+        g.get("fused") for g in inner.param_groups)
+
+
+@check("AMP105")
+def fused_optimizer_fp16_params(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag a fused optimizer over float16 parameters, where GradScaler.step() skips the fp16 check.
+
+    >>> model = torch.nn.Linear(2, 2).half()
+    >>> opt = torch.optim.AdamW(model.parameters(), fused=True)
+    >>> [f.where for f in fused_optimizer_fp16_params(TrainingSetup(model, opt, torch.amp.GradScaler("cpu")))]
+    ['optimizer[0]']
+    """
+    if not plain_scaler_enabled(setup):
+        return
+    rule = get_rule("AMP105")
+    mastered = has_master(setup)
+    for oi, opt in enumerate(setup.optimizers):
+        if not _is_fused(opt):
+            continue
+        fp16 = [(i, t) for g in opt.param_groups for i, t in enumerate(g["params"])
+                if t.requires_grad and t.dtype == torch.float16 and not mastered(t)]
+        if not fp16:
+            continue
+        yield Finding(
+            "AMP105", rule.severity, f"optimizer[{oi}]",
+            f"fused {type(unwrap_optimizer(opt)).__name__} steps {_plural(len(fp16), 'float16 trainable tensor')} "
+            f"({listing([_tensor_label(setup, i, t) for i, t in fp16])}) under {scaler_label(setup.scaler)}. "
+            "scaler.step() only checks fused optimizers for inf (allow_fp16=True), so it raises nothing and "
+            "training is silently pure fp16 with no fp32 master copy; the first explicit scaler.unscale_(opt), "
+            "e.g. before clip_grad_norm_, raises 'Attempting to unscale FP16 gradients.'",
+        )

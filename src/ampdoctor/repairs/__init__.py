@@ -1,0 +1,1 @@
+"""Fix: in-place repairs (upcast trainable parameters, fp32 master weights)."""

@@ -1,0 +1,263 @@
+"""Repair a mixed-precision setup in place: upcast trainable low-precision parameters to fp32.
+
+``torch.amp.GradScaler`` is built for fp32 parameters with fp16 activations under ``torch.autocast``. A trainable
+fp16 parameter gets an fp16 gradient, which ``GradScaler.unscale_`` refuses with
+``ValueError: Attempting to unscale FP16 gradients.``; a bf16 one reaches a CUDA kernel without a bf16 branch; and
+an fp16/bf16 optimizer update drops every step smaller than half a unit in the last place of the weight. The repair
+every maintainer recommends is to keep the *trainable* parameters in fp32 and let autocast do the low-precision
+compute. Frozen parameters stay as they are, so the memory saved by a half-precision base model is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ampdoctor.core.training import LOW_PRECISION
+
+__all__ = ["Change", "fix", "upcast_trainable_params_"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One thing a fix changed.
+
+    Attributes:
+        name: qualified parameter name (``"encoder.0.weight"``), or ``"param[3]"`` for a parameter that only the
+            optimizer knows, numbered as in ``optimizer.state_dict()``.
+        what: what was changed: ``"upcast"`` (the parameter), ``"grad"`` or ``"optimizer state exp_avg"``.
+        before: dtype before, as ``str(dtype)``.
+        after: dtype after.
+    """
+
+    name: str
+    what: str
+    before: str
+    after: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.what} {self.before} -> {self.after}"
+
+    def to_dict(self) -> dict[str, str]:
+        """Return the change as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def upcast_trainable_params_(
+    model: nn.Module, dtype: torch.dtype = torch.float32, optimizer: torch.optim.Optimizer | None = None
+) -> list[Change]:
+    """Upcast every trainable low-precision parameter of ``model`` to ``dtype``, in place.
+
+    The parameter objects stay the same (``p.data`` is replaced), so optimizers, param groups, LR schedulers and
+    hooks that hold them keep working. Existing gradients are converted too. With ``optimizer``, its state tensors
+    that match a parameter's shape (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``) are converted as well, and
+    trainable low-precision parameters that only the optimizer holds are upcast under the name ``param[i]``.
+    Frozen parameters are left alone. Every value is kept exactly: fp16, bf16 and fp8 all embed in fp32.
+
+    Args:
+        model: the module whose parameters are trained.
+        dtype: the floating dtype to upcast to.
+        optimizer: the optimizer over ``model``'s parameters, whose state should follow.
+
+    Returns:
+        What changed, in order; an empty list when nothing needed changing.
+
+    Raises:
+        TypeError: ``model`` is not a module, ``dtype`` is not a floating dtype, or ``optimizer`` is not an optimizer.
+        ValueError: a parameter cannot be upcast in place (DTensor, FSDP flat parameter, meta tensor, complex32),
+            the model is wrapped in FSDP or DDP, or the optimizer is an ``ampdoctor.MasterWeights``.
+
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 2).half()
+    >>> [str(c) for c in upcast_trainable_params_(model)]
+    ['weight: upcast torch.float16 -> torch.float32', 'bias: upcast torch.float16 -> torch.float32']
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__} {_short_repr(model)}. "
+            "Pass the module whose parameters you train (for a Hugging Face pipeline, pipeline.model)."
+        )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}.")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {_short_repr(optimizer)}. "
+            "Pass the optimizer built over the model's parameters, or leave it out."
+        )
+    from ampdoctor.repairs.master_weights import MasterWeights, is_managed  # here: master_weights imports this module
+
+    if isinstance(optimizer, MasterWeights):
+        raise ValueError(
+            "optimizer is an ampdoctor.MasterWeights, which already keeps fp32 master weights for a model that "
+            "stays in half precision; upcasting its parameters would fight it. Call .detach() on it first, then "
+            "upcast and use its inner optimizer (.optimizer)."
+        )
+
+    params = list(_trainable_params(model, optimizer))
+    to_upcast = [(name, p) for name, p in params if _needs_upcast(p, dtype)]
+    for name, p in params:
+        refusal = upcast_refusal(name, p)
+        if refusal is not None and (_needs_upcast(p, dtype) or p.dtype == torch.complex32):
+            raise refusal  # checked for all parameters before any is changed, so a refusal leaves the model as it was
+    if to_upcast:
+        _refuse_wrapped_model(model)
+    for name, p in to_upcast:
+        if is_managed(p):
+            raise ValueError(
+                f"parameter {name!r} ({p.dtype}) is managed by an ampdoctor.MasterWeights, which keeps its fp32 "
+                "master copy; upcasting it in place would fight it. Call .detach() on the MasterWeights first."
+            )
+
+    changes: list[Change] = []
+    with torch.no_grad():
+        for name, p in to_upcast:
+            before = str(p.dtype)
+            grad, p.grad = p.grad, None  # a grad must match its parameter's dtype at every moment
+            p.data = p.data.to(dtype)
+            changes.append(Change(name, "upcast", before, str(dtype)))
+            if grad is not None:
+                p.grad = grad.to(dtype)
+                changes.append(Change(name, "grad", str(grad.dtype), str(dtype)))
+        if optimizer is not None:
+            # All trainable parameters, not only those just upcast: a second optimizer over an already fixed
+            # model still has its own low-precision state to migrate.
+            for name, p in params:
+                changes.extend(migrate_state_(optimizer, p, p.dtype, name))
+    return changes
+
+
+def fix(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None
+) -> list[Change]:
+    """Repair ``model`` for fp16/bf16 autocast training: mutates it in place and returns what changed.
+
+    This is the documented entry point: trainable low-precision parameters become fp32 (with their gradients and
+    the optimizer state), frozen ones stay as they are. Run the forward under ``torch.autocast`` afterwards. The
+    ``scaler`` is only checked, never modified: every value is kept exactly, so its scale, growth tracker and
+    per-optimizer stage stay valid.
+
+    Args:
+        model: the module being trained.
+        optimizer: its optimizer, whose state is migrated to fp32.
+        scaler: the ``torch.amp.GradScaler`` in use, if any.
+
+    Returns:
+        What changed; an empty list when the setup was already right.
+
+    >>> import torch
+    >>> model = torch.nn.Linear(4, 1).half()
+    >>> opt = torch.optim.AdamW(model.parameters())
+    >>> len(fix(model, opt)), model.weight.dtype
+    (2, torch.float32)
+    """
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(
+            f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__} {_short_repr(scaler)}. "
+            "Pass the scaler you call scaler.scale(loss) on, or leave it out."
+        )
+    return upcast_trainable_params_(model, torch.float32, optimizer=optimizer)
+
+
+def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:
+    """Return the error explaining why ``param`` cannot be replaced in place by an fp32 copy, or None if it can."""
+    classes = _class_names(param)
+    if "DTensor" in classes:
+        placements = getattr(param, "placements", None)
+        return ValueError(
+            f"parameter {name!r} is a DTensor ({param.dtype}, placements={placements!r}); replacing one shard's data "
+            "in place would leave the other ranks and FSDP2's bookkeeping in the old dtype. Shard fp32 parameters "
+            "and ask FSDP for the compute dtype: fully_shard(model, mp_policy=MixedPrecisionPolicy("
+            "param_dtype=torch.float16)), with ShardedGradScaler for fp16."
+        )
+    # FlatParameter's class is plain Parameter (a metaclass makes isinstance work); the flag is what it sets.
+    if "FlatParameter" in classes or getattr(param, "_is_flat_param", False):
+        return ValueError(
+            f"parameter {name!r} is an FSDP FlatParameter ({param.dtype}, {param.numel()} elements); FSDP owns its "
+            "views and dtype, so it cannot be upcast in place. Build FSDP over fp32 parameters with "
+            "MixedPrecision(param_dtype=torch.float16) and use ShardedGradScaler."
+        )
+    if param.is_meta:
+        return ValueError(
+            f"parameter {name!r} is on the meta device ({param.dtype}, shape {list(param.shape)}), so it has no data "
+            "to upcast. Materialize the model first (model.to_empty(device=...) and load the weights), then fix it."
+        )
+    if param.dtype == torch.complex32:
+        return ValueError(
+            f"parameter {name!r} is complex ({param.dtype}); ampdoctor upcasts real floating parameters only. "
+            "Convert it yourself if that is what you want: p.data = p.data.to(torch.complex64)."
+        )
+    return None
+
+
+def _needs_upcast(param: torch.Tensor, dtype: torch.dtype) -> bool:
+    return param.dtype in LOW_PRECISION and param.dtype.itemsize < dtype.itemsize
+
+
+def _trainable_params(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    seen: set[int] = set()
+    for name, p in model.named_parameters():
+        seen.add(id(p))
+        if p.requires_grad:
+            yield name, p
+    if optimizer is None:
+        return
+    index = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen and p.requires_grad:
+                seen.add(id(p))
+                yield f"param[{index}]", p
+            index += 1
+
+
+def migrate_state_(
+    optimizer: torch.optim.Optimizer, param: torch.Tensor, dtype: torch.dtype, name: str
+) -> list[Change]:
+    """Convert ``optimizer``'s lower-precision state tensors of ``param`` (same shape) to ``dtype``, in place."""
+    state = optimizer.state.get(param)  # .get: optimizer.state is a defaultdict, indexing would add an entry
+    if not state:
+        return []
+    changes = []
+    for key, value in list(state.items()):
+        # "step" is a counter (a 0-dim fp32 tensor, or a float): it has the shape of a 0-dim parameter, never a
+        # lower precision to lose, and fused/capturable optimizers expect it where it is.
+        if key == "step" or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        if value.shape == param.shape and value.dtype.itemsize < dtype.itemsize:
+            state[key] = value.to(dtype)
+            changes.append(Change(name, f"optimizer state {key}", str(value.dtype), str(dtype)))
+    return changes
+
+
+def _refuse_wrapped_model(model: nn.Module) -> None:
+    for module_name, module in model.named_modules():
+        classes = _class_names(module)
+        where = f"submodule {module_name!r}" if module_name else "the model"
+        if "FullyShardedDataParallel" in classes:
+            raise ValueError(
+                f"{where} is wrapped in FullyShardedDataParallel ({type(module).__name__}); its parameters are "
+                "flat shards that FSDP owns. Keep fp32 sharded parameters and set "
+                "MixedPrecision(param_dtype=torch.float16), with ShardedGradScaler, instead of upcasting in place."
+            )
+        if "DistributedDataParallel" in classes:
+            raise ValueError(
+                f"{where} is wrapped in DistributedDataParallel ({type(module).__name__}), whose gradient buckets "
+                "were sized for the current dtypes. Upcast the bare model before wrapping it: "
+                "fix(model, opt); model = DistributedDataParallel(model, ...)."
+            )
+
+
+def _class_names(obj: Any) -> set[str]:
+    # Names, not isinstance: works without importing torch.distributed, and across its module moves
+    # (torch.distributed._tensor -> torch.distributed.tensor).
+    return {cls.__name__ for cls in type(obj).__mro__}
+
+
+def _short_repr(obj: Any, limit: int = 60) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,1 @@
+"""Run: the Doctor (attaches to a whole process), the script launcher and the demo."""

@@ -1,0 +1,373 @@
+"""The doctor: attach to a whole training process through torch's global hooks.
+
+`Doctor` discovers the models (root modules run with grad enabled), optimizers and GradScalers of a process
+without any change to the training code, runs the pre-flight rules once before the first update, attaches the
+GradScaler guard and the numerics watch, applies fixes when asked, and explains a crash from the catalog.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import traceback
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from ampdoctor.core.environment import environment
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.report import Report
+from ampdoctor.core.training import LOW_PRECISION, TrainingSetup
+
+_MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
+
+
+class Doctor:
+    """Watch a training process; a context manager.
+
+    Args:
+        fix: repair what can be repaired (upcast trainable params under autocast, fp32 master weights for a
+            half model without autocast), and re-apply when the script downcasts again.
+        watch: attach ``ampdoctor.watch`` to the trained model once it is known.
+        every: sampling interval of the watch, in optimizer steps.
+        log_dir: where the watch writes its JSON-lines flight recorder.
+        activations: also run the activation monitor (first non-finite module, headroom).
+        on_event: called with each human-readable event line (fixes applied, internal errors).
+
+    >>> with Doctor(watch=False) as doctor:
+    ...     pass
+    >>> doctor.report.findings
+    []
+    """
+
+    def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
+                 activations: bool = False, on_event: Callable[[str], None] | None = None) -> None:
+        self.fix = fix
+        self.watch_enabled = watch
+        self.every = every
+        self.log_dir = log_dir
+        self.activations = activations
+        self.on_event = on_event or (lambda line: None)
+        self.report = Report(environment=environment())
+        self.setup: TrainingSetup | None = None
+        self.models: list[nn.Module] = []
+        self._autocast: dict[int, torch.dtype | None] = {}
+        self._depth = 0
+        self._scans = 0
+        self._handles: list[Any] = []
+        self._forward_handles: list[Any] = []
+        self._fix_handles: list[Any] = []
+        self._guard: Any = None
+        self._watch: Any = None
+        self.watch_summary: Any = None  # a rich renderable, once the watch has been detached
+        self._master: list[Any] = []
+        self._trainable: dict[int, list[torch.Tensor]] = {}
+        self._broken = False
+        self._attached = False
+
+    # ---- attach / detach -------------------------------------------------------------------------------------
+    def attach(self) -> "Doctor":
+        from ampdoctor.core.patch import observe
+
+        if self._attached:
+            return self
+        self._attached = True
+        m = torch.nn.modules.module
+        self._forward_handles = [
+            m.register_module_forward_pre_hook(self._on_forward_pre),
+            m.register_module_forward_hook(self._on_forward_post, always_call=True),
+        ]
+        self._handles += [*self._forward_handles, register_optimizer_step_pre_hook(self._on_optimizer_step)]
+        for cls in _scaler_classes():
+            if "scale" in vars(cls):
+                self._handles.append(observe(cls, "scale", before=self._on_scale, on_error=self._internal_error))
+        return self
+
+    def detach(self) -> None:
+        # Reverse order of attachment: the watch's observers sit on top of the guard's on the same scaler.
+        if self._watch is not None:
+            self._safely(self._collect_watch)
+            self._safely(self._watch.detach)
+        if self._guard is not None:
+            self._safely(self._collect_guard)
+            self._safely(self._guard.detach)
+        for handle in reversed(self._handles + self._fix_handles):
+            handle.remove()
+        self._handles, self._fix_handles = [], []
+        self._guard = self._watch = None
+        # Keep the report; drop every reference to the user's objects.
+        self.setup = None
+        self.models = []
+        self._trainable, self._autocast, self._master = {}, {}, []
+        self._attached = False
+
+    def __enter__(self) -> "Doctor":
+        return self.attach()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            self.explain(exc)
+        self.detach()
+
+    # ---- discovery -------------------------------------------------------------------------------------------
+    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1 or self._broken or not torch.is_grad_enabled():
+            return
+        try:
+            self._on_root_forward(module)
+        except Exception as exc:  # never reach the user's forward
+            self._internal_error(exc)
+
+    def _on_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _on_root_forward(self, module: nn.Module) -> None:
+        first = next(module.parameters(), None)
+        if first is None:
+            return
+        if all(m is not module for m in self.models):
+            if not any(p.requires_grad for p in module.parameters()):
+                return
+            self.models.append(module)
+        dtype = _autocast_dtype(first.device.type)
+        self._autocast[id(module)] = dtype
+        if self.setup is None and self._scans < _MAX_EARLY_SCANS:
+            self._scans += 1
+            if _instances(torch.optim.Optimizer):
+                self._start()
+        if self.fix and self.setup is not None:
+            self._reapply_fixes(module, dtype)
+
+    def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
+        if self.setup is None and not self._broken and self._attached:
+            self._start(scaler)
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.setup is None and not self._broken:
+            try:
+                self._start()
+            except Exception as exc:
+                self._internal_error(exc)
+
+    # ---- the first look: pre-flight, fixes, guard, watch -------------------------------------------------------
+    def _build_setup(self, scaler: Any = None) -> TrainingSetup:
+        optimizers = [o for o in _instances(torch.optim.Optimizer) if type(o).__name__ != "MasterWeights"
+                      or not hasattr(o, "optimizer")]
+        scalers = [scaler] if scaler is not None else _instances(*_scaler_classes())
+        scaler = next((s for s in scalers if getattr(s, "_enabled", False)), scalers[0] if scalers else None)
+        dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
+        return TrainingSetup(self.models, optimizers, scaler, dtypes[0] if dtypes else None, _accelerator())
+
+    def _start(self, scaler: Any = None) -> None:
+        from ampdoctor.preflight.engine import run_preflight
+
+        if not self.models:
+            return
+        self.setup = self._build_setup(scaler)
+        found = run_preflight(self.setup)
+        if self.fix:
+            self._apply_fixes()
+            if self.report.changes:
+                # Keep what the fix did not resolve; list what it did, so the output says what changed and why.
+                remaining = {(f.code, f.where) for f in run_preflight(self.setup)}
+                fixed = [f for f in found if (f.code, f.where) not in remaining]
+                found = [f for f in found if (f.code, f.where) in remaining]
+                if fixed:
+                    codes = ", ".join(dict.fromkeys(f.code for f in fixed))
+                    self.report.extra["fixed"] = [f.to_dict() for f in fixed]
+                    self.on_event(f"ampdoctor --fix resolved {len(fixed)} finding(s): {codes}")
+        for finding in found:
+            self.report.add(finding)
+        self._safely(self._attach_guard)
+        if self.watch_enabled:
+            self._safely(self._attach_watch)
+        if not self.fix:
+            # Discovery is done: stop paying two Python calls per module call. (Safe inside a forward hook:
+            # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
+            for handle in self._forward_handles:
+                handle.remove()
+
+    def _apply_fixes(self) -> None:
+        setup = self.setup
+        assert setup is not None
+        for model in self.models:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            self._trainable[id(model)] = trainable
+            if not any(p.dtype in LOW_PRECISION for p in trainable):
+                continue
+            if self._autocast.get(id(model)) is not None:
+                self._upcast_model(model)
+            else:
+                self._master_weights_for(model)
+
+    def _upcast_model(self, model: nn.Module) -> None:
+        from ampdoctor.repairs.upcast import upcast_trainable_params_
+
+        optimizers = [o for o in self.setup.optimizers if _owns_any(o, model)] if self.setup else []
+        changes = upcast_trainable_params_(model, optimizer=optimizers[0] if len(optimizers) == 1 else None)
+        for opt in optimizers[1:] if len(optimizers) > 1 else []:
+            upcast_trainable_params_(model, optimizer=opt)
+        self._record_changes(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
+
+    def _master_weights_for(self, model: nn.Module) -> None:
+        from ampdoctor.repairs.master_weights import MasterWeights
+
+        for opt in self.setup.optimizers if self.setup else []:
+            if _owns_any(opt, model) and all(m.optimizer is not opt for m in self._master):
+                master = MasterWeights(opt)
+                self._master.append(master)
+                self._fix_handles.append(_Detach(master))
+                names = [self.setup.name_of(p) for p in master.wrapped_params()] if self.setup else []
+                self._record_changes(
+                    [f"{n}: fp32 master weight added, model copy stays {str(p.dtype).removeprefix('torch.')}"
+                     for n, p in zip(names, master.wrapped_params())],
+                    "fp32 master weights for a half-precision model without autocast")
+
+    def _reapply_fixes(self, module: nn.Module, autocast: torch.dtype | None) -> None:
+        # A validation or resume path may cast the live model back to half (diffusers' `.to(float16)`): upcast
+        # again before this forward, so the backward produces fp32 gradients.
+        trainable = self._trainable.get(id(module))
+        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(module)):
+            return
+        if any(p.dtype in LOW_PRECISION for p in trainable):
+            self._upcast_model(module)
+
+    def _master_for(self, module: nn.Module) -> list[Any]:
+        return [m for m in self._master if _owns_any(m.optimizer, module)]
+
+    def _record_changes(self, changes: list[Any], why: str) -> None:
+        if not changes:
+            return
+        lines = [str(c) for c in changes]
+        self.report.changes.extend(lines)
+        self.on_event(f"ampdoctor --fix: {why}; {len(lines)} change(s)")
+        for line in lines[:20]:
+            self.on_event(f"  {line}")
+        if len(lines) > 20:
+            self.on_event(f"  … and {len(lines) - 20} more (see the JSON report)")
+
+    def _attach_guard(self) -> None:
+        from ampdoctor.guard.scaler_guard import ScalerGuard
+
+        setup = self.setup
+        if setup is None or setup.scaler is None or not setup.scaler_enabled:
+            return
+        self._guard = ScalerGuard(setup.scaler, setup)
+        self._guard.attach()
+
+    def _attach_watch(self) -> None:
+        from ampdoctor.monitor.watcher import watch
+
+        setup = self.setup
+        if setup is None or not setup.optimizers:
+            return
+        model = max(self.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
+        if any(p.is_meta for p in model.parameters()):
+            return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
+        optimizer = next((o for o in setup.optimizers if _owns_any(o, model)), setup.optimizers[0])
+        self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
+                            activations=self.activations)
+
+    def _collect_guard(self) -> None:
+        for finding in self._guard.findings():
+            self.report.add(finding)
+
+    def _collect_watch(self) -> None:
+        self.watch_summary = self._watch.summary()
+        watch_report = self._watch.report()
+        for finding in watch_report.findings:
+            self.report.add(finding)
+        self.report.extra.update(watch_report.extra)
+
+    # ---- crash explanation and isolation ---------------------------------------------------------------------
+    def explain(self, exc: BaseException) -> list[Finding]:
+        """Explain ``exc`` from the catalog, record it in the report and return the findings."""
+        from ampdoctor.explanations.crash import explain_exception
+
+        self.report.exception = {
+            "type": type(exc).__name__,
+            "message": str(exc)[:10_000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:],
+        }
+        findings: list[Finding] = []
+        try:
+            setup = self.setup if self.setup is not None else self._build_setup()
+            findings = explain_exception(exc, setup, self._guard)
+        except Exception as inner:
+            self._internal_error(inner)
+        for finding in findings:
+            self.report.add(finding)
+        return findings
+
+    def _safely(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            self._internal_error(exc)
+            return None
+
+    def _internal_error(self, exc: BaseException) -> None:
+        if not self._broken:
+            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            place = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
+            self.report.add(Finding("AMP001", Severity.INFO, "ampdoctor", f"{type(exc).__name__}: {exc}{place}"))
+            self.on_event(f"ampdoctor: internal error ({type(exc).__name__}: {exc}); stepping aside, "
+                          "training continues unaffected")
+        # Hooks stay registered until detach (they return at once when broken): removing a hook while torch
+        # iterates over its hook dict (an optimizer step) would raise in the user's code.
+        self._broken = True
+
+
+class _Detach:
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def remove(self) -> None:
+        self.obj.detach()
+
+
+def _scaler_classes() -> tuple[type, ...]:
+    classes: list[type] = [torch.amp.GradScaler]
+    sharded = sys.modules.get("torch.distributed.fsdp.sharded_grad_scaler")
+    if sharded is not None:
+        classes.append(sharded.ShardedGradScaler)
+    return tuple(classes)
+
+
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    try:
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    except RuntimeError:  # a device type autocast does not know, e.g. "meta"
+        return None
+
+
+def _instances(*classes: type) -> list[Any]:
+    # Once per run (bounded by _MAX_EARLY_SCANS): the only way to find objects that offer no global hook.
+    # Collect first, so unreachable objects of an earlier run (notebooks, sweeps) are not diagnosed.
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance() on deprecated proxies (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, classes)]
+
+
+def _accelerator() -> Any:
+    if "accelerate" not in sys.modules:
+        return None
+    try:
+        from accelerate.state import AcceleratorState
+
+        if not AcceleratorState._shared_state:
+            return None
+    except Exception:
+        return None
+    found = [o for o in _instances(object) if type(o).__name__ == "Accelerator"]
+    return found[0] if found else None
+
+
+def _owns_any(optimizer: torch.optim.Optimizer, model: nn.Module) -> bool:
+    ids = {id(p) for p in model.parameters()}
+    return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])

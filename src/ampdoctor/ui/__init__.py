@@ -1,0 +1,1 @@
+"""Show: the command line, console rendering and report files."""

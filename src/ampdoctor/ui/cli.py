@@ -1,0 +1,208 @@
+"""The `ampdoctor` command: `main(argv) -> int`. Exit 0 clean, 1 findings or script failure, 2 usage error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from rich.console import Console
+
+EXAMPLES = """\
+examples:
+  ampdoctor run train.py --epochs 1            diagnose a training script, unchanged
+  ampdoctor run --fix train.py                 ... and repair fp16 parameters / add fp32 master weights
+  ampdoctor run --json report.json train.py    also write the findings as JSON
+  ampdoctor explain "ValueError: Attempting to unscale FP16 gradients."
+  python train.py 2>&1 | ampdoctor explain -   explain a pasted traceback
+  ampdoctor explain AMP401                     show one rule
+  ampdoctor rules                              list the catalog
+  ampdoctor report ampdoctor-logs/ampdoctor.jsonl --html report.html
+  ampdoctor demo                               reproduce the classic error, diagnose it, fix it
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep its message, add a hint
+        self.print_usage(sys.stderr)
+        raise _UsageError(f"{self.prog}: error: {message}\nSee `{self.prog} --help` for examples.")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ampdoctor", description="Find, explain and fix mixed-precision training problems.",
+                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a training script with the doctor attached",
+                         description="Run SCRIPT as __main__ in this process with ampdoctor attached.",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--fix", action="store_true", help="repair fp16/bf16 trainable params (upcast or fp32 "
+                     "master weights) at the first step, and again if the script downcasts them")
+    run.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH")
+    run.add_argument("--log-dir", metavar="DIR", help="write the JSON-lines flight recorder to DIR")
+    run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
+    run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
+    run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
+    run.add_argument("script", help="the training script")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+    explain = sub.add_parser("explain", help="explain an error text, a traceback (- reads stdin) or a rule code")
+    explain.add_argument("text", nargs="+", help="error text, '-' for stdin, or a code such as AMP101")
+
+    rules = sub.add_parser("rules", help="print the rule catalog")
+    rules.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    rules.add_argument("--select", metavar="PREFIX", action="append", help="only codes with this prefix")
+
+    report = sub.add_parser("report", help="render a JSON report or a JSON-lines flight recorder")
+    report.add_argument("path", help="report.json or ampdoctor.jsonl")
+    report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
+
+    demo = sub.add_parser("demo", help="reproduce the seed error on a tiny model, diagnose it, repair it")
+    demo.add_argument("--no-fix", action="store_true", help="stop after the diagnosis")
+
+    sub.add_parser("env", help="print the environment report to paste into an issue")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    err = Console(stderr=True, highlight=False)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as exc:
+        err.print(str(exc), markup=False, soft_wrap=True)
+        return 2
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    if args.version:
+        from ampdoctor import __version__
+
+        print(f"ampdoctor {__version__}")
+        return 0
+    if args.command is None:
+        build_parser().print_help()
+        return 2
+    handler = {"run": _run, "explain": _explain, "rules": _rules, "report": _report, "demo": _demo,
+               "env": _env}[args.command]
+    try:
+        return handler(args)
+    except _UsageError as exc:
+        err.print(f"ampdoctor {args.command}: {exc}", markup=False, soft_wrap=True)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ampdoctor.runner.doctor import Doctor
+    from ampdoctor.runner.launcher import run_script
+
+    err = Console(stderr=True, highlight=False)
+    if not os.path.isfile(args.script):
+        raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
+                          "e.g. `ampdoctor run train.py --epochs 1`.")
+    if args.every < 1:
+        raise _UsageError(f"--every must be a positive number of steps, got {args.every}")
+    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+    doctor = Doctor(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
+                    activations=args.activations, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
+    result = run_script(args.script, script_args, doctor)
+    report = result.report
+    if doctor.watch_summary is not None:
+        err.print(doctor.watch_summary)
+    if report.findings or result.exit_code:
+        err.print(report)
+    elif report.changes:
+        err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix", markup=False,
+                  soft_wrap=True)
+    if result.exit_code and report.exception and not result.explained:
+        err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
+                  "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)
+    if args.json:
+        _write(args.json, report.to_json())
+        err.print(f"ampdoctor: report written to {args.json}", markup=False, soft_wrap=True)
+    return result.exit_code
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ampdoctor.core.catalog import get_rule
+    from ampdoctor.explanations.crash import explain_text
+    from ampdoctor.ui.console import rule_panel
+
+    out = Console(highlight=False)
+    text = " ".join(args.text)
+    if text == "-":
+        text = sys.stdin.buffer.read(50_000_000).decode("utf-8", errors="replace")
+    try:
+        rules = [get_rule(text)]
+    except KeyError:
+        rules = explain_text(text)
+    if not rules:
+        out.print("ampdoctor: no rule in the catalog explains this text. `ampdoctor rules` lists what is "
+                  "known; run the script under `ampdoctor run` for a diagnosis on the real objects.", markup=False, soft_wrap=True)
+        return 1
+    for rule in rules:
+        out.print(rule_panel(rule))
+    return 0
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from ampdoctor.core.catalog import select
+    from ampdoctor.ui.console import rules_markdown, rules_table
+
+    chosen = select(args.select or ["AMP"])
+    if not chosen:
+        raise _UsageError(f"no rule code starts with {args.select!r}; codes look like AMP101")
+    if args.markdown:
+        sys.stdout.write(rules_markdown(chosen))
+    else:
+        Console(highlight=False).print(rules_table(chosen))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ampdoctor.ui.report_files import load_any, render_loaded, write_html
+
+    out = Console(highlight=False)
+    try:
+        loaded = load_any(args.path)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None
+    except RecursionError:
+        raise _UsageError(f"{args.path!r} nests JSON too deeply to be an ampdoctor report") from None
+    out.print(render_loaded(loaded))
+    if args.html:
+        write_html(loaded, args.html)
+        out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
+    return 0 if loaded.ok else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ampdoctor.runner.demo import run_demo
+
+    return run_demo(fix=not args.no_fix, console=Console(highlight=False))
+
+
+def _env(args: argparse.Namespace) -> int:
+    from ampdoctor.core.environment import environment
+
+    print(json.dumps(environment(), indent=2))
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {path!r}: {exc.strerror}") from None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The catalog is complete and consistent: codes, checks, error texts and fixes (like flake8's code tests)."""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+import ampdoctor.preflight.rules.config  # noqa: F401  (registers checks)
+import ampdoctor.preflight.rules.params  # noqa: F401
+import ampdoctor.preflight.rules.wiring  # noqa: F401
+from ampdoctor.core.catalog import PHASES, RULES, get_rule, rules_for_error, select
+from ampdoctor.preflight.rules import CHECKS
+
+TESTS = pathlib.Path(__file__).parents[1]
+
+# Verbatim texts from failures.md §0 (and the rows it points to), with the codes that must explain them.
+SECTION_0 = [
+    ("ValueError: Attempting to unscale FP16 gradients.", {"AMP101"}),
+    ('NotImplementedError: "_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for \'BFloat16\'',
+     {"AMP102"}),
+    ("RuntimeError: unscale_() has already been called on this optimizer since the last update().",
+     {"AMP401", "AMP402"}),
+    ("RuntimeError: unscale_() is being called after step().", {"AMP403"}),
+    ("RuntimeError: step() has already been called since the last update().", {"AMP404"}),
+    ("AssertionError: No inf checks were recorded for this optimizer.", {"AMP406"}),
+    ("AssertionError: No inf checks were recorded prior to update.", {"AMP407"}),
+    ("AssertionError: Attempted step but _scale is None.  This may indicate your script did not use "
+     "scaler.scale(loss or outputs) earlier in the iteration.", {"AMP405"}),
+    ("RuntimeError: Closure use is not currently supported if GradScaler is enabled.", {"AMP204"}),
+    ("Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.", {"AMP603"}),
+    ("RuntimeError: expected scalar type Half but found Float", {"AMP501"}),
+    ("RuntimeError: Input type (c10::Half) and bias type (float) should be the same", {"AMP501"}),
+    ("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same",
+     {"AMP501"}),
+    ("RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half", {"AMP501"}),
+    ("UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", {"AMP202"}),
+    ("RuntimeError: Could not run 'aten::_amp_foreach_non_finite_check_and_unscale_' with arguments from the "
+     "'CPU' backend.", {"AMP206"}),
+    ("AssertionError: The growth factor must be > 1.0.", {"AMP207"}),
+    ("RuntimeError: The source state dict is empty, possibly because it was saved from a disabled instance of "
+     "GradScaler.", {"AMP410"}),
+    ("AssertionError: _growth_tracker initialized before _scale", {"AMP405"}),
+    ("UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`.", {"AMP409"}),
+    ("RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
+     "clipped.", {"AMP608"}),
+    ("RuntimeError: Function 'SoftmaxBackward0' returned nan values in its 0th output.", {"AMP602", "AMP601"}),
+]
+
+
+def test_codes_names_and_fields_are_well_formed():
+    codes = [r.code for r in RULES]
+    names = [r.name for r in RULES]
+    assert len(set(codes)) == len(codes) and len(set(names)) == len(names)
+    for rule in RULES:
+        assert re.fullmatch(r"AMP\d{3}", rule.code), rule.code
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule.name), rule.name
+        assert rule.phase in PHASES
+        assert rule.title and rule.why and rule.fix, rule.code
+        assert get_rule(rule.code) is rule and get_rule(rule.name) is rule
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_every_fix_is_python(rule):
+    ast.parse(rule.fix)  # comments and code the user can paste
+
+
+def test_every_preflight_rule_has_exactly_one_check_and_every_check_a_rule():
+    preflight = {r.code for r in RULES if r.phase == "preflight"}
+    assert preflight == set(CHECKS)
+
+
+@pytest.mark.parametrize("text,codes", SECTION_0, ids=[t[:40] for t, _ in SECTION_0])
+def test_every_section_0_error_text_is_explained(text, codes):
+    assert {r.code for r in rules_for_error(text)} == codes
+
+
+def test_every_code_is_exercised_by_a_test_outside_this_file():
+    corpus = "\n".join(p.read_text(encoding="utf-8") for p in TESTS.rglob("test_*.py") if p.name != "test_catalog.py")
+    missing = [r.code for r in RULES if r.code not in corpus]
+    assert missing == []
+
+
+def test_select_by_prefix():
+    assert [r.code for r in select(["AMP40"])] == [f"AMP40{i}" for i in range(1, 10)]
+    assert select(["XYZ"]) == []
+    with pytest.raises(KeyError, match="no rule 'AMP999'"):
+        get_rule("AMP999")

@@ -1,0 +1,395 @@
+"""Real CPU crashes explained from the catalog: codes, and the parameters or modules they name."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import random
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from ampdoctor.explanations.crash import explain, explain_exception, explain_text, match_rules
+from ampdoctor.core.training import TrainingSetup
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def scaled_backward(model: nn.Module, scaler: torch.amp.GradScaler) -> None:
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 8)).float().pow(2).mean()
+    scaler.scale(loss).backward()
+
+
+def raised(fn, *args, **kwargs) -> BaseException:
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the test inspects whatever torch raised
+        return exc
+    raise AssertionError(f"{fn!r} did not raise")
+
+
+def codes(findings) -> list[str]:
+    return sorted({f.code for f in findings})
+
+
+def named(findings, setup: TrainingSetup) -> set[str]:
+    """Return the setup's parameter names that the findings mention."""
+    text = " ".join(f"{f.where} {f.detail}" for f in findings)
+    return {p.name for p in setup.params if re.search(rf"(?<![\w.]){re.escape(p.name)}(?![\w])", text)}
+
+
+# ---- group A / C: parameter dtypes ---------------------------------------------------------------------------
+
+def test_fp16_unscale_names_exactly_the_half_params():
+    model = mlp()
+    model[0].half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.unscale_, opt)
+    assert str(exc) == "Attempting to unscale FP16 gradients."
+    setup = TrainingSetup(model, opt)   # no scaler given: explain finds it in the traceback
+    findings = explain_exception(exc, setup)
+    assert codes(findings) == ["AMP101"]
+    assert named(findings, setup) == {"0.weight", "0.bias"}
+
+
+def test_fp16_unscale_without_setup_guesses_the_model_from_the_traceback():
+    model = mlp()
+    model[2].half()
+    opt = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.step, opt)   # step's own unscale_ raises
+    findings = explain_exception(exc)
+    assert codes(findings) == ["AMP101"]
+    assert named(findings, TrainingSetup(model)) == {"2.weight", "2.bias"}
+
+
+def test_bf16_kernel_error_text_is_amp102():
+    text = ('Traceback (most recent call last):\n  File "train.py", line 80, in <module>\n'
+            '    scaler.step(optimizer)\nNotImplementedError: "_amp_foreach_non_finite_check_and_unscale_cuda" '
+            "not implemented for 'BFloat16'")
+    assert [r.code for r in explain_text(text)] == ["AMP102"]
+
+
+# ---- group D: the GradScaler state machine, without a guard --------------------------------------------------
+
+def test_unscale_twice_without_guard_offers_both_causes():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    scaler.unscale_(opt)
+    scaled_backward(model, scaler)
+    exc = raised(scaler.unscale_, opt)
+    findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP401", "AMP402"]
+    assert all("optimizer[0] (SGD)" in f.where for f in findings)
+    assert all("ScalerGuard" in f.detail for f in findings)
+
+
+def test_unscale_after_step():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    scaler.step(opt)
+    exc = raised(scaler.unscale_, opt)
+    findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP403"]
+    assert "optimizer[0]" in findings[0].where
+
+
+def test_step_twice():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    scaler.step(opt)
+    exc = raised(scaler.step, opt)
+    assert codes(explain_exception(exc, TrainingSetup(model, opt, scaler))) == ["AMP404"]
+
+
+def test_no_inf_checks_names_frozen_params():
+    model = mlp()
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    model[2].requires_grad_(False)   # the only params the optimizer holds are frozen
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.step, opt)
+    assert "No inf checks were recorded for this optimizer" in str(exc)
+    setup = TrainingSetup(model, opt, scaler)
+    findings = explain_exception(exc, setup)
+    assert codes(findings) == ["AMP406"]
+    assert named(findings, setup) == {"2.weight", "2.bias"}
+    assert "frozen" in findings[0].detail
+
+
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 1)
+        self.aux = nn.Linear(8, 1)   # never called in forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_no_inf_checks_names_unused_params():
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.aux.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.step, opt)
+    setup = TrainingSetup(model, opt, scaler)
+    findings = explain_exception(exc, setup)
+    assert codes(findings) == ["AMP406"]
+    assert named(findings, setup) == {"aux.weight", "aux.bias"}
+    assert "not used in the forward pass" in findings[0].detail
+
+
+def test_no_inf_checks_names_an_optimizer_over_other_tensors():
+    model = mlp()
+    opt = torch.optim.SGD(copy.deepcopy(model).parameters(), lr=0.1)   # built over a copy
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.step, opt)
+    findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP301", "AMP406"]
+    assert all("not parameters of the model" in f.detail for f in findings)
+    no_grad = next(f for f in findings if f.code == "AMP406")
+    assert "param_groups[0]['params'][0]" in no_grad.detail
+
+
+def test_no_inf_checks_prior_to_update():
+    model = mlp()
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    exc = raised(scaler.update)
+    assert codes(explain_exception(exc)) == ["AMP407"]
+
+
+def test_scale_is_none_when_backward_ran_on_the_unscaled_loss():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    model(torch.randn(4, 8)).sum().backward()   # forgot scaler.scale(loss)
+    exc = raised(scaler.unscale_, opt)
+    assert "_scale is None" in str(exc)
+    findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP405"]
+    assert "unscale_" in findings[0].detail and "optimizer[0]" in findings[0].where
+
+
+def test_closure_with_scaler_lbfgs():
+    model = mlp()
+    opt = torch.optim.LBFGS(model.parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(torch.randn(4, 8)).sum()
+        scaler.scale(loss).backward()
+        return loss
+
+    exc = raised(scaler.step, opt, closure=closure)
+    findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP204"]
+    assert "LBFGS" in findings[0].where + findings[0].detail
+
+
+def test_load_empty_scaler_state():
+    scaler = torch.amp.GradScaler("cpu")
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    exc = raised(scaler.load_state_dict, disabled.state_dict())
+    findings = explain_exception(exc)
+    assert codes(findings) == ["AMP410"]
+    assert findings[0].where == "GradScaler"
+
+
+def test_pickling_a_scaler_mid_iteration():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaled_backward(model, scaler)
+    scaler.step(opt)
+    exc = raised(pickle.dumps, scaler)
+    assert codes(explain_exception(exc)) == ["AMP410"]
+
+
+# ---- group E: non-finite gradient norm -----------------------------------------------------------------------
+
+def test_nonfinite_total_norm_names_the_parameter():
+    model = mlp()
+    model(torch.randn(4, 8)).sum().backward()
+    model[2].weight.grad[0, 0] = float("inf")
+    exc = raised(nn.utils.clip_grad_norm_, model.parameters(), 1.0, error_if_nonfinite=True)
+    setup = TrainingSetup(model)
+    findings = explain_exception(exc, setup)
+    assert codes(findings) == ["AMP608"]
+    assert named(findings, setup) == {"2.weight"}
+
+
+# ---- group F: half/float mismatches --------------------------------------------------------------------------
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.encoder = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.embed(x))
+
+
+def test_half_linear_with_float_input_names_the_module():
+    model = Encoder()
+    model.encoder.half()
+    exc = raised(model, torch.randn(2, 8))
+    findings = explain_exception(exc, TrainingSetup(model))
+    assert codes(findings) == ["AMP501"]
+    f = findings[0]
+    assert f.where == "encoder (Linear)"
+    assert "weight float16" in f.detail and "input float32 [2, 8]" in f.detail
+
+
+def test_half_conv_names_the_module_without_a_setup():
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3))
+    net[2].half()
+    exc = raised(net, torch.randn(1, 3, 8, 8))
+    assert "should be the same" in str(exc)
+    findings = explain_exception(exc)   # the model is found in this frame's locals
+    assert codes(findings) == ["AMP501"]
+    assert findings[0].where == "2 (Conv2d)"
+    assert "float16" in findings[0].detail and "input float32 [1, 4, 6, 6]" in findings[0].detail
+
+
+def test_half_matmul_outside_modules_names_the_call_site():
+    a, b = torch.randn(2, 3, 4).half(), torch.randn(2, 4, 5)
+    exc = raised(torch.bmm, a, b)
+    findings = explain_exception(exc)
+    assert codes(findings) == ["AMP501"]
+    assert findings[0].where.startswith("test_crash.py:")
+
+
+def test_a_wrapped_error_is_explained_through_its_cause():
+    scaler = torch.amp.GradScaler("cpu")
+
+    def resume() -> None:
+        try:
+            scaler.load_state_dict({})
+        except RuntimeError as exc:
+            raise RuntimeError("could not resume from checkpoint") from exc
+
+    assert codes(explain_exception(raised(resume))) == ["AMP410"]
+
+
+# ---- the exception is data, never changed --------------------------------------------------------------------
+
+def test_exception_is_left_untouched_and_unrelated_errors_give_nothing():
+    exc = raised(lambda: {}["missing"])
+    tb, args = exc.__traceback__, exc.args
+    assert explain_exception(exc) == []
+    assert exc.__traceback__ is tb and exc.args == args and exc.__cause__ is None
+
+
+def test_explain_dispatches_on_type():
+    assert [r.code for r in explain("AMP404")] == ["AMP404"]
+    exc = raised(torch.amp.GradScaler("cpu").load_state_dict, {})
+    assert [f.code for f in explain(exc)] == ["AMP410"]
+    with pytest.raises(TypeError):
+        explain(42)  # type: ignore[arg-type]
+
+
+# ---- explain_text ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("AMP101", ["AMP101"]),
+    ("amp405", ["AMP405"]),
+    ("fp16-trainable-params", ["AMP101"]),
+    ("AMP401, AMP402", ["AMP401", "AMP402"]),
+    ("RuntimeError: unscale_() has already been called on this optimizer since the last update().",
+     ["AMP401", "AMP402"]),
+    ("RuntimeError: unscale_() is being called after step().", ["AMP403"]),
+    ("AssertionError: No inf checks were recorded for this optimizer.", ["AMP406"]),
+    ("AssertionError: Attempted step but _scale is None.  This may indicate your script did not use "
+     "scaler.scale(loss or outputs) earlier in the iteration.", ["AMP405"]),
+    ("RuntimeError: Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the same",
+     ["AMP501"]),
+    ("2024-01-01 12:00:00 [INFO] Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+     ["AMP603"]),
+    ("UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`. In PyTorch 1.1.0", ["AMP409"]),
+    ("all good, loss=0.12", []),
+    ("", []),
+    ("AMP999", []),
+])
+def test_explain_text(text, expected):
+    assert [r.code for r in explain_text(text)] == expected
+
+
+def test_explain_text_reads_the_tail_of_a_long_log():
+    log = "step 1 loss 0.5\n" * 20_000 + "ValueError: Attempting to unscale FP16 gradients.\n"
+    assert [r.code for r in explain_text(log)] == ["AMP101"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: "".join(random.Random(0).choices("abcdef \n()[].*expected dtype", k=1_000_000)),
+    lambda: random.Random(1).randbytes(300_000).decode("latin-1"),
+    lambda: os.urandom(300_000).decode("utf-8", "replace"),
+    lambda: "expected dtype " * 100_000,                        # `expected .*dtype.* to match` never matches
+    lambda: " to match" + "expected dtype " * 100_000,
+    lambda: "loss scale " * 100_000,                            # `loss scale.*(minimum|collapsed)`
+    lambda: "OVERFLOW! " * 100_000 + "\n" * 50_000,
+    lambda: "Input type (" + "x" * 500_000,
+    lambda: "İ" * 300_000 + "ValueError: Attempting to unscale FP16 gradients.",
+])
+def test_explain_text_survives_hostile_input(make):
+    # Speed on such input is shown by the linear patterns (bounded quantifiers) and the 200 KB tail, not timed here.
+    result = explain_text(make())
+    assert isinstance(result, list)
+
+
+def test_match_rules_keeps_working_after_non_ascii_lowering():
+    assert [r.code for r in match_rules("İ" * 10 + " mat1 and mat2 must have the same dtype")] == ["AMP501"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_params_under_an_fp16_scaler_on_cuda():
+    model = nn.Sequential(nn.Linear(16, 16)).cuda().to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(torch.randn(4, 16, device="cuda", dtype=torch.bfloat16)).float().sum()
+    scaler.scale(loss).backward()
+    try:
+        scaler.step(opt)
+    except (RuntimeError, NotImplementedError) as exc:
+        setup = TrainingSetup(model, opt, scaler)
+        findings = explain_exception(exc, setup)
+        assert codes(findings) == ["AMP102"]
+        assert named(findings, setup) == {"0.weight", "0.bias"}
+    else:
+        pytest.skip("this torch's CUDA unscale kernel accepts bfloat16")
+
+
+def test_invalid_scaler_config_is_explained():
+    with pytest.raises(AssertionError) as info:
+        torch.amp.GradScaler("cpu", growth_factor=0.5)
+    assert [f.code for f in explain_exception(info.value)] == ["AMP207"]
+
+
+def test_missing_scaler_kernel_text_is_explained():
+    text = ("RuntimeError: Could not run 'aten::_amp_foreach_non_finite_check_and_unscale_' with arguments from "
+            "the 'SparseCUDA' backend.")
+    assert [r.code for r in explain_text(text)] == ["AMP206"]

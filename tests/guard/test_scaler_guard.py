@@ -1,0 +1,390 @@
+"""ScalerGuard on real CPU training loops: each state-machine misuse, the silent ones, and a quiet correct loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torch.nn.utils.clip_grad
+from ampdoctor.guard.scaler_guard import ScalerGuard
+from ampdoctor.core.training import TrainingSetup
+
+HUGE = 1e36   # times a scale of 65536 overflows fp32 (max 3.4e38): the scaler finds inf and skips the step
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def loss_of(model: nn.Module, i: int, factor: float = 1.0) -> torch.Tensor:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+    with torch.autocast("cpu", dtype=torch.float16):
+        return model(x).float().pow(2).mean() * factor
+
+
+def parts(model: nn.Module | None = None, opt_cls=torch.optim.SGD, **opt_kwargs):
+    model = model if model is not None else mlp()
+    opt = opt_cls(model.parameters(), **({"lr": 0.01} | opt_kwargs))
+    scaler = torch.amp.GradScaler("cpu")
+    return model, opt, scaler, TrainingSetup(model, opt, scaler)
+
+
+def codes(findings) -> list[str]:
+    return sorted({f.code for f in findings})
+
+
+def canonical_step(model, opt, scaler, i, factor=1.0, scheduler=None) -> None:
+    """One correct iteration: scale -> backward -> unscale_ -> clip -> step -> update (-> scheduler if not skipped)."""
+    scaler.scale(loss_of(model, i, factor)).backward()
+    scaler.unscale_(opt)
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    if scheduler is not None and scaler.get_scale() >= before:
+        scheduler.step()
+
+
+# ---- crashes explained from the history ----------------------------------------------------------------------
+
+def test_clip_per_micro_batch_is_amp401():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard, pytest.raises(RuntimeError, match="already been called") as info:
+        for i in range(4):
+            scaler.scale(loss_of(model, i) / 2).backward()
+            scaler.unscale_(opt)                                  # on every micro-batch
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if (i + 1) % 2 == 0:
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP401"]
+    assert findings[0].where == "optimizer[0] (SGD)"
+    assert findings[0].detail.count("test_scaler_guard.py:") == 2
+    assert "1 backward pass" in findings[0].detail
+    assert codes(guard.findings()) == ["AMP401"]
+
+
+def test_skip_guard_without_update_is_amp402():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard, pytest.raises(RuntimeError, match="already been called") as info:
+        for i in range(4):
+            opt.zero_grad()
+            scaler.scale(loss_of(model, i, HUGE if i == 1 else 1.0)).backward()
+            scaler.unscale_(opt)
+            norm = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if not torch.isfinite(norm):
+                continue                                          # skips scaler.step() AND scaler.update()
+            scaler.step(opt)
+            scaler.update()
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP402"]
+    assert findings[0].detail.count("test_scaler_guard.py:") == 2
+    assert "returned nan" in findings[0].detail or "returned inf" in findings[0].detail
+    assert findings[0].step == 1
+
+
+def test_unscale_after_step_is_amp403_with_both_sites():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        scaler.step(opt)
+        with pytest.raises(RuntimeError, match="after step") as info:
+            scaler.unscale_(opt)
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP403"]
+    assert findings[0].detail.count("test_scaler_guard.py:") == 2
+
+
+def test_second_step_names_the_optimizer_and_both_sites():
+    model = mlp()
+    opt_a = torch.optim.SGD(model[0].parameters(), lr=0.01)
+    opt_b = torch.optim.SGD(model[2].parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerGuard(scaler, TrainingSetup(model, [opt_a, opt_b], scaler)) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        scaler.step(opt_a)
+        scaler.step(opt_b)
+        with pytest.raises(RuntimeError, match="step\\(\\) has already been called") as info:
+            scaler.step(opt_b)
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP404"]
+    assert findings[0].where == "optimizer[1] (SGD)"
+    assert findings[0].detail.count("test_scaler_guard.py:") == 2
+
+
+def test_backward_without_scale_on_a_fresh_scaler_is_amp405():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        loss_of(model, 0).backward()
+        with pytest.raises(AssertionError, match="_scale is None") as info:
+            scaler.step(opt)
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP405"]
+    assert "scaler.step()" in findings[0].detail
+
+
+def test_frozen_optimizer_params_are_amp406_from_the_guard():
+    model = mlp()
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.01)
+    model[2].requires_grad_(False)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerGuard(scaler, TrainingSetup(model, opt, scaler)) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer"):
+            scaler.step(opt)                                      # step's own unscale_ finds no grads
+    findings = guard.findings()
+    assert codes(findings) == ["AMP406"]
+    assert "2.weight" in findings[0].detail and "2.bias" in findings[0].detail and "frozen" in findings[0].detail
+
+
+def test_explicit_unscale_then_step_without_grads_is_amp406():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0).detach().requires_grad_())   # nothing reaches the model
+        scaler.unscale_(opt)
+        with pytest.raises(AssertionError, match="No inf checks") as info:
+            scaler.step(opt)
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP406"]
+    assert "not used in the forward pass" in findings[0].detail
+
+
+def test_update_without_step_is_amp407():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        with pytest.raises(AssertionError, match="prior to update") as info:
+            scaler.update()
+    assert codes(guard.explain(info.value)) == ["AMP407"]
+
+
+def test_fp16_params_raising_inside_step_are_named_by_the_guard():
+    model = mlp()
+    model[0].half()
+    model, opt, scaler, setup = parts(model)
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        with pytest.raises(ValueError, match="FP16") as info:
+            scaler.step(opt)
+    assert codes(guard.findings()) == ["AMP101"]
+    text = " ".join(f.detail for f in guard.explain(info.value))
+    assert "0.weight" in text and "0.bias" in text and "2.weight" not in text
+
+
+# ---- silent misuse -----------------------------------------------------------------------------------------------
+
+def test_backward_on_unscaled_loss_after_init_is_amp405():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(2):
+            canonical_step(model, opt, scaler, i)
+        loss_of(model, 2).backward()                             # scaler already initialised: nothing raises
+        scaler.step(opt)
+        scaler.update()
+    findings = guard.findings()
+    assert codes(findings) == ["AMP405"]
+    assert findings[0].step == 2 and "no scaler.scale() call" in findings[0].detail
+
+
+@pytest.mark.parametrize("params", [
+    lambda m: m.parameters(),
+    lambda m: (p for p in m.parameters() if p.requires_grad),
+    lambda m: list(m.parameters()),
+    lambda m: m[2].weight,
+])
+def test_clipping_scaled_grads_is_amp408(params):
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(3):
+            scaler.scale(loss_of(model, i)).backward()
+            nn.utils.clip_grad_norm_(params(model), 1.0)          # before unscale_
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    findings = guard.findings()
+    assert codes(findings) == ["AMP408"]
+    assert findings[0].where == "optimizer[0] (SGD)"
+    assert "seen in 3 iterations" in findings[0].detail
+
+
+def test_clipping_another_models_grads_is_not_amp408():
+    model, opt, scaler, setup = parts()
+    critic = nn.Linear(8, 1)                                        # trained in fp32, no scaler
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        critic(torch.randn(2, 8)).sum().backward()
+        torch.nn.utils.clip_grad.clip_grad_norm_(critic.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+    assert guard.findings() == []
+
+
+def test_scheduler_stepping_on_a_skipped_step_is_amp409():
+    model, opt, scaler, setup = parts()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(5):
+            scaler.scale(loss_of(model, i, HUGE if i == 3 else 1.0)).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()                                          # every iteration, skipped or not
+            opt.zero_grad()
+        assert guard.skipped_iterations() == [3]
+    findings = guard.findings()
+    assert codes(findings) == ["AMP409"]
+    assert findings[0].where == "StepLR on optimizer[0] (SGD)" and findings[0].step == 3
+
+
+def test_resume_without_scaler_state_is_amp410():
+    model, opt, scaler, _ = parts(opt_cls=torch.optim.Adam, lr=1e-3)
+    for i in range(3):
+        canonical_step(model, opt, scaler, i)
+    checkpoint = {"model": model.state_dict(), "opt": opt.state_dict()}   # the scaler is forgotten
+
+    model2, opt2, scaler2, setup2 = parts(opt_cls=torch.optim.Adam, lr=1e-3)
+    model2.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["opt"])
+    with ScalerGuard(scaler2, setup2) as guard:
+        canonical_step(model2, opt2, scaler2, 3)
+    findings = guard.findings()
+    assert codes(findings) == ["AMP410"]
+    assert "step 3" in findings[0].detail
+
+
+def test_resume_with_scaler_state_is_quiet():
+    model, opt, scaler, _ = parts(opt_cls=torch.optim.Adam, lr=1e-3)
+    canonical_step(model, opt, scaler, 0, factor=HUGE)            # one skip: scale 32768, tracker 0
+    canonical_step(model, opt, scaler, 1)
+    model2, opt2, scaler2, setup2 = parts(opt_cls=torch.optim.Adam, lr=1e-3)
+    opt2.load_state_dict(opt.state_dict())
+    scaler2.load_state_dict(scaler.state_dict())
+    with ScalerGuard(scaler2, setup2) as guard:
+        canonical_step(model2, opt2, scaler2, 2)
+    assert guard.findings() == []
+
+
+# ---- a correct loop is quiet, and the guard changes nothing ------------------------------------------------------
+
+def train(steps: int, guard: bool, accum: int = 2) -> tuple[nn.Module, torch.amp.GradScaler, ScalerGuard | None]:
+    model, opt, scaler, setup = parts(opt_cls=torch.optim.AdamW, lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    watcher = ScalerGuard(scaler, setup).attach() if guard else None
+    try:
+        _train_loop(model, opt, scaler, sched, steps, accum)
+    finally:
+        if watcher is not None:
+            watcher.detach()
+    return model, scaler, watcher
+
+
+def _train_loop(model, opt, scaler, sched, steps: int, accum: int) -> None:
+    for i in range(steps * accum):
+        factor = HUGE if i in (6, 7) else 1.0                     # iteration 3 overflows and is skipped
+        scaler.scale(loss_of(model, i, factor) / accum).backward()
+        if (i + 1) % accum:
+            continue
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if scaler.get_scale() >= before:                          # step only when the optimizer stepped
+            sched.step()
+
+
+def test_canonical_loop_with_accumulation_and_a_skipped_step_is_quiet():
+    _, _, guard = train(10, guard=True)
+    guard.detach()
+    assert guard.skipped_iterations() == [3]                      # the skip really happened
+    assert guard.findings() == []
+
+
+def test_training_with_the_guard_is_bitwise_identical():
+    plain, plain_scaler, _ = train(20, guard=False)
+    watched, watched_scaler, _ = train(20, guard=True)
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    assert plain_scaler.state_dict() == watched_scaler.state_dict()
+
+
+def test_detach_restores_everything():
+    model, opt, scaler, setup = parts()
+    originals = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_,
+                 torch.optim.lr_scheduler.LRScheduler.step,
+                 vars(torch.optim.lr_scheduler.CosineAnnealingWarmRestarts)["step"])
+    with ScalerGuard(scaler, setup) as guard:
+        assert "unscale_" in vars(scaler) and torch.nn.utils.clip_grad_norm_ is not originals[0]
+        canonical_step(model, opt, scaler, 0)
+    assert not {"scale", "unscale_", "step", "update"} & set(vars(scaler))
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_,
+            torch.optim.lr_scheduler.LRScheduler.step,
+            vars(torch.optim.lr_scheduler.CosineAnnealingWarmRestarts)["step"]) == originals
+    assert len(scaler._per_optimizer_states) == 0             # the guard never adds scaler state
+    guard.detach()                                              # twice is fine
+
+
+def test_an_observer_error_is_reported_once_and_the_guard_steps_aside():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        guard._cur = None   # break the guard itself, not torch
+        for i in range(3):
+            canonical_step(model, opt, scaler, i)               # training goes on
+        assert guard.broken
+    findings = guard.findings()
+    assert [f.code for f in findings] == ["AMP001"]
+    assert "scale" not in vars(scaler) and torch.nn.utils.clip_grad_norm_ is torch.nn.utils.clip_grad.clip_grad_norm_
+
+
+def test_a_disabled_scaler_is_ignored():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with ScalerGuard(scaler, TrainingSetup(model, opt, scaler)) as guard:
+        for i in range(2):
+            scaler.scale(loss_of(model, i)).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+    assert guard.findings() == []
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_guard_adds_no_host_sync_on_cuda():
+    import warnings
+
+    def syncs(guarded: bool) -> int:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cuda")
+        guard = ScalerGuard(scaler, TrainingSetup(model, opt, scaler)).attach() if guarded else None
+        x = torch.randn(4, 8, device="cuda")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    for _ in range(10):
+                        with torch.autocast("cuda", dtype=torch.float16):
+                            loss = model(x).float().pow(2).mean()
+                        scaler.scale(loss).backward()
+                        scaler.unscale_(opt)
+                        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                        scaler.step(opt)                      # torch's own .item() sync, once per step
+                        scaler.update()
+                        opt.zero_grad()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+        finally:
+            if guard is not None:
+                guard.detach()
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(guarded=True) == syncs(guarded=False)

@@ -1,0 +1,204 @@
+"""GradStats against an independent float64 NumPy computation on the same gradients."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, GradStats, rows_to_dicts
+
+# Formats described only by their bit layout, independently of ampdoctor's constants:
+# (mantissa bits, exponent of the largest binade, mantissa of the largest finite value, smallest normal exponent)
+LAYOUT = {"fp16": (10, 15, 1023, -14), "bf16": (7, 127, 127, -126), "e4m3": (3, 8, 6, -6), "e5m2": (2, 15, 3, -14)}
+
+
+def np_rounds_to_zero(x: np.ndarray, fmt: str) -> np.ndarray:
+    """|x| rounds to 0 under round-to-nearest-even: at most half the smallest subnormal (the tie goes to 0)."""
+    m, _, _, emin = LAYOUT[fmt]
+    return np.abs(x) <= 2.0 ** (emin - m) / 2
+
+
+def np_overflows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """|x| rounds past the largest finite value: beyond the midpoint to the next binade value, or on it when the
+    largest value's mantissa is odd (ties go to even)."""
+    m, emax, top, _ = LAYOUT[fmt]
+    largest = (1 + top / 2**m) * 2.0**emax
+    midpoint = largest + 2.0 ** (emax - m) / 2
+    return np.abs(x) >= midpoint if top % 2 else np.abs(x) > midpoint
+
+
+def np_stats(g: torch.Tensor, scale: float, scaled: bool) -> dict[str, float]:
+    """The reference: float64 NumPy on the stored gradient; np.float16 casting for fp16 as a second opinion."""
+    stored = g.detach().double().numpy().reshape(-1)
+    unscaled = stored / scale if scaled else stored
+    finite = np.isfinite(unscaled)
+    nonzero = finite & (unscaled != 0)
+    x = np.abs(unscaled) * scale  # exact in float64 for float32/16 values and power-of-two scales
+    out = {
+        "absmax": float(np.max(np.abs(unscaled))),
+        "min_nonzero": float(np.nanmin(np.abs(unscaled[unscaled != 0]))) if np.any(unscaled != 0) else math.inf,
+        "l2": float(np.sqrt(np.sum(unscaled.astype(np.float64) ** 2))),
+        "nonfinite": int(np.sum(~finite)),
+        "zero_frac": float(np.mean(unscaled == 0)),
+    }
+    denominator = max(int(nonzero.sum()), 1)
+    for fmt in LAYOUT:
+        out[f"{fmt}_underflow"] = float(np.sum(np_rounds_to_zero(x, fmt) & nonzero)) / denominator
+        out[f"{fmt}_overflow"] = float(np.sum(np_overflows(x, fmt) & nonzero)) / denominator
+        out[f"{fmt}_subnormal"] = float(np.sum((x < 2.0 ** LAYOUT[fmt][3]) & nonzero)) / denominator
+    with np.errstate(over="ignore"):
+        half = x[nonzero].astype(np.float16)
+    assert out["fp16_underflow"] == float(np.sum(half == 0)) / denominator
+    assert out["fp16_overflow"] == float(np.sum(np.isinf(half))) / denominator
+    return out
+
+
+def ours(grads: list[torch.Tensor], scale: float, scaled: bool, sample: int | None = None) -> list[dict]:
+    stats = GradStats([g.numel() for g in grads], sample=sample)
+    matrix = stats.compute(grads, torch.tensor(scale), scaled=scaled).tolist()
+    names = [str(i) for i in range(len(grads))]
+    found = rows_to_dicts(matrix, names)
+    return [found[n] for n in names]
+
+
+def assert_matches(got: dict, want: dict) -> None:
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=0), key
+
+
+def test_known_underflow_three_of_ten_at_scale_1_and_none_at_2_pow_10() -> None:
+    # 2**-25 ≈ 2.98e-8 is half of fp16's smallest subnormal: at or below it a value rounds to 0.
+    g = torch.tensor([1e-9, -2e-8, 2.0**-25, 3.0e-8, 1e-4, 0.5, -1.0, 2.0, 1e-3, 7.0, 0.0, 0.0])
+    at_1, at_1024 = ours([g], 1.0, False)[0], ours([g], 2.0**10, False)[0]
+    assert at_1["fp16_underflow"] == pytest.approx(3 / 10)
+    assert at_1024["fp16_underflow"] == 0.0
+    assert at_1["zero_frac"] == pytest.approx(2 / 12)
+    assert at_1["min_nonzero"] == pytest.approx(1e-9)
+    # fp16 subnormals lie below 2**-14 ≈ 6.1e-5: the three that underflow and 3e-8 (1e-4 is above)
+    assert at_1["fp16_subnormal"] == pytest.approx(4 / 10)
+    assert at_1024["fp16_subnormal"] == pytest.approx(4 / 10)  # 1e-9 .. 3e-8 times 1024 are still below 6.1e-5
+    # overflow at 2**16: |g| * 65536 >= 65520 for 2.0 and 7.0 and -1.0 (65536 rounds to inf)
+    assert ours([g], 2.0**16, False)[0]["fp16_overflow"] == pytest.approx(3 / 10)
+
+
+def test_known_thresholds_of_each_format_exactly() -> None:
+    # Values on and just around each format's rounding boundaries, at scale 1.
+    below = lambda v: float(np.nextafter(np.float32(v), np.float32(0)))  # noqa: E731
+    above = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
+    g = torch.tensor([464.0, above(464.0), 65520.0, below(65520.0), 61440.0, below(61440.0),
+                      2.0**-10, above(2.0**-10), 2.0**-17, above(2.0**-17), 1.0])
+    got = ours([g], 1.0, False)[0]
+    want = np_stats(g, 1.0, False)
+    assert_matches(got, want)
+    n = 11
+    assert got["e4m3_overflow"] == pytest.approx(5 / n)  # above(464), 65520, below(65520), 61440, below(61440)
+    assert got["fp16_overflow"] == pytest.approx(1 / n)  # 65520 only
+    assert got["e5m2_overflow"] == pytest.approx(3 / n)  # 61440, 65520, below(65520)
+    assert got["e4m3_underflow"] == pytest.approx(3 / n)  # 2**-10 ties to 0; 2**-17 and above(2**-17) too
+    assert got["e5m2_underflow"] == pytest.approx(1 / n)  # 2**-17 only
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_random_gradients_match_numpy(scaled: bool) -> None:
+    gen = torch.Generator().manual_seed(1)
+    scale = 2.0**12
+    grads = [
+        torch.randn(7, 33, generator=gen) * 10.0 ** torch.randint(-12, 3, (7, 33), generator=gen),
+        torch.randn(300, generator=gen) * 1e-9,
+        torch.randn(5, 4, 3, generator=gen) * 50,
+    ]
+    grads[0][2] = 0.0
+    grads[2][0, 0, 0] = math.inf
+    grads[2][1, 1, 1] = math.nan
+    stored = [g * scale if scaled else g for g in grads]
+    for got, g in zip(ours(stored, scale, scaled), stored):
+        want = np_stats(g, scale, scaled)
+        if not math.isfinite(want["absmax"]):  # NaN present: abs-max and L2 are NaN
+            assert math.isnan(got["absmax"]) and math.isnan(got["l2"])
+            want = {k: v for k, v in want.items() if k not in ("absmax", "l2")}
+        assert_matches(got, want)
+
+
+def test_scaled_and_unscaled_reads_agree() -> None:
+    g = torch.randn(50, generator=torch.Generator().manual_seed(2)) * 1e-6
+    s = 2.0**14
+    unscaled, scaled = ours([g], s, False)[0], ours([g * s], s, True)[0]
+    for key in unscaled:
+        assert unscaled[key] == pytest.approx(scaled[key], rel=1e-6), key
+
+
+def test_low_precision_gradients() -> None:
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float16, torch.bfloat16):
+        g = (torch.randn(64, generator=gen) * 1e-3).to(dtype)
+        g[3] = 0
+        got = ours([g], 1.0, False)[0]
+        assert_matches(got, np_stats(g, 1.0, False))
+
+
+def test_sampled_counts_and_exact_extremes_on_a_large_tensor() -> None:
+    gen = torch.Generator().manual_seed(4)
+    g = torch.randn(200_000, generator=gen)
+    g[::4] = 0.0  # 25% zeros
+    g[1::8] *= 1e-12  # 1/8 of all entries, 1/6 of the non-zero ones, underflow fp16 at scale 1
+    g[12345] = 3.0e-20
+    g[777] = 1e5
+    got = ours([g], 1.0, False, sample=4096)[0]
+    want = np_stats(g, 1.0, False)
+    assert got["sampled"] == 4096
+    for key in ("absmax", "l2"):  # over every entry
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
+    assert want["min_nonzero"] <= got["min_nonzero"] < 1e-13  # the smallest of the sample: an upper bound
+    assert got["zero_frac"] == pytest.approx(0.25, abs=0.03)
+    assert got["fp16_underflow"] == pytest.approx(want["fp16_underflow"], abs=0.03)
+    assert got["bf16_underflow"] == 0.0 and got["bf16_overflow"] == 0.0  # proven 0 by the extremes
+
+
+def test_abs_max_proves_that_nothing_overflows() -> None:
+    # The sample holds huge values, but the abs-max over all entries shows that none reaches a format's limit.
+    g = torch.full((10_000,), 400.0)
+    got = ours([g], 1.0, False, sample=16)[0]
+    assert all(got[f"{f.name}_overflow"] == 0.0 for f in FORMATS)
+    g[5000] = 1e6  # one entry, most likely outside the sample: still seen by abs-max
+    got = ours([g], 1.0, False, sample=16)[0]
+    assert got["absmax"] == 1e6
+
+
+def test_a_nonfinite_entry_outside_the_sample_is_still_counted() -> None:
+    g = torch.ones(100_000)
+    g[54321] = math.inf
+    got = ours([g], 1.0, False, sample=64)[0]
+    assert math.isinf(got["absmax"]) and got["nonfinite"] >= 1
+
+
+def test_missing_sparse_and_empty_gradients_are_marked() -> None:
+    stats = GradStats([3, 4, 0])
+    matrix = stats.compute([None, torch.ones(4), torch.ones(0)], None).tolist()
+    assert [row[COL["has_grad"]] for row in matrix] == [0.0, 1.0, 0.0]
+    assert len(matrix[0]) == len(COLUMNS)
+    with pytest.raises(ValueError, match="expected 3 gradients"):
+        stats.compute([None], None)
+
+
+def test_compute_touches_neither_gradients_nor_the_global_rng() -> None:
+    grads = [torch.randn(10_000), torch.randn(3, 3).half()]
+    before = [g.clone() for g in grads]
+    rng = torch.get_rng_state()
+    GradStats([g.numel() for g in grads], sample=100).compute(grads, torch.tensor(8.0), scaled=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, grads))
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_norms_only_leaves_counts_out() -> None:
+    g = torch.tensor([3.0, 4.0, 0.0])
+    rows = GradStats([3], counts=False).compute([g], None).tolist()
+    stats = rows_to_dicts(rows, ["w"])["w"]
+    assert stats == {"absmax": 4.0, "l2": 5.0}
+
+
+def test_all_zero_gradient() -> None:
+    got = ours([torch.zeros(5)], 1.0, False)[0]
+    assert got["min_nonzero"] == math.inf and got["zero_frac"] == 1.0 and got["fp16_underflow"] == 0.0

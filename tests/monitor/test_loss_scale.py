@@ -1,0 +1,135 @@
+"""ScaleMonitor on real GradScaler("cpu") loops with fused, foreach and for-loop AdamW."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ampdoctor.monitor.loss_scale import ScaleMonitor
+
+KINDS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+
+
+def sync(monitor: ScaleMonitor) -> dict:
+    """The owner's one sync: device tensors to host lists, handed back."""
+    return monitor.consume({k: v.reshape(-1).tolist() for k, v in monitor.pending().items()})
+
+
+def train(kind: str, steps: int, inf_at: set[int], monitor_every: int = 4, **scaler_kw: float):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **KINDS[kind])
+    scaler = torch.amp.GradScaler("cpu", **scaler_kw)
+    monitor = ScaleMonitor(scaler, capacity=2).attach()
+    records = []
+    for step in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(4, 6)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if step in inf_at:
+            model[2].weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if step % monitor_every == monitor_every - 1:
+            records.append(sync(monitor))
+    records.append(sync(monitor))
+    monitor.detach()
+    return monitor, records, scaler
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_skipped_steps_are_counted_with_every_adamw_implementation(kind: str) -> None:
+    monitor, records, scaler = train(kind, 13, {2, 5, 6, 11})
+    assert monitor.steps == 13
+    assert monitor.skipped == 4
+    assert monitor.skipped_steps == [2, 5, 6, 11]
+    assert [s for r in records for s in r["skipped"]] == [2, 5, 6, 11]
+    assert monitor.longest_run == (2, 5)
+    # the scale used halves after each skipped step, and nothing else changes it within 13 steps
+    assert monitor.history == [(0, 65536.0), (3, 32768.0), (6, 16384.0), (7, 8192.0), (12, 4096.0)]
+    assert monitor.current_scale == scaler.get_scale() == 4096.0
+    assert monitor.findings() == []  # two in a row is below the alarm
+
+
+def test_consecutive_skips_raise_amp604_and_warmup_needs_a_longer_run() -> None:
+    monitor, _, _ = train("foreach", 10, {4, 5, 6})
+    assert [f.code for f in monitor.findings()] == ["AMP604"]
+    assert monitor.findings()[0].step == 4
+    assert "3 consecutive" in monitor.findings()[0].detail
+    warmup, _, _ = train("foreach", 10, {0, 1, 2, 3, 4})  # calibration from 2**16: tolerated up to 7
+    assert warmup.findings() == []
+
+
+def test_more_than_five_percent_skipped_raises_amp604() -> None:
+    monitor, _, _ = train("for-loop", 100, set(range(0, 100, 15)), monitor_every=50)
+    assert monitor.skipped == 7
+    assert [f.code for f in monitor.findings()] == ["AMP604"]  # the scale fell by 2**7 only: no collapse
+    assert "7 of 100" in monitor.findings()[0].detail
+
+
+def test_collapse_from_a_forward_overflow_raises_amp603_with_the_explanation() -> None:
+    # A Linear whose fp16 output overflows 65504 on every step (3e4 * 4 = 1.2e5): the loss's gradient is inf, every
+    # step is skipped and the scale halves, step after step.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.fill_(3e4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScaleMonitor(scaler) as monitor:
+        for step in range(12):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.ones(2, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            if step == 6:
+                sync(monitor)
+                assert "AMP603" not in [f.code for f in monitor.findings()]  # 2**16 -> 2**9: not yet 2**8 down
+        sync(monitor)
+    codes = [f.code for f in monitor.findings()]
+    assert codes == ["AMP604", "AMP603"]
+    collapse = monitor.findings()[1]
+    assert "forward pass" in collapse.detail and "65504" in collapse.detail
+    assert monitor.current_scale == 2.0**4
+    monitor.name_culprit("0 (Linear)")
+    assert "First module with a non-finite output: 0 (Linear)" in monitor.findings()[1].detail
+
+
+def test_scale_below_one_is_a_collapse() -> None:
+    monitor, _, _ = train("foreach", 4, {0, 1, 2}, init_scale=4.0)
+    assert monitor.current_scale == 0.5
+    assert "AMP603" in [f.code for f in monitor.findings()]
+
+
+def test_buffer_grows_between_syncs_and_stays_on_the_device() -> None:
+    monitor, records, _ = train("foreach", 9, set(), monitor_every=100)  # one sync for 9 steps, capacity 2
+    assert records[-1]["steps"] == [0, 9]
+    assert monitor.steps == 9
+
+
+def test_detach_restores_the_scaler_and_drops_it() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    before = dict(vars(scaler))
+    monitor = ScaleMonitor(scaler).attach()
+    assert "update" in vars(scaler)
+    monitor.detach()
+    assert vars(scaler) == before
+    assert monitor._scaler is None
+
+
+def test_a_failing_update_is_not_counted() -> None:
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.ones((), requires_grad=True))
+    with ScaleMonitor(scaler) as monitor:
+        with pytest.raises(AssertionError, match="No inf checks"):
+            scaler.update()
+        assert sync(monitor)["steps"] == [0, 0]
+
+
+def test_rejects_something_that_is_not_a_scaler() -> None:
+    with pytest.raises(TypeError, match="must be a torch.amp.GradScaler"):
+        ScaleMonitor(object())

@@ -1,0 +1,101 @@
+"""LostUpdateMonitor on real low-precision models and optimizers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ampdoctor.monitor.lost_updates import LostUpdateMonitor
+from ampdoctor.monitor.watcher import watch
+
+
+def sync(monitor: LostUpdateMonitor, step: int) -> dict:
+    return monitor.consume({k: v.reshape(-1).tolist() for k, v in monitor.pending().items()}, step)
+
+
+def bf16_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(torch.bfloat16)
+
+
+def run(model: nn.Module, opt: torch.optim.Optimizer, steps: int, scaler=None, inf_at=()) -> LostUpdateMonitor:
+    monitor = LostUpdateMonitor(list(model.named_parameters())).attach(opt)
+    for step in range(steps):
+        monitor.set_sampling(True)
+        x = torch.randn(8, 16, dtype=next(model.parameters()).dtype)
+        loss = model(x).float().pow(2).mean()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            if step in inf_at:
+                model[2].bias.grad[0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad()
+        sync(monitor, step)
+    monitor.detach()
+    return monitor
+
+
+def test_pure_bf16_with_a_small_lr_loses_most_updates() -> None:
+    model = bf16_model()
+    monitor = run(model, torch.optim.AdamW(model.parameters(), lr=1e-5), 4)
+    assert monitor.names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    fractions = monitor.fractions()
+    assert all(f > 0.9 for f in fractions.values()), fractions
+    assert [f.code for f in monitor.findings()] == ["AMP607"] * 4
+    assert "bfloat16" in monitor.findings()[0].detail
+    assert monitor.summary()["lost_fraction"] > 0.9
+
+
+def test_pure_bf16_with_a_large_lr_keeps_its_updates() -> None:
+    model = bf16_model()
+    monitor = run(model, torch.optim.AdamW(model.parameters(), lr=1e-1), 4)
+    assert max(monitor.fractions().values()) < 0.2
+    assert monitor.findings() == []
+
+
+def test_fp32_parameters_under_autocast_are_not_watched() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-9)  # tiny updates, but fp32 keeps them
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(8, 16)).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP607" not in w.report().codes()
+    assert w.summary_data()["lost_updates"] is None
+
+
+def test_a_step_skipped_inside_the_fused_kernel_is_not_counted_as_lost() -> None:
+    model = bf16_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-1, fused=True)
+    scaler = torch.amp.GradScaler("cpu")
+    monitor = run(model, opt, 3, scaler=scaler, inf_at={0, 1, 2})  # every step skipped by the kernel
+    assert scaler.get_scale() == 2.0**13
+    assert monitor.with_grad == [0, 0, 0, 0] and monitor.fractions() == {}
+    assert monitor.findings() == []
+
+
+def test_fused_bf16_with_a_small_lr_and_a_scaler_loses_updates() -> None:
+    model = bf16_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    monitor = run(model, opt, 2, scaler=torch.amp.GradScaler("cpu"))
+    assert min(monitor.fractions().values()) > 0.9
+
+
+def test_not_sampled_means_no_snapshot_and_detach_removes_the_hooks() -> None:
+    model = bf16_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    monitor = LostUpdateMonitor(list(model.named_parameters()), sample=8).attach(opt)
+    assert len(opt._optimizer_step_pre_hooks) == 1 and len(opt._optimizer_step_post_hooks) == 1
+    model(torch.randn(2, 16, dtype=torch.bfloat16)).float().sum().backward()
+    opt.step()
+    assert monitor.pending() == {}
+    monitor.detach()
+    assert len(opt._optimizer_step_pre_hooks) == 0 and len(opt._optimizer_step_post_hooks) == 0

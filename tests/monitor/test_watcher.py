@@ -1,0 +1,344 @@
+"""watch(): composition, do-no-harm (bitwise identity, detach, weakrefs, fault isolation), findings and report."""
+
+from __future__ import annotations
+
+import gc
+import io
+import math
+import weakref
+
+import pytest
+import torch
+import torch.nn.modules.module as module_globals
+import torch.optim.optimizer as optimizer_globals
+from rich.console import Console
+from torch import nn
+
+from ampdoctor.monitor.grad_stats import GradStats
+from ampdoctor.core.report import Report
+from ampdoctor.monitor.loss_scale import ScaleMonitor
+from ampdoctor.monitor.watcher import Watch, watch
+
+KINDS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+INF_AT = {3, 7, 8}
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 16)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Dropout(0.1), nn.LayerNorm(16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(x)))
+
+
+def train(kind: str = "foreach", steps: int = 20, scaler: bool = True, unscale: bool = False, inf_at=INF_AT,
+          **watch_kw):
+    """Train Tiny for ``steps`` steps under fp16 autocast; with ``watch_kw`` under ``watch(**watch_kw)``."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, **KINDS[kind])
+    sc = torch.amp.GradScaler("cpu") if scaler else None
+    w = watch(model, opt, sc, **watch_kw) if watch_kw else None
+    data = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(8, 6, generator=data)
+        with torch.autocast("cpu", dtype=torch.float16, enabled=scaler):
+            loss = model(x).float().pow(2).mean()
+        (sc.scale(loss) if sc else loss).backward()
+        if step in inf_at and sc is not None:
+            model.head.weight.grad[0, 0] = float("inf")
+        if sc is not None:
+            if unscale:
+                sc.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)
+            sc.step(opt)
+            sc.update()
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=step % 2 == 0)
+    if w is not None:
+        w.detach()
+    return model, opt, sc, w
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("every", [1, 4])
+def test_parameters_are_bitwise_identical_with_and_without_watch(kind: str, every: int) -> None:
+    plain, *_ = train(kind)
+    watched, _, _, w = train(kind, every=every, activations=True, stats="full")
+    assert w.steps == 20 and w.sampled_steps == len(range(0, 20, every))
+    for (name, a), b in zip(plain.named_parameters(), watched.parameters()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_skipped_steps_are_reported_for_every_adamw(kind: str) -> None:
+    *_, w = train(kind, every=5)
+    scale = w.summary_data()["scale"]
+    assert scale["skipped"] == 3 and scale["skipped_steps"] == sorted(INF_AT)
+    assert scale["longest_skip_run"] == {"length": 2, "first_step": 7}
+    # one sync for each of steps 0, 5, 10, 15, and one at detach for the scale history of steps 16-19
+    assert w.sampled_steps == 4 and w.host_syncs == 5
+    assert w.findings() == []
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_gradients_are_read_unscaled_before_or_after_unscale_(kind: str) -> None:
+    *_, early = train(kind, steps=3, every=1, inf_at=())
+    *_, late = train(kind, steps=3, every=1, unscale=True, inf_at=())
+    *_, plain = train(kind, steps=3, scaler=False, every=1)
+    assert early.last_record["gradients"]["read"] == "scaled"
+    assert late.last_record["gradients"]["read"] == "unscaled"
+    for name, stats in early.last_grads.items():
+        for key in ("absmax", "min_nonzero", "l2"):
+            assert stats[key] == pytest.approx(late.last_grads[name][key], rel=1e-6), (name, key)
+    # same order of magnitude as training without a scaler (the fp16 forward differs slightly)
+    norm = early.last_record["gradients"]["global_norm"]
+    assert norm == pytest.approx(plain.last_record["gradients"]["global_norm"], rel=0.05)
+
+
+def test_one_host_sync_per_sampled_step_and_records_at_the_right_steps(tmp_path) -> None:
+    *_, w = train(steps=10, scaler=False, every=3, log_dir=str(tmp_path))
+    assert w.sampled_steps == 4 and w.host_syncs == 4
+    from ampdoctor.monitor.recorder import read_log
+
+    _, records, problems = read_log(tmp_path)
+    assert problems == []
+    assert [r["step"] for r in records if r["type"] == "step"] == [0, 3, 6, 9]
+
+
+def test_detach_between_samples_flushes_the_pending_scale_history() -> None:
+    *_, w = train(steps=7, every=5)
+    assert w.host_syncs == 3  # steps 0 and 5 were sampled; step 6 is flushed at detach
+    assert w.last_record["partial"] is True and w.summary_data()["scale"]["steps"] == 7
+
+
+def test_detach_removes_every_hook_and_restores_the_scaler() -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler_vars = dict(vars(scaler))
+    global_dicts = {name: dict(getattr(module_globals, name)) for name in dir(module_globals)
+                    if name.startswith("_global_") and isinstance(getattr(module_globals, name), dict)}
+    opt_globals = (dict(optimizer_globals._global_optimizer_pre_hooks),
+                   dict(optimizer_globals._global_optimizer_post_hooks))
+    w = watch(model, opt, scaler, every=1, activations=True)
+    assert any(m._forward_hooks for m in model.modules())
+    assert set(vars(scaler)) > set(scaler_vars)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(2, 6)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    w.detach()
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks and not m._backward_hooks, m
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert vars(scaler).keys() == scaler_vars.keys()
+    assert all(vars(scaler)[k] is v for k, v in scaler_vars.items() if k not in ("_scale", "_growth_tracker",
+                                                                                    "_per_optimizer_states"))
+    for name, before in global_dicts.items():
+        assert dict(getattr(module_globals, name)) == before, name
+    assert (dict(optimizer_globals._global_optimizer_pre_hooks),
+            dict(optimizer_globals._global_optimizer_post_hooks)) == opt_globals
+
+
+def test_model_optimizer_and_scaler_are_not_kept_alive_after_detach() -> None:
+    model, opt, scaler, w = train(steps=3, every=1, activations=True, stats="full")
+    refs = [weakref.ref(model), weakref.ref(opt), weakref.ref(scaler)]
+    del model, opt, scaler
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert w.summary_data()["steps"] == 3  # the results outlive the objects
+    assert isinstance(w.report(), Report)
+
+
+def test_a_failing_gradient_monitor_is_reported_once_and_training_is_unchanged(monkeypatch) -> None:
+    plain, *_ = train("fused")
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(GradStats, "compute", broken)
+    watched, _, _, w = train("fused", every=1)
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    internal = [f for f in w.findings() if f.code == "AMP001"]
+    assert len(internal) == 1 and "gradients" in internal[0].where and "injected fault" in internal[0].detail
+    assert w.summary_data()["scale"]["skipped"] == 3  # the other monitors kept working
+    assert w.summary_data()["off"] == ["gradients"]
+
+
+def test_a_failing_scale_monitor_steps_aside(monkeypatch) -> None:
+    plain, *_ = train("for-loop")
+    monkeypatch.setattr(ScaleMonitor, "_before_update", lambda self, *a, **k: 1 / 0)
+    watched, _, scaler, w = train("for-loop", every=2)
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    assert [f.where for f in w.findings() if f.code == "AMP001"] == ["ampdoctor.watch (scale)"]
+    assert w.sampled_steps == 10 and w.last_grads  # gradients still recorded
+    assert "update" not in vars(scaler)
+
+
+def test_scale_collapse_names_the_first_non_finite_module() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight.fill_(3e4)  # 1.2e5 > 65504 in fp16
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, opt, scaler, every=4, activations=True) as w:
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.ones(2, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    findings = {f.code: f for f in w.findings()}
+    assert {"AMP601", "AMP603", "AMP604"} <= set(findings)
+    assert "forward pass" in findings["AMP603"].detail
+    assert "First module with a non-finite output: 0" in findings["AMP603"].detail
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_small_gradients_under_a_small_scale_raise_amp605(autocast: bool) -> None:
+    # fp32 backward: the simulation sees the values fp16 would flush. fp16 backward: those are zeros already, and
+    # the subnormal share is what is left to see.
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    with watch(model, opt, scaler, every=1) as w:
+        with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
+            loss = model(torch.randn(16, 64)).float().mean() * (1e-3 if autocast else 1e-5)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert [f.where for f in w.findings() if f.code == "AMP605"] == ["weight", "bias"]
+    weight = w.last_grads["weight"]
+    if autocast:
+        assert weight["fp16_underflow"] == 0.0 and weight["fp16_subnormal"] == 1.0 and weight["zero_frac"] > 0
+    else:
+        assert weight["fp16_underflow"] > 0.5 and weight["zero_frac"] == 0
+
+
+def test_healthy_fp16_gradients_raise_no_amp605() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, opt, scaler, every=1) as w:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(16, 64)).float().mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert w.findings() == []
+
+
+def test_a_non_finite_gradient_without_a_scaler_raises_amp608() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, every=1) as w:
+        model(torch.randn(3, 4)).sum().backward()
+        model.bias.grad[1] = float("nan")
+        opt.step()
+    finding = next(f for f in w.findings() if f.code == "AMP608")
+    assert finding.where == "bias" and finding.step == 0
+    assert math.isnan(w.last_grads["bias"]["l2"]) and w.last_grads["bias"]["nonfinite"] == 1
+
+
+def test_clean_run_has_no_findings_and_a_report_with_the_summary() -> None:
+    *_, w = train(steps=6, every=2, inf_at=())
+    report = w.report()
+    assert report.findings == [] and report.ok
+    data = report.to_dict()["watch"]
+    assert data["steps"] == 6 and data["scale"]["skipped"] == 0
+    assert set(data["gradients"]["modules"]) == {"embed", "block.0", "block.3", "head"}
+    assert data["gradients"]["global_norm"] == pytest.approx(
+        math.sqrt(sum(s["l2"] ** 2 for s in data["gradients"]["params"].values())))
+
+
+def test_summary_renders(tmp_path) -> None:
+    *_, w = train(steps=4, every=1, inf_at={1, 2, 3}, log_dir=str(tmp_path))
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(w.summary())
+    text = console.file.getvalue()
+    assert "ampdoctor watch: 4 steps, 4 sampled (every 1), stats=full, 4 host syncs" in text
+    assert "skipped 3 of 4 steps (75.0%), longest run 3" in text
+    assert "AMP604" in text and "flight recorder:" in text
+
+
+def test_bad_arguments_are_named() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="every must be a positive int, got 0"):
+        Watch(model, opt, every=0)
+    with pytest.raises(ValueError, match="stats must be one of"):
+        Watch(model, opt, stats="most")
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, got Linear"):
+        Watch(model, model)
+
+
+@pytest.mark.parametrize("stats", ["norms", "exact"])
+def test_other_statistics_levels(stats: str) -> None:
+    *_, full = train(steps=3, every=1, inf_at=())
+    *_, other = train(steps=3, every=1, inf_at=(), stats=stats)
+    for name, s in other.last_grads.items():
+        assert s["l2"] == pytest.approx(full.last_grads[name]["l2"], rel=1e-6)
+        assert s["absmax"] == pytest.approx(full.last_grads[name]["absmax"], rel=1e-6)
+    if stats == "norms":
+        assert set(other.last_grads["head.weight"]) == {"absmax", "l2"}
+    else:  # exact: every entry examined
+        assert other.last_grads["head.weight"]["sampled"] == 48
+        assert other.last_grads["embed.weight"]["zero_frac"] == full.last_grads["embed.weight"]["zero_frac"]
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(other.summary())
+    assert "gradients at step 2" in console.file.getvalue()
+
+
+def test_an_unwritable_log_dir_is_reported_and_training_goes_on(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    *_, w = train(steps=2, every=1, log_dir=str(blocker / "logs"))
+    assert w.steps == 2 and w.log_path is None
+    assert [f.where for f in w.findings() if f.code == "AMP001"] == ["ampdoctor.watch (recorder)"]
+
+
+def test_fused_adamw_unscales_grad_in_place_so_stats_are_read_before_the_step() -> None:
+    # The torch behaviour the read point relies on (CPU, torch 2.13): the fused kernel divides .grad by the scale.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    scaled = model.weight.grad.clone()
+    scaler.step(opt)
+    assert torch.allclose(model.weight.grad * 1024, scaled)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("given", [True, False])
+def test_statistics_are_of_the_unscaled_gradient_even_with_a_scaler_not_given(kind: str, given: bool) -> None:
+    # Not given, the scaler is invisible to watch(): for-loop/foreach grads are unscaled before optimizer.step;
+    # fused grads are not, and the scaler's optimizer.grad_scale tells the pre-hook so.
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), **KINDS[kind])
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, opt, scaler if given else None, every=1) as w:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.randn(8, 6)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        expected = {n: (p.grad.double() / scaler.get_scale()).norm().item() for n, p in model.named_parameters()}
+        scaler.step(opt)
+        scaler.update()
+    assert w.last_record["gradients"]["read"] == ("unscaled" if not given and kind != "fused" else "scaled")
+    for name, l2 in expected.items():
+        assert w.last_grads[name]["l2"] == pytest.approx(l2, rel=1e-5), name

@@ -1,0 +1,196 @@
+"""AMP201–AMP205 on real GradScalers, a real accelerate Accelerator and real FSDP wrappers (gloo, one process)."""
+
+import socket
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from ampdoctor.preflight.rules.config import (
+    accelerate_fp16_not_in_effect,
+    closure_with_scaler,
+    cuda_scaler_disabled,
+    fsdp_fp16_with_plain_scaler,
+    scaler_with_bf16_autocast,
+)
+from ampdoctor.core.training import TrainingSetup
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CUDA-less fallback")
+
+
+def cpu_scaler(**kwargs) -> torch.amp.GradScaler:
+    return torch.amp.GradScaler("cpu", **kwargs)
+
+
+# ---- AMP201 -----------------------------------------------------------------------------------------------------
+def test_amp201_fires_for_a_scaler_with_bf16_autocast():
+    findings = list(scaler_with_bf16_autocast(TrainingSetup(nn.Linear(10, 10), scaler=cpu_scaler(),
+                                                             autocast_dtype=torch.bfloat16)))
+    assert [(f.code, f.where) for f in findings] == [("AMP201", "GradScaler")]
+    assert "GradScaler('cpu')" in findings[0].detail and "bfloat16" in findings[0].detail
+
+
+@pytest.mark.parametrize("scaler, dtype", [
+    (cpu_scaler, torch.float16), (lambda: cpu_scaler(enabled=False), torch.bfloat16), (lambda: None, torch.bfloat16),
+], ids=["fp16 autocast", "disabled scaler", "no scaler"])
+def test_amp201_quiet(scaler, dtype):
+    assert list(scaler_with_bf16_autocast(TrainingSetup(nn.Linear(10, 10), scaler=scaler(),
+                                                         autocast_dtype=dtype))) == []
+
+
+# ---- AMP202 -----------------------------------------------------------------------------------------------------
+@needs_no_cuda
+def test_amp202_fires_for_a_cuda_scaler_that_disabled_itself():
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        scaler = torch.amp.GradScaler("cuda")
+    findings = list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=scaler,
+                                                        autocast_dtype=torch.float16)))
+    assert [(f.code, f.where) for f in findings] == [("AMP202", "GradScaler")]
+    assert "GradScaler('cuda')" in findings[0].detail and "_enabled=False" in findings[0].detail
+
+
+@needs_no_cuda
+def test_amp202_quiet_for_a_disabled_cuda_scaler_under_bf16():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        scaler = torch.amp.GradScaler("cuda")
+    assert list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=scaler,
+                                                    autocast_dtype=torch.bfloat16))) == []
+
+
+def test_amp202_quiet_for_a_cpu_scaler():
+    assert list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=cpu_scaler()))) == []
+
+
+# ---- AMP203 -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def accelerator_factory():
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the state is a process-wide singleton
+    yield lambda **kwargs: accelerate.Accelerator(cpu=True, **kwargs)
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_amp203_fires_for_fp16_accelerator_on_cpu(accelerator_factory):
+    accelerator = accelerator_factory(mixed_precision="fp16")
+    # what accelerate actually does on CPU: keeps the label, sets up nothing
+    assert accelerator.mixed_precision == "fp16" and accelerator.scaler is None and not accelerator.native_amp
+
+    findings = list(accelerate_fp16_not_in_effect(TrainingSetup(nn.Linear(10, 10), accelerator=accelerator)))
+    assert [(f.code, f.where) for f in findings] == [("AMP203", "Accelerator")]
+    assert "native_amp=False" in findings[0].detail and "accelerator.scaler is None" in findings[0].detail
+    assert "'cpu'" in findings[0].detail
+
+
+def test_amp203_premise_prepared_forward_is_not_autocast(accelerator_factory):
+    accelerator = accelerator_factory(mixed_precision="fp16")
+    model = accelerator.prepare(nn.Linear(10, 10))
+    with accelerator.autocast():
+        assert model(torch.randn(2, 10)).dtype == torch.float32
+
+
+@pytest.mark.parametrize("mixed_precision", ["bf16", "no"])
+def test_amp203_quiet(accelerator_factory, mixed_precision):
+    accelerator = accelerator_factory(mixed_precision=mixed_precision)
+    assert list(accelerate_fp16_not_in_effect(TrainingSetup(nn.Linear(10, 10), accelerator=accelerator))) == []
+
+
+# ---- AMP204 -----------------------------------------------------------------------------------------------------
+def test_amp204_fires_for_lbfgs_with_an_enabled_scaler():
+    model = nn.Linear(10, 10)
+    opt = torch.optim.LBFGS(model.parameters())
+    findings = list(closure_with_scaler(TrainingSetup(model, opt, cpu_scaler())))
+    assert [(f.code, f.where) for f in findings] == [("AMP204", "optimizer[0]")]
+    assert "LBFGS" in findings[0].detail
+
+
+def test_amp204_premise_scaler_refuses_a_closure():
+    model = nn.Linear(10, 10)
+    opt = torch.optim.LBFGS(model.parameters())
+    scaler = cpu_scaler()
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.randn(2, 10)).sum()
+        scaler.scale(loss).backward()
+        return loss
+
+    closure()
+    with pytest.raises(RuntimeError, match="Closure use is not currently supported if GradScaler is enabled"):
+        scaler.step(opt, closure=closure)
+
+
+@pytest.mark.parametrize("optimizer, scaler", [
+    (torch.optim.LBFGS, lambda: None), (torch.optim.LBFGS, lambda: cpu_scaler(enabled=False)),
+    (torch.optim.SGD, cpu_scaler),
+], ids=["LBFGS no scaler", "LBFGS disabled scaler", "SGD with scaler"])
+def test_amp204_quiet(optimizer, scaler):
+    model = nn.Linear(10, 10)
+    opt = optimizer(model.parameters(), lr=0.1)
+    assert list(closure_with_scaler(TrainingSetup(model, opt, scaler()))) == []
+
+
+# ---- AMP205 -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def process_group():
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    yield
+    dist.destroy_process_group()
+
+
+def fsdp1(param_dtype):
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "switching to NO_SHARD since the world size is 1"
+        policy = MixedPrecision(param_dtype=param_dtype) if param_dtype else None
+        return FullyShardedDataParallel(nn.Sequential(nn.Linear(10, 10)), mixed_precision=policy,
+                                        device_id=torch.device("cpu"))
+
+
+def test_amp205_fires_for_fsdp_fp16_with_a_plain_scaler(process_group):
+    model = fsdp1(torch.float16)
+    opt = torch.optim.AdamW(model.parameters())
+    findings = list(fsdp_fp16_with_plain_scaler(TrainingSetup(model, opt, cpu_scaler())))
+    assert [(f.code, f.where) for f in findings] == [("AMP205", "(root)")]
+    assert "GradScaler('cpu')" in findings[0].detail and "ShardedGradScaler" in findings[0].detail
+
+
+def test_amp205_quiet_with_a_sharded_scaler(process_group):
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    model = fsdp1(torch.float16)
+    setup = TrainingSetup(model, torch.optim.AdamW(model.parameters()), ShardedGradScaler("cpu"))
+    assert list(fsdp_fp16_with_plain_scaler(setup)) == []
+
+
+def test_amp205_quiet_for_fsdp_without_fp16_params(process_group):
+    model = fsdp1(None)
+    setup = TrainingSetup(model, torch.optim.AdamW(model.parameters()), cpu_scaler())
+    assert list(fsdp_fp16_with_plain_scaler(setup)) == []
+
+
+def test_amp205_quiet_for_fsdp2_whose_dtensor_grads_sync_found_inf(process_group):
+    # FSDP2 shards fp32 DTensors and DTensor all-reduces the scaler's found_inf, so a plain GradScaler is right
+    # (accelerate builds one for FSDP2). The rule stays quiet as long as torch has that handler.
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import _dispatch
+
+    assert hasattr(_dispatch, "found_inf_reduce_handler")
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
+    for layer in model:
+        fully_shard(layer, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16))
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16))
+    assert model(torch.randn(2, 10)).dtype == torch.float16  # fp16 compute is real
+    setup = TrainingSetup(model, torch.optim.AdamW(model.parameters()), cpu_scaler())
+    assert list(fsdp_fp16_with_plain_scaler(setup)) == []

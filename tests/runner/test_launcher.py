@@ -1,0 +1,140 @@
+"""`ampdoctor run`: the script runs unchanged as __main__, crashes are explained, statuses are kept."""
+
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from ampdoctor.ui.cli import main
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+
+
+def script(name):
+    return os.path.join(SCRIPTS, name)
+
+
+def losses(text):
+    return [float(v) for v in re.findall(r"loss (\S+)", text)]
+
+
+def test_seed_error_is_explained_with_every_fp16_parameter(capsys, tmp_path):
+    out = tmp_path / "report.json"
+    code = main(["run", "--no-watch", "--json", str(out), script("seed.py")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "ValueError: Attempting to unscale FP16 gradients." in captured.err  # original traceback kept
+    report = json.loads(out.read_text())
+    assert report["exception"]["type"] == "ValueError"
+    assert {"torch", "device", "bf16_supported"} <= set(report["environment"])
+    amp101 = [f for f in report["findings"] if f["code"] == "AMP101"]
+    assert amp101, report["findings"]
+    named = " ".join(f["where"] + " " + f["detail"] for f in amp101)
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert name in named
+    for finding in report["findings"]:
+        assert {"code", "severity", "where", "detail", "title", "fix", "step"} <= set(finding)
+
+
+def test_fix_trains_the_seed_script_unchanged(capsys):
+    code = main(["run", "--fix", "--no-watch", script("seed.py"), "30"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    values = losses(captured.out)
+    assert len(values) == 30 and all(v == v and v != float("inf") for v in values)
+    assert values[-1] < values[0] * 0.5
+    assert "upcast" in captured.err
+
+
+@pytest.mark.parametrize("name", ["stray.py", "bf16_under_fp16.py"])
+def test_fix_trains_stray_and_bf16_models(name, capsys):
+    code = main(["run", "--fix", "--no-watch", script(name)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    values = losses(captured.out)
+    assert len(values) == 30 and values[-1] < values[0]
+
+
+def test_fix_adds_master_weights_to_a_half_model_without_autocast(capsys):
+    code = main(["run", "--fix", "--no-watch", script("half_no_autocast.py")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "master" in captured.err
+    values = losses(captured.out)
+    assert values[-1] < values[0]
+
+
+def test_stray_parameter_is_named_alone(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    code = main(["run", "--no-watch", "--json", str(out), script("stray.py")])
+    capsys.readouterr()
+    assert code == 1
+    report = json.loads(out.read_text())
+    amp101 = [f for f in report["findings"] if f["code"] == "AMP101"]
+    text = " ".join(f["where"] + " " + f["detail"] for f in amp101)
+    assert "margin" in text and "body.weight" not in text
+
+
+def test_unrelated_exception_passes_through_unchanged(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    code = main(["run", "--json", str(out), script("unrelated_error.py")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "KeyError: 'learning_rate'" in captured.err
+    assert 'lr = config["learning_rate"]' in captured.err
+    assert "not a known mixed-precision failure" in captured.err
+    report = json.loads(out.read_text())
+    assert report["exception"]["type"] == "KeyError"
+    assert [f["code"] for f in report["findings"] if f["code"] != "AMP001"] == []
+
+
+@pytest.mark.parametrize("status", ["0", "3"])
+def test_exit_status_of_the_script_is_kept(status, capsys):
+    assert main(["run", script("exit_status.py"), status]) == int(status)
+
+
+def test_missing_script_is_a_usage_error(capsys):
+    assert main(["run", "no/such/train.py"]) == 2
+    assert "no such script: 'no/such/train.py'" in capsys.readouterr().err
+
+
+def test_run_leaves_no_global_hooks_behind(capsys):
+    from torch.nn.modules import module as m
+    import torch.optim.optimizer as o  # noqa: F401
+    o = __import__('torch.optim.optimizer', fromlist=['_global_optimizer_pre_hooks'])
+
+    before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_pre_hooks),
+              dict(vars(torch.amp.GradScaler)))
+    main(["run", script("seed.py"), "3"])
+    main(["run", "--fix", script("seed.py"), "3"])
+    capsys.readouterr()
+    after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_pre_hooks),
+             dict(vars(torch.amp.GradScaler)))
+    assert after == before
+
+
+def test_minilm_fp16_lora_run_names_the_lora_parameters_and_nothing_else(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    code = main(["run", "--no-watch", "--json", str(out), script("minilm_lora.py"), "created", "2"])
+    capsys.readouterr()
+    assert code == 1
+    report = json.loads(out.read_text())
+    assert report["exception"]["message"] == "Attempting to unscale FP16 gradients."
+    amp101 = [f for f in report["findings"] if f["code"] == "AMP101"]
+    named = re.findall(r"(base_model\.\S+) \(float16", " ".join(f["detail"] for f in amp101))
+    assert len(set(named)) == 24  # r=8 LoRA A and B on query and value in 6 layers
+    assert all(".lora_A." in n or ".lora_B." in n for n in named)
+    everything = " ".join(f["where"] + " " + f["detail"] for f in report["findings"])
+    assert "attention.self.query.weight" not in everything and "embeddings" not in everything
+
+
+def test_fix_reapplies_after_a_validation_step_downcasts_minilm_lora(capsys):
+    code = main(["run", "--fix", "--no-watch", script("minilm_lora.py"), "downcast", "6"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    values = losses(captured.out)
+    assert len(values) == 6 and all(v == v for v in values)
+    assert values[-1] < values[0]
+    assert "upcast" in captured.err  # the re-applied fix is printed

@@ -1,0 +1,63 @@
+"""The command line: rules, explain, usage errors and the demo, tested in-process through main(argv)."""
+
+import io
+import os
+
+from ampdoctor.core.catalog import RULES
+from ampdoctor.ui.cli import main
+from ampdoctor.ui.console import rules_markdown
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def test_rules_lists_every_code(capsys):
+    assert main(["rules"]) == 0
+    out = capsys.readouterr().out
+    assert all(rule.code in out for rule in RULES)
+
+
+def test_rules_select_by_prefix(capsys):
+    assert main(["rules", "--markdown", "--select", "AMP4"]) == 0
+    out = capsys.readouterr().out
+    assert "AMP401" in out and "AMP101" not in out
+    assert main(["rules", "--select", "XYZ"]) == 2
+
+
+def test_readme_rules_table_is_generated_from_the_catalog():
+    with open(README, encoding="utf-8") as f:
+        assert rules_markdown() in f.read(), "README rules table is stale: run `ampdoctor rules --markdown`"
+
+
+def test_explain_error_text(capsys):
+    assert main(["explain", "ValueError: Attempting to unscale FP16 gradients."]) == 0
+    out = capsys.readouterr().out
+    assert "AMP101" in out and "upcast_trainable_params_" in out
+
+
+def test_explain_rule_code_and_stdin(capsys, monkeypatch):
+    assert main(["explain", "AMP404"]) == 0
+    assert "step-twice" in capsys.readouterr().out
+    tb = "Traceback (most recent call last):\n  ...\nAssertionError: No inf checks were recorded for this optimizer.\n"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(tb.encode())))
+    assert main(["explain", "-"]) == 0
+    assert "AMP406" in capsys.readouterr().out
+
+
+def test_explain_unknown_text_exits_1(capsys):
+    assert main(["explain", "everything is fine"]) == 1
+    assert "no rule in the catalog explains this text" in capsys.readouterr().out
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["frobnicate"]) == 2
+    assert main(["run"]) == 2
+    assert main(["run", "--every", "0", __file__]) == 2
+    assert main([]) == 2
+
+
+def test_demo_reproduces_diagnoses_and_repairs(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "Attempting to unscale FP16 gradients" in out
+    assert "AMP101" in out and "0.weight" in out
+    assert "trained to the end" in out
