@@ -8,12 +8,10 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-HALF = (torch.float16, torch.bfloat16)  # the 16-bit float formats
-LOW_PRECISION = frozenset(
-    {torch.float16, torch.bfloat16}
-    | {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-       if hasattr(torch, n)}
-)
+from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
+
+__all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
+           "unwrap_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,7 @@ class ParamInfo:
 
     def describe(self) -> str:
         """Return ``name (dtype, shape)`` as shown in findings."""
-        return f"{self.name} ({str(self.dtype).removeprefix('torch.')}, {list(self.shape)})"
+        return f"{self.name} ({dtype_name(self.dtype)}, {list(self.shape)})"
 
 
 @dataclass
@@ -98,7 +96,8 @@ class TrainingSetup:
 
     @property
     def scaler_enabled(self) -> bool:
-        return self.scaler is not None and bool(getattr(self.scaler, "_enabled", False))
+        is_enabled = getattr(self.scaler, "is_enabled", None)   # GradScaler's public accessor
+        return callable(is_enabled) and bool(is_enabled())
 
 
 def _as_list(value: Any, kind: type, what: str, expected: str) -> list:
@@ -121,3 +120,32 @@ def group_by_module(params: Iterable[ParamInfo]) -> dict[str, list[ParamInfo]]:
     for p in params:
         groups.setdefault(p.module, []).append(p)
     return groups
+
+
+_WRAPPED = ("optimizer", "_optimizer")  # accelerate/Fabric/MasterWeights keep `.optimizer`, Lightning `._optimizer`
+
+
+def optimizer_chain(optimizer: Any, limit: int = 8) -> list[Any]:
+    """Return ``[optimizer, the optimizer it wraps, ...]`` down to the one torch optimizer that does the update.
+
+    Wrappers that only delegate (accelerate's ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``,
+    Fabric's ``_FabricOptimizer``, ``ampdoctor.MasterWeights``) keep the inner optimizer in ``.optimizer`` or
+    ``._optimizer``. A wrapper and its inner optimizer are one optimizer to diagnose.
+
+    >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    >>> optimizer_chain(opt) == [opt]
+    True
+    """
+    chain = [optimizer]
+    while len(chain) <= limit:
+        inner = next((getattr(chain[-1], a, None) for a in _WRAPPED
+                      if isinstance(getattr(chain[-1], a, None), torch.optim.Optimizer)), None)
+        if inner is None or any(inner is o for o in chain):
+            break
+        chain.append(inner)
+    return chain
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """Return the innermost torch optimizer behind any delegating wrappers (see `optimizer_chain`)."""
+    return optimizer_chain(optimizer)[-1]

@@ -17,16 +17,10 @@ import torch
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
-from ampdoctor.core.training import TrainingSetup
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """Return the dtype's name without the ``torch.`` prefix.
-
-    >>> dtype_name(torch.float16)
-    'float16'
-    """
-    return str(dtype).removeprefix("torch.")
+from ampdoctor._torch.distributed import dtensor_reduces_found_inf, fsdp2_param_dtype
+from ampdoctor._torch.scaler import init_scale, is_enabled, scaler_device
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 
 
 def _loaded_class(module: str, name: str) -> type | None:
@@ -51,15 +45,7 @@ def scaler_label(scaler: Any) -> str:
     >>> scaler_label(torch.amp.GradScaler("cpu"))
     "GradScaler('cpu')"
     """
-    return f"{type(scaler).__name__}({getattr(scaler, '_device', '?')!r})"
-
-
-def unwrap_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Return the optimizer inside wrappers such as accelerate's ``AcceleratedOptimizer``."""
-    seen = 0
-    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer) and seen < 8:
-        opt, seen = opt.optimizer, seen + 1
-    return opt
+    return f"{type(scaler).__name__}({scaler_device(scaler) or '?'!r})"
 
 
 @check("AMP201")
@@ -73,9 +59,10 @@ def scaler_with_bf16_autocast(setup: TrainingSetup) -> Iterator[Finding]:
     if not setup.scaler_enabled or setup.autocast_dtype != torch.bfloat16:
         return
     scaler = setup.scaler
+    start = init_scale(scaler)
     yield Finding(
         "AMP201", get_rule("AMP201").severity, "GradScaler",
-        f"{scaler_label(scaler)} is enabled (init_scale={getattr(scaler, '_init_scale', '?')}) while autocast runs in "
+        f"{scaler_label(scaler)} is enabled (init_scale={'?' if start is None else f'{start:g}'}) while autocast runs in "
         "bfloat16. bfloat16 has float32's 8 exponent bits (max ≈ 3.4e38, smallest normal ≈ 1.2e-38), so gradients "
         "need no loss scaling; scale(), unscale_() and update() only add work (and on CUDA, torch versions "
         "without a bfloat16 unscale kernel raise on bfloat16 gradients).",
@@ -91,7 +78,7 @@ def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
     []
     """
     scaler = setup.scaler
-    if scaler is None or getattr(scaler, "_device", None) != "cuda" or getattr(scaler, "_enabled", True):
+    if scaler is None or scaler_device(scaler) != "cuda" or is_enabled(scaler):
         return
     if setup.autocast_dtype == torch.bfloat16:
         return  # a disabled scaler is what bf16 wants, however it came about
@@ -184,20 +171,12 @@ def closure_with_scaler(setup: TrainingSetup) -> Iterator[Finding]:
             )
 
 
-def _fsdp2_reduces_found_inf() -> bool:
-    # DTensor's dispatcher all-reduces found_inf for DTensor grads (found_inf_reduce_handler, present in torch 2.13),
-    # so a plain GradScaler agrees across ranks under FSDP2, whose sharded fp32 params also give fp32 grads. This is
-    # why accelerate builds a plain GradScaler for FSDP2. Older torch without the handler decides per rank.
-    dispatch = sys.modules.get("torch.distributed.tensor._dispatch")
-    return dispatch is not None and hasattr(dispatch, "found_inf_reduce_handler")
-
-
 @check("AMP205")
 def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     """Flag FSDP (FSDP1) computing in float16 next to an enabled GradScaler that is not a ShardedGradScaler.
 
     FSDP2 (``fully_shard``) is left alone on a torch whose DTensor all-reduces ``found_inf``; see
-    ``_fsdp2_reduces_found_inf``.
+    ``ampdoctor._torch.distributed.dtensor_reduces_found_inf``.
 
     >>> list(fsdp_fp16_with_plain_scaler(TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"))))
     []
@@ -208,7 +187,7 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     fsdp2 = _loaded_class("torch.distributed.fsdp", "FSDPModule")
     if fsdp1 is None and fsdp2 is None:
         return  # FSDP was never imported, so nothing can be wrapped in it
-    check_fsdp2 = fsdp2 is not None and not _fsdp2_reduces_found_inf()
+    check_fsdp2 = fsdp2 is not None and not dtensor_reduces_found_inf()
     units: list[tuple[str, str]] = []
     for mi, model in enumerate(setup.models):
         prefix = "" if len(setup.models) == 1 else f"model{mi}."
@@ -218,8 +197,7 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
                 dtype = getattr(getattr(module, "mixed_precision", None), "param_dtype", None)
                 kind = "FSDP(mixed_precision=MixedPrecision(param_dtype=float16))"
             elif check_fsdp2 and isinstance(module, fsdp2):
-                state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
-                dtype = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
+                dtype = fsdp2_param_dtype(module)
                 kind = "fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=float16))"
             if dtype == torch.float16:
                 units.append((f"{prefix}{name}" or "(root)", kind))

@@ -24,7 +24,9 @@ import torch
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
-from ampdoctor.preflight.rules.config import dtype_name, plain_scaler_enabled, scaler_label, unwrap_optimizer
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.training import unwrap_optimizer
+from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
 
 MAX_MODULE_FINDINGS = 50  # per rule; the rest are counted in one summary finding

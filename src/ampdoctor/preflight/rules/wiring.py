@@ -14,7 +14,7 @@ import torch
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
-from ampdoctor.preflight.rules.config import dtype_name
+from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.preflight.rules.params import findings_by_module
 from ampdoctor.core.training import ParamInfo, TrainingSetup
 

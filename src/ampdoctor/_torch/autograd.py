@@ -1,0 +1,38 @@
+"""Autograd engine internals: which backward is running, and a callback at its end.
+
+Without ``torch._C._current_graph_task_id`` (torch < 2.0), every probe answers "not in a backward" (-1), so a
+monitor that skips recomputed forwards under checkpointing watches them too, which costs time, never correctness.
+Without ``queue_callback`` the caller is told (False) and keeps its fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+_GRAPH_TASK_ID = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def current_graph_task_id() -> int:
+    """Return the id of the backward running on this thread, -1 outside any backward.
+
+    >>> current_graph_task_id()
+    -1
+    """
+    return int(_GRAPH_TASK_ID()) if _GRAPH_TASK_ID is not None else -1
+
+
+def in_backward() -> bool:
+    """Return whether this thread is inside an autograd backward (e.g. a checkpoint recomputing its forward)."""
+    return current_graph_task_id() != -1
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> bool:
+    """Run ``callback`` once the current backward finishes; return False when the engine offers no such queue."""
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    queue = getattr(engine, "queue_callback", None)
+    if queue is None:
+        return False
+    queue(callback)
+    return True

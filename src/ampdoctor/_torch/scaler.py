@@ -1,0 +1,95 @@
+"""GradScaler internals: the per-optimizer stage, found-inf flags, the live scale and the growth tracker.
+
+`torch.amp.GradScaler` offers no public view of its state machine. These probes read it without ever creating an
+entry (``_per_optimizer_states`` is a ``defaultdict``: indexing it would change the scaler). Without the attribute
+(a torch that renamed it, or a duck-typed scaler) every probe answers "unknown": the stage is ``READY`` and no
+flags are seen, so the guard and the watch stay quiet rather than guess.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+
+try:
+    from torch.amp.grad_scaler import OptState
+except ImportError:  # fallback: the same three stages, so comparisons still work on our side
+    class OptState(enum.Enum):  # type: ignore[no-redef]
+        READY = 0
+        UNSCALED = 1
+        STEPPED = 2
+
+__all__ = ["OptState", "optimizer_state", "stage", "found_inf_flags", "live_scale", "growth_tracker",
+           "init_scale", "init_growth_tracker", "scaler_device", "is_enabled", "has_state_machine"]
+
+
+def has_state_machine(scaler: Any) -> bool:
+    """Return whether ``scaler`` exposes the per-optimizer states these probes read."""
+    return isinstance(getattr(scaler, "_per_optimizer_states", None), dict)
+
+
+def optimizer_state(scaler: Any, key: Any) -> dict[str, Any] | None:
+    """Return the scaler's state for an optimizer (or its ``id``) without creating one; None when none exists."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict):
+        return None
+    return states.get(key if isinstance(key, int) else id(key))
+
+
+def stage(scaler: Any, key: Any) -> OptState:
+    """Return the optimizer's stage in this iteration (``READY`` when the scaler has not seen it).
+
+    >>> stage(torch.amp.GradScaler("cpu"), object()) is OptState.READY
+    True
+    """
+    state = optimizer_state(scaler, key)
+    return state["stage"] if state is not None else OptState.READY
+
+
+def found_inf_flags(scaler: Any) -> dict[int, list[torch.Tensor]]:
+    """Return each optimizer's found-inf flags (one tensor per device) recorded since the last ``update()``."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    if not isinstance(states, dict):
+        return {}
+    return {key: list(state.get("found_inf_per_device", {}).values()) for key, state in states.items()}
+
+
+def live_scale(scaler: Any) -> torch.Tensor | None:
+    """Return the scale tensor, or None before the first ``scale()`` (lazy init) or on a disabled scaler."""
+    value = getattr(scaler, "_scale", None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def growth_tracker(scaler: Any) -> torch.Tensor | None:
+    """Return the growth-tracker tensor, or None before it is initialised."""
+    value = getattr(scaler, "_growth_tracker", None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def init_scale(scaler: Any) -> float | None:
+    """Return the scale the scaler will start from (its ``init_scale`` or a restored value)."""
+    value = getattr(scaler, "_init_scale", None)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def init_growth_tracker(scaler: Any) -> int:
+    """Return the growth tracker the scaler will start from; non-zero after ``load_state_dict``."""
+    value = getattr(scaler, "_init_growth_tracker", 0)
+    return int(value) if isinstance(value, int) else 0
+
+
+def scaler_device(scaler: Any) -> str | None:
+    """Return the device type the scaler was built for (``"cuda"``, ``"cpu"``), None when unknown."""
+    value = getattr(scaler, "_device", None)
+    return value if isinstance(value, str) else None
+
+
+def is_enabled(scaler: Any) -> bool:
+    """Return whether ``scaler`` is an enabled GradScaler (public ``is_enabled()``, else False)."""
+    method = getattr(scaler, "is_enabled", None)
+    try:
+        return bool(method()) if callable(method) else False
+    except Exception:
+        return False

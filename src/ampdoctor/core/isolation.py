@@ -1,0 +1,27 @@
+"""Error isolation: ampdoctor's own failures never reach the user's training loop."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def call_safely(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None] | None = None,
+                **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)``; on an ``Exception`` pass it to ``on_error`` and return None.
+
+    An exception raised by ``on_error`` itself is dropped too: this is the last line of defence.
+
+    >>> call_safely(lambda: 1 / 0, on_error=lambda e: print(type(e).__name__))
+    ZeroDivisionError
+    >>> call_safely(int, "7")
+    7
+    """
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # an observer, monitor or clean-up step must never break the user's call
+        if on_error is not None:
+            try:
+                on_error(exc)
+            except Exception:
+                pass
+        return None
