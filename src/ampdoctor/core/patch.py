@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from ampdoctor.core.isolation import call_safely
+
 _MISSING = object()
 
 
@@ -71,23 +73,12 @@ def observe(
         if getattr(wrapper, "__ampdoctor_disabled__", False):
             return original(*args, **kwargs)
         if before is not None:
-            _safely(before, on_error, *args, **kwargs)
+            call_safely(before, *args, on_error=on_error, **kwargs)
         result = original(*args, **kwargs)
         if after is not None:
-            _safely(after, on_error, result, *args, **kwargs)
+            call_safely(after, result, *args, on_error=on_error, **kwargs)
         return result
 
     wrapper.__ampdoctor_observer__ = True  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
     return PatchHandle(owner, name, previous, wrapper)
-
-
-def _safely(fn: Callable[..., Any], on_error: Callable[[BaseException], None] | None, *args: Any, **kwargs: Any) -> None:
-    try:
-        fn(*args, **kwargs)
-    except Exception as exc:  # an observer must never break the user's call
-        if on_error is not None:
-            try:
-                on_error(exc)
-            except Exception:
-                pass

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
 
 SCHEMA = "ampdoctor.core.report/1"
@@ -19,7 +21,7 @@ class Report:
     Attributes:
         findings: the findings, in the order found.
         exception: ``{"type", "message", "traceback"}`` of a crash, if any.
-        environment: see ``ampdoctor.core.environment.environment()``.
+        environment: see ``ampdoctor.core.environment.environment()``; read when first shown.
         changes: what a fix changed, as strings.
         extra: other sections (watch summaries), JSON-ready.
 
@@ -30,7 +32,7 @@ class Report:
 
     findings: list[Finding] = field(default_factory=list)
     exception: dict[str, str] | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Mapping[str, Any] = field(default_factory=Environment)
     changes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -64,7 +66,7 @@ class Report:
             "ok": self.ok,
             "findings": findings,
             "exception": self.exception,
-            "environment": self.environment,
+            "environment": dict(self.environment),
             "changes": self.changes,
             **self.extra,
         }

@@ -11,7 +11,7 @@ from torch import nn
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
-           "unwrap_optimizer"]
+           "optimizer_tensors", "unwrap_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,12 @@ def optimizer_chain(optimizer: Any, limit: int = 8) -> list[Any]:
 def unwrap_optimizer(optimizer: Any) -> Any:
     """Return the innermost torch optimizer behind any delegating wrappers (see `optimizer_chain`)."""
     return optimizer_chain(optimizer)[-1]
+
+
+def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
+    """Return every tensor in ``optimizer.param_groups``, in ``state_dict()`` numbering order.
+
+    >>> len(optimizer_tensors(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)))
+    2
+    """
+    return [p for group in optimizer.param_groups for p in group["params"]]

@@ -12,7 +12,6 @@ import ampdoctor.preflight.rules.config  # noqa: F401  (importing a rule module 
 import ampdoctor.preflight.rules.params  # noqa: F401
 import ampdoctor.preflight.rules.wiring  # noqa: F401
 from ampdoctor.core import catalog
-from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.preflight.rules import CHECKS
@@ -94,7 +93,7 @@ def check(
         names = ", ".join(type(m).__name__ for m in models)
         raise ValueError(f"model has no parameters ({names}); pass the module that is trained, not an empty "
                          "container or a wrapper that holds no weights")
-    report = Report(environment=environment())
+    report = Report()
     for finding in run_preflight(setup, prefixes):
         report.add(finding)
     return report

@@ -22,21 +22,16 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
-from torch.utils.weak import WeakIdKeyDictionary
 
-from ampdoctor.repairs.upcast import migrate_state_, upcast_refusal
-from ampdoctor.core.training import HALF, LOW_PRECISION
+from ampdoctor._torch.autograd import current_graph_task_id, queue_backward_callback
+from ampdoctor.core.dtypes import HALF, LOW_PRECISION
+from ampdoctor.core.training import optimizer_tensors
+from ampdoctor.repairs._state import (check_master_state_dict, is_managed, migrate_state_, set_managed,
+                                      upcast_refusal)
 
-__all__ = ["MasterWeights", "is_managed"]
+__all__ = ["MasterWeights", "is_managed"]  # is_managed is re-exported from repairs._state
 
 _AMP_ATTRS = ("grad_scale", "found_inf")  # set on the optimizer by GradScaler.step for fused optimizers
-# Parameters with an attached MasterWeights. Keyed by identity: a WeakSet would compare tensors with ==.
-_MANAGED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def is_managed(param: torch.Tensor) -> bool:
-    """Return True if ``param`` is managed by a ``MasterWeights`` that is still attached."""
-    return param in _MANAGED
 
 
 class MasterWeights(torch.optim.Optimizer):
@@ -71,6 +66,8 @@ class MasterWeights(torch.optim.Optimizer):
     (torch.float16, torch.float32)
     """
 
+    keeps_fp32_masters = True  # how `repairs._state.is_master_weights` recognises a wrapper without importing it
+
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         # No super().__init__(): param_groups, state and defaults belong to the wrapped optimizer. Subclassing
         # Optimizer is what LR schedulers check (isinstance) before they accept the wrapper.
@@ -98,7 +95,7 @@ class MasterWeights(torch.optim.Optimizer):
         self._handles: list[RemovableHandle] = []
         self._detached = False
 
-        self._attach(self._select(_flat_params(optimizer.param_groups), start=0))
+        self._attach(self._select(optimizer_tensors(optimizer), start=0))
         self._handles.append(optimizer.register_step_pre_hook(self._before_step))
         self._handles.append(optimizer.register_step_post_hook(self._after_step))
         # The global hook and the parameter hooks reach the wrapper through weak references: the garbage collector
@@ -171,25 +168,7 @@ class MasterWeights(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a ``state_dict()`` of a ``MasterWeights``: optimizer state and exact fp32 masters."""
-        if not isinstance(state_dict, dict) or set(state_dict) != {"optimizer", "master_weights"}:
-            got = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise ValueError(
-                f"expected a MasterWeights state dict with keys ['master_weights', 'optimizer'], got {got!r}. "
-                "Pass what MasterWeights.state_dict() returned; load a plain optimizer's state dict with "
-                ".optimizer.load_state_dict(...) instead."
-            )
-        saved = state_dict["master_weights"]
-        if set(saved) != set(self._index):
-            raise ValueError(
-                f"the state dict has masters for parameters {sorted(saved)}, but this MasterWeights wraps "
-                f"{sorted(self._index)}. Build the optimizer over the same parameters, in the same order and dtypes."
-            )
-        for index, master in zip(self._index, self._masters):
-            if tuple(saved[index].shape) != tuple(master.shape):
-                raise ValueError(
-                    f"saved master for parameter {index} has shape {list(saved[index].shape)}, the parameter has "
-                    f"{list(master.shape)}. Build the model and optimizer as they were when the state was saved."
-                )
+        saved = check_master_state_dict(state_dict, self._index, self._masters)
         # In the update phase the parameters are the fp32 masters, so the wrapped optimizer keeps the loaded state
         # in fp32 (Optimizer.load_state_dict casts floating state to each parameter's dtype).
         self._to_update()
@@ -244,7 +223,7 @@ class MasterWeights(torch.optim.Optimizer):
             handle.remove()
         self._handles.clear()
         for p in self._params:
-            _MANAGED.pop(p, None)
+            set_managed(p, False)
         self._in_update = False
         self._detached = True
 
@@ -297,7 +276,7 @@ class MasterWeights(torch.optim.Optimizer):
                 self._marker_version.append(0)
                 self._accumulated.append(0)
                 self._param_version.append(p._version)
-                _MANAGED[p] = True
+                set_managed(p, True)
                 hook = functools.partial(_on_grad_accumulated, weakref.ref(self), i)
                 self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -305,10 +284,10 @@ class MasterWeights(torch.optim.Optimizer):
         self._accumulated[i] += 1
         # One callback per backward, whichever wrapped parameter's gradient lands first. The graph task id
         # (not a flag) makes a backward that raised before its callback ran harmless for the next one.
-        task = _graph_task_id()
+        task = current_graph_task_id()
         if task != self._queued_task:
             self._queued_task = task
-            torch.autograd.Variable._execution_engine.queue_callback(self._at_backward_end)
+            queue_backward_callback(self._at_backward_end)
 
     def _at_backward_end(self) -> None:
         self._queued_task = None
@@ -420,12 +399,3 @@ def _on_grad_accumulated(master_weights: weakref.ref[MasterWeights], i: int, par
     wrapper = master_weights()
     if wrapper is not None:
         wrapper._grad_accumulated(i)
-
-
-def _flat_params(param_groups: list[dict[str, Any]]) -> list[torch.Tensor]:
-    return [p for group in param_groups for p in group["params"]]
-
-
-def _graph_task_id() -> int:
-    current = getattr(torch._C, "_current_graph_task_id", None)
-    return current() if current is not None else 0

@@ -10,40 +10,16 @@ compute. Frozen parameters stay as they are, so the memory saved by a half-preci
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-from ampdoctor.core.training import LOW_PRECISION
+from ampdoctor.core.dtypes import LOW_PRECISION
+from ampdoctor.repairs._state import (Change, class_names, is_managed, is_master_weights, migrate_state_,
+                                      short_repr, upcast_refusal)
 
 __all__ = ["Change", "fix", "upcast_trainable_params_"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Change:
-    """One thing a fix changed.
-
-    Attributes:
-        name: qualified parameter name (``"encoder.0.weight"``), or ``"param[3]"`` for a parameter that only the
-            optimizer knows, numbered as in ``optimizer.state_dict()``.
-        what: what was changed: ``"upcast"`` (the parameter), ``"grad"`` or ``"optimizer state exp_avg"``.
-        before: dtype before, as ``str(dtype)``.
-        after: dtype after.
-    """
-
-    name: str
-    what: str
-    before: str
-    after: str
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.what} {self.before} -> {self.after}"
-
-    def to_dict(self) -> dict[str, str]:
-        """Return the change as a JSON-ready dict."""
-        return dataclasses.asdict(self)
 
 
 def upcast_trainable_params_(
@@ -77,19 +53,17 @@ def upcast_trainable_params_(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
-            f"model must be a torch.nn.Module, got {type(model).__name__} {_short_repr(model)}. "
+            f"model must be a torch.nn.Module, got {type(model).__name__} {short_repr(model)}. "
             "Pass the module whose parameters you train (for a Hugging Face pipeline, pipeline.model)."
         )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}.")
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {_short_repr(optimizer)}. "
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {short_repr(optimizer)}. "
             "Pass the optimizer built over the model's parameters, or leave it out."
         )
-    from ampdoctor.repairs.master_weights import MasterWeights, is_managed  # here: master_weights imports this module
-
-    if isinstance(optimizer, MasterWeights):
+    if is_master_weights(optimizer):
         raise ValueError(
             "optimizer is an ampdoctor.MasterWeights, which already keeps fp32 master weights for a model that "
             "stays in half precision; upcasting its parameters would fight it. Call .detach() on it first, then "
@@ -155,41 +129,10 @@ def fix(
     """
     if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
         raise TypeError(
-            f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__} {_short_repr(scaler)}. "
+            f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__} {short_repr(scaler)}. "
             "Pass the scaler you call scaler.scale(loss) on, or leave it out."
         )
     return upcast_trainable_params_(model, torch.float32, optimizer=optimizer)
-
-
-def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:
-    """Return the error explaining why ``param`` cannot be replaced in place by an fp32 copy, or None if it can."""
-    classes = _class_names(param)
-    if "DTensor" in classes:
-        placements = getattr(param, "placements", None)
-        return ValueError(
-            f"parameter {name!r} is a DTensor ({param.dtype}, placements={placements!r}); replacing one shard's data "
-            "in place would leave the other ranks and FSDP2's bookkeeping in the old dtype. Shard fp32 parameters "
-            "and ask FSDP for the compute dtype: fully_shard(model, mp_policy=MixedPrecisionPolicy("
-            "param_dtype=torch.float16)), with ShardedGradScaler for fp16."
-        )
-    # FlatParameter's class is plain Parameter (a metaclass makes isinstance work); the flag is what it sets.
-    if "FlatParameter" in classes or getattr(param, "_is_flat_param", False):
-        return ValueError(
-            f"parameter {name!r} is an FSDP FlatParameter ({param.dtype}, {param.numel()} elements); FSDP owns its "
-            "views and dtype, so it cannot be upcast in place. Build FSDP over fp32 parameters with "
-            "MixedPrecision(param_dtype=torch.float16) and use ShardedGradScaler."
-        )
-    if param.is_meta:
-        return ValueError(
-            f"parameter {name!r} is on the meta device ({param.dtype}, shape {list(param.shape)}), so it has no data "
-            "to upcast. Materialize the model first (model.to_empty(device=...) and load the weights), then fix it."
-        )
-    if param.dtype == torch.complex32:
-        return ValueError(
-            f"parameter {name!r} is complex ({param.dtype}); ampdoctor upcasts real floating parameters only. "
-            "Convert it yourself if that is what you want: p.data = p.data.to(torch.complex64)."
-        )
-    return None
 
 
 def _needs_upcast(param: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -215,28 +158,9 @@ def _trainable_params(
             index += 1
 
 
-def migrate_state_(
-    optimizer: torch.optim.Optimizer, param: torch.Tensor, dtype: torch.dtype, name: str
-) -> list[Change]:
-    """Convert ``optimizer``'s lower-precision state tensors of ``param`` (same shape) to ``dtype``, in place."""
-    state = optimizer.state.get(param)  # .get: optimizer.state is a defaultdict, indexing would add an entry
-    if not state:
-        return []
-    changes = []
-    for key, value in list(state.items()):
-        # "step" is a counter (a 0-dim fp32 tensor, or a float): it has the shape of a 0-dim parameter, never a
-        # lower precision to lose, and fused/capturable optimizers expect it where it is.
-        if key == "step" or not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            continue
-        if value.shape == param.shape and value.dtype.itemsize < dtype.itemsize:
-            state[key] = value.to(dtype)
-            changes.append(Change(name, f"optimizer state {key}", str(value.dtype), str(dtype)))
-    return changes
-
-
 def _refuse_wrapped_model(model: nn.Module) -> None:
     for module_name, module in model.named_modules():
-        classes = _class_names(module)
+        classes = class_names(module)
         where = f"submodule {module_name!r}" if module_name else "the model"
         if "FullyShardedDataParallel" in classes:
             raise ValueError(
@@ -250,14 +174,3 @@ def _refuse_wrapped_model(model: nn.Module) -> None:
                 "were sized for the current dtypes. Upcast the bare model before wrapping it: "
                 "fix(model, opt); model = DistributedDataParallel(model, ...)."
             )
-
-
-def _class_names(obj: Any) -> set[str]:
-    # Names, not isinstance: works without importing torch.distributed, and across its module moves
-    # (torch.distributed._tensor -> torch.distributed.tensor).
-    return {cls.__name__ for cls in type(obj).__mro__}
-
-
-def _short_repr(obj: Any, limit: int = 60) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
-from ampdoctor.core.training import LOW_PRECISION, TrainingSetup
+from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.training import LOW_PRECISION, TrainingSetup, optimizer_tensors
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 
@@ -51,7 +51,7 @@ class Doctor:
         self.log_dir = log_dir
         self.activations = activations
         self.on_event = on_event or (lambda line: None)
-        self.report = Report(environment=environment())
+        self.report = Report()
         self.setup: TrainingSetup | None = None
         self.models: list[nn.Module] = []
         self._autocast: dict[int, torch.dtype | None] = {}
@@ -304,11 +304,7 @@ class Doctor:
         return findings
 
     def _safely(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as exc:
-            self._internal_error(exc)
-            return None
+        return call_safely(fn, on_error=self._internal_error)
 
     def _internal_error(self, exc: BaseException) -> None:
         if not self._broken:
@@ -370,4 +366,4 @@ def _accelerator() -> Any:
 
 def _owns_any(optimizer: torch.optim.Optimizer, model: nn.Module) -> bool:
     ids = {id(p) for p in model.parameters()}
-    return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+    return any(id(p) in ids for p in optimizer_tensors(optimizer))

@@ -1,0 +1,144 @@
+"""The package's shape holds: layers without upward imports or cycles, small modules, torch internals in one place.
+
+`lint-imports` (import-linter, contracts in pyproject.toml) checks the layers; a grimp graph checks for cycles. Both
+are shown to catch what they are meant to catch on a copy of the package with one bad import added.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+import ampdoctor
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "ampdoctor"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+# Render-time imports from data to the renderers, listed in pyproject.toml's ignore_imports with their reason.
+ALLOWED_UPWARD = {("ampdoctor.core.report", "ampdoctor.ui.console")}
+MAX_LINES = 400
+# Modules allowed past MAX_LINES, each with its reason. Keep this empty unless splitting would hurt reading.
+LONG_MODULES: dict[str, str] = {}
+# Attribute names of private torch internals; only ampdoctor/_torch may read them.
+TORCH_INTERNALS = re.compile(
+    r"_per_optimizer_states|grad_scaler import OptState|\._growth_tracker\b|\._init_scale\b|_init_growth_tracker\b"
+    r"|_current_graph_task_id|_execution_engine|\._mp_policy\b|found_inf_reduce_handler|\bgi_frame\b"
+    r"|_get_fsdp_state|\bscaler\._scale\b|\bs\._scale\b")
+
+
+def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def find_cycles(graph: grimp.ImportGraph, ignore: set[tuple[str, str]] = frozenset()) -> list[list[str]]:
+    """Return the import cycles among ampdoctor's modules (strongly connected components of two or more)."""
+    modules = sorted(m for m in graph.modules if m.startswith("ampdoctor"))
+    edges = {m: sorted(n for n in graph.find_modules_directly_imported_by(m)
+                       if n.startswith("ampdoctor") and (m, n) not in ignore) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm; the graph is small (about 60 modules)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for m in modules:
+        if m not in index:
+            visit(m)
+    return cycles
+
+
+def test_import_contracts_are_kept():
+    result = _lint_imports(ROOT, ROOT / "src")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout and "0 broken" in result.stdout
+
+
+def test_there_are_no_import_cycles():
+    assert find_cycles(grimp.build_graph("ampdoctor"), ignore=ALLOWED_UPWARD) == []
+
+
+def test_the_cycle_check_finds_a_cycle_that_is_added():
+    graph = grimp.build_graph("ampdoctor")
+    graph.add_import(importer="ampdoctor.core.findings", imported="ampdoctor.core.report")  # report imports findings
+    cycles = find_cycles(graph, ignore=ALLOWED_UPWARD)
+    assert any({"ampdoctor.core.findings", "ampdoctor.core.report"} <= set(c) for c in cycles), cycles
+
+
+def test_the_contracts_break_on_an_upward_import(tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(SRC, copy / "ampdoctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    findings = copy / "ampdoctor" / "core" / "findings.py"
+    findings.write_text(findings.read_text() + "\nfrom ampdoctor.runner import doctor  # an upward import\n")
+    result = _lint_imports(tmp_path, copy)
+    assert result.returncode != 0
+    assert "ampdoctor.core.findings -> ampdoctor.runner.doctor" in result.stdout
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_modules_stay_small_or_are_listed_with_a_reason():
+    too_long = {str(p.relative_to(SRC)): n for p in _modules()
+                if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert {k: v for k, v in too_long.items() if k not in LONG_MODULES} == {}
+    assert set(LONG_MODULES) <= set(too_long), "a listed module is short again: take it off LONG_MODULES"
+
+
+def test_no_module_is_named_like_a_public_function():
+    public = {name for name in ampdoctor.__all__ if callable(getattr(ampdoctor, name)) and name[0].islower()}
+    assert {"check", "explain", "fix", "watch"} <= public
+    clashes = [str(p.relative_to(SRC)) for p in _modules() + [d for d in SRC.rglob("*") if d.is_dir()]
+               if p.stem in public]
+    assert clashes == []
+
+
+def test_private_torch_internals_are_read_only_in_the_torch_subpackage():
+    readers = {}
+    for p in _modules():
+        if p.relative_to(SRC).parts[0] == "_torch":
+            continue
+        hits = [f"{i}: {line.strip()}" for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                if TORCH_INTERNALS.search(line) and not line.lstrip().startswith("#")]
+        if hits:
+            readers[str(p.relative_to(SRC))] = hits
+    assert readers == {}
+
+
+@pytest.mark.parametrize("module", sorted(
+    ".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__") for p in
+    (SRC / "_torch").glob("*.py")))
+def test_every_torch_probe_module_imports_on_the_installed_torch(module):
+    __import__(module)
