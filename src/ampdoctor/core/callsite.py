@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
+from types import FrameType, TracebackType
 
 import torch
 
@@ -46,3 +46,18 @@ def user_call_site(depth: int = 2, hops: int = 12) -> str:
             return site(frame)
         frame = frame.f_back
     return "<unknown>"
+
+
+def without_own_frames(tb: TracebackType | None, path: str) -> TracebackType | None:
+    """Drop runpy's and ampdoctor's own frames, so the traceback reads as `python script.py` prints it."""
+    target = os.path.abspath(path)
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    start = next((i for i, t in enumerate(frames) if os.path.abspath(t.tb_frame.f_code.co_filename) == target), 0)
+    kept = [t for t in frames[start:] if not is_own_file(t.tb_frame.f_code.co_filename)] or frames
+    rebuilt = None
+    for t in reversed(kept):
+        rebuilt = TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return rebuilt

@@ -29,6 +29,8 @@ class Finding:
         where: the object at fault, for example ``"model.encoder.layer.0 (lora_A.default.weight)"``.
         detail: what was observed, with the actual values.
         step: the optimizer step at which it was seen, or ``None`` before the first step.
+        process: the child process it was seen in (``"pid 123: python train.py"``), or ``None`` for the process
+            that ran ``ampdoctor``.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'
@@ -39,9 +41,12 @@ class Finding:
     where: str
     detail: str
     step: int | None = None
+    process: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)
         data["severity"] = self.severity.value
+        if self.process is None:
+            del data["process"]
         return data

@@ -12,6 +12,8 @@ from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
 
 SCHEMA = "ampdoctor.core.report/1"
+NOTHING_OBSERVED = ("nothing was trained in a process ampdoctor could see: no model ran a forward pass with "
+                    "gradients, and no optimizer or GradScaler was used, so nothing was diagnosed")
 
 
 @dataclass
@@ -24,6 +26,8 @@ class Report:
         environment: see ``ampdoctor.core.environment.environment()``; read when first shown.
         changes: what a fix changed, as strings.
         extra: other sections (watch summaries), JSON-ready.
+        observed: how many models, optimizers and GradScalers a run saw (``ampdoctor run``); None for a
+            ``check()`` of given objects. A run that saw none of them has diagnosed nothing, so it is never ``ok``.
 
     >>> r = Report([Finding("AMP101", Severity.ERROR, "fc.weight", "float16")])
     >>> r.to_dict()["findings"][0]["title"]
@@ -35,11 +39,18 @@ class Report:
     environment: Mapping[str, Any] = field(default_factory=Environment)
     changes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    observed: dict[str, int] | None = None
+
+    @property
+    def saw_nothing(self) -> bool:
+        """True when a run observed no model, optimizer or GradScaler at all: nothing was diagnosed."""
+        return self.observed is not None and not any(self.observed.values())
 
     @property
     def ok(self) -> bool:
-        """True when there is no error or warning finding and no exception."""
-        return self.exception is None and not any(f.severity is not Severity.INFO for f in self.findings)
+        """True when there is no error or warning finding, no exception, and the run saw what it trained."""
+        return (self.exception is None and not self.saw_nothing
+                and not any(f.severity is not Severity.INFO for f in self.findings))
 
     def codes(self) -> list[str]:
         """Return the distinct finding codes, in order of first appearance."""
@@ -47,8 +58,8 @@ class Report:
 
     def add(self, finding: Finding) -> None:
         """Append ``finding`` unless the same code at the same place is already reported (first one wins)."""
-        key = (finding.code, finding.where)
-        if all((f.code, f.where) != key for f in self.findings):
+        key = (finding.code, finding.where, finding.process)
+        if all((f.code, f.where, f.process) != key for f in self.findings):
             self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +79,8 @@ class Report:
             "exception": self.exception,
             "environment": dict(self.environment),
             "changes": self.changes,
+            **({} if self.observed is None else {"observed": self.observed}),
+            **({"why_not_ok": NOTHING_OBSERVED} if self.saw_nothing else {}),
             **self.extra,
         }
 
@@ -84,18 +97,22 @@ class Report:
         findings = []
         for item in items:
             try:
-                step = item.get("step")
+                step, process = item.get("step"), item.get("process")
                 findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
-                                        str(item["detail"]), step if isinstance(step, int) else None))
+                                        str(item["detail"]), step if isinstance(step, int) else None,
+                                        process if isinstance(process, str) else None))
             except (AttributeError, KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
         exception = _typed(data, "exception", dict, None)
         if exception is not None:
             exception = {str(k): str(v) for k, v in exception.items()}
-        known = {"schema", "ok", "findings", "exception", "environment", "changes"}
+        known = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok"}
+        observed = _typed(data, "observed", dict, None)
         return cls(findings, exception, _typed(data, "environment", dict, {}),
                    [str(c) for c in _typed(data, "changes", list, [])],
-                   {k: v for k, v in data.items() if k not in known})
+                   {k: v for k, v in data.items() if k not in known},
+                   None if observed is None else {str(k): int(v) for k, v in observed.items()
+                                                  if isinstance(v, int)})
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from ampdoctor.ui.console import render_report

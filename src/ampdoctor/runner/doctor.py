@@ -20,7 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.isolation import call_safely
-from ampdoctor.core.training import LOW_PRECISION, TrainingSetup, optimizer_tensors
+from ampdoctor.core.training import LOW_PRECISION, TrainingSetup, optimizer_tensors, unwrap_optimizer
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 
@@ -67,6 +67,8 @@ class Doctor:
         self._trainable: dict[int, list[torch.Tensor]] = {}
         self._broken = False
         self._attached = False
+        # What this process trained, by identity, for the report's `observed` counts (kept after detach).
+        self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
 
     # ---- attach / detach -------------------------------------------------------------------------------------
     def attach(self) -> "Doctor":
@@ -103,6 +105,7 @@ class Doctor:
         self.models = []
         self._trainable, self._autocast, self._master = {}, {}, []
         self._attached = False
+        self.report.observed = {kind: len(ids) for kind, ids in self._seen.items()}
 
     def __enter__(self) -> "Doctor":
         return self.attach()
@@ -133,6 +136,7 @@ class Doctor:
             if not any(p.requires_grad for p in module.parameters()):
                 return
             self.models.append(module)
+            self._seen["models"].add(id(module))
         dtype = _autocast_dtype(first.device.type)
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
@@ -143,10 +147,12 @@ class Doctor:
             self._reapply_fixes(module, dtype)
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
+        self._seen["scalers"].add(id(scaler))
         if self.setup is None and not self._broken and self._attached:
             self._start(scaler)
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._seen["optimizers"].add(id(unwrap_optimizer(optimizer)))
         if self.setup is None and not self._broken:
             try:
                 self._start()
@@ -168,6 +174,9 @@ class Doctor:
         if not self.models:
             return
         self.setup = self._build_setup(scaler)
+        self._seen["optimizers"].update(id(unwrap_optimizer(o)) for o in self.setup.optimizers)
+        if self.setup.scaler is not None:
+            self._seen["scalers"].add(id(self.setup.scaler))
         found = run_preflight(self.setup)
         if self.fix:
             self._apply_fixes()

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import runpy
 import sys
 import traceback
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-from ampdoctor.core.callsite import is_own_file
-from ampdoctor.runner.doctor import Doctor
+from ampdoctor.core.callsite import without_own_frames
 from ampdoctor.core.report import Report
-
+from ampdoctor.runner.children import ChildProcesses
+from ampdoctor.runner.doctor import Doctor
 
 
 @dataclass
@@ -25,11 +26,13 @@ class RunResult:
     explained: bool
 
 
-def run_script(path: str, args: Sequence[str] = (), doctor: Doctor | None = None) -> RunResult:
+def run_script(path: str, args: Sequence[str] = (), doctor: Doctor | None = None, *,
+               children: ChildProcesses | None = None) -> RunResult:
     """Run ``path`` with ``sys.argv = [path, *args]`` under ``doctor``, keeping the script's exit status.
 
     The script's own exception is never swallowed or changed: its traceback is printed to stderr exactly as
-    Python would print it, and the exit status is 1, as with ``python script.py``.
+    Python would print it, and the exit status is 1, as with ``python script.py``. With ``children``, the child
+    Python processes it starts are diagnosed too and merged into the report.
 
     Raises:
         FileNotFoundError: when ``path`` is not a file.
@@ -37,29 +40,64 @@ def run_script(path: str, args: Sequence[str] = (), doctor: Doctor | None = None
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such script: {path!r}; pass the path of a Python file, e.g. "
                                 "`ampdoctor run train.py --epochs 1`")
+    script_dir = os.path.dirname(os.path.abspath(path))
+    return _run(lambda: runpy.run_path(path, run_name="__main__"), [path, *args], script_dir, path, doctor, children)
+
+
+def run_module(name: str, args: Sequence[str] = (), doctor: Doctor | None = None, *,
+               children: ChildProcesses | None = None) -> RunResult:
+    """Run module ``name`` as ``python -m name *args`` does, under ``doctor``; see `run_script`.
+
+    Raises:
+        ModuleNotFoundError: when no module ``name`` can be found (checked before anything runs).
+    """
+    sys.path.insert(0, os.getcwd())  # python -m looks in the current directory first
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        raise ModuleNotFoundError(f"no module named {name!r} ({exc}); pass a module importable from here, e.g. "
+                                  "`ampdoctor run -m mypackage.train --epochs 1`") from None
+    finally:
+        sys.path.remove(os.getcwd())
+    if spec is None:
+        raise ModuleNotFoundError(f"no module named {name!r}; pass a module importable from the current directory "
+                                  "or the environment, e.g. `ampdoctor run -m mypackage.train --epochs 1`")
+    origin = spec.origin if spec.origin and spec.origin != "frozen" else name
+    # python -m puts the current directory first on sys.path and sets argv[0] to the module's file.
+    return _run(lambda: runpy.run_module(name, run_name="__main__", alter_sys=True), [origin, *args], os.getcwd(),
+                origin, doctor, children)
+
+
+def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, doctor: Doctor | None,
+         children: ChildProcesses | None) -> RunResult:
     doctor = doctor or Doctor()
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    sys.argv = [path, *args]
-    script_dir = os.path.dirname(os.path.abspath(path))
-    sys.path.insert(0, script_dir)  # what `python script.py` does
+    sys.argv = argv
+    sys.path.insert(0, path0)  # what `python script.py` / `python -m` does
     exit_code, explained = 0, False
     try:
-        with doctor:
-            try:
-                runpy.run_path(path, run_name="__main__")
-            except SystemExit as exc:
-                exit_code = _exit_status(exc.code)
-            except KeyboardInterrupt:
-                exit_code = 130
-                traceback.print_exc()
-            except BaseException as exc:  # the script failed: keep its traceback and status
-                exit_code = 1
-                traceback.print_exception(type(exc), exc, _script_frames(exc.__traceback__, path))
-                explained = bool(doctor.explain(exc))
+        with contextlib.ExitStack() as stack:
+            if children is not None:
+                stack.enter_context(children)
+            with doctor:
+                try:
+                    body()
+                except SystemExit as exc:
+                    exit_code = _exit_status(exc.code)
+                except KeyboardInterrupt:
+                    exit_code = 130
+                    traceback.print_exc()
+                except BaseException as exc:  # the script failed: keep its traceback and status
+                    exit_code = 1
+                    traceback.print_exception(type(exc), exc, without_own_frames(exc.__traceback__, shown_path))
+                    explained = bool(doctor.explain(exc))
     finally:
         sys.argv = saved_argv
-        if sys.path and sys.path[0] == script_dir and saved_path0 != script_dir:
+        if sys.path and sys.path[0] == path0 and saved_path0 != path0:
             sys.path.pop(0)
+    if children is not None and children.merge_into(doctor.report):
+        # A parent that failed because its child failed is explained by what the child's Doctor found.
+        explained = explained or any(f.process is not None for f in doctor.report.findings)
     return RunResult(exit_code, doctor.report, explained)
 
 
@@ -70,18 +108,3 @@ def _exit_status(code: object) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
-
-
-def _script_frames(tb: TracebackType | None, path: str) -> TracebackType | None:
-    """Drop runpy's and ampdoctor's own frames, so the traceback reads as `python script.py` prints it."""
-    target = os.path.abspath(path)
-    frames = []
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    start = next((i for i, t in enumerate(frames) if os.path.abspath(t.tb_frame.f_code.co_filename) == target), 0)
-    kept = [t for t in frames[start:] if not is_own_file(t.tb_frame.f_code.co_filename)] or frames
-    rebuilt = None
-    for t in reversed(kept):
-        rebuilt = TracebackType(rebuilt, t.tb_frame, t.tb_lasti, t.tb_lineno)
-    return rebuilt

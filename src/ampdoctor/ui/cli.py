@@ -15,6 +15,7 @@ examples:
   ampdoctor run train.py --epochs 1            diagnose a training script, unchanged
   ampdoctor run --fix train.py                 ... and repair fp16 parameters / add fp32 master weights
   ampdoctor run --json report.json train.py    also write the findings as JSON
+  ampdoctor run -m mypackage.train --lr 1e-4   run a module, like python -m
   ampdoctor explain "ValueError: Attempting to unscale FP16 gradients."
   python train.py 2>&1 | ampdoctor explain -   explain a pasted traceback
   ampdoctor explain AMP401                     show one rule
@@ -50,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
     run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
     run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
-    run.add_argument("script", help="the training script")
+    run.add_argument("--no-children", action="store_true", help="do not follow child Python processes "
+                     "(subprocess with sys.executable, multiprocessing spawn/forkserver)")
+    run.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
+                     help="run a module as `python -m MODULE` does (the rest of the line is its arguments)")
+    run.add_argument("script", nargs="?", help="the training script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
     explain = sub.add_parser("explain", help="explain an error text, a traceback (- reads stdin) or a rule code")
@@ -101,22 +106,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ampdoctor.runner.doctor import Doctor
-    from ampdoctor.runner.launcher import run_script
+    from ampdoctor.runner.children import ChildProcesses
+    from ampdoctor.runner.launcher import run_module, run_script
 
     err = Console(stderr=True, highlight=False)
-    if not os.path.isfile(args.script):
+    if args.module is not None:
+        if not args.module:
+            raise _UsageError("-m needs a module name, e.g. `ampdoctor run -m mypackage.train --epochs 1`")
+        if args.script is not None:  # options came after the script's arguments started
+            raise _UsageError(f"give either a script or -m MODULE, not both (got {args.script!r} and -m)")
+    elif args.script is None:
+        raise _UsageError("give the training script to run, e.g. `ampdoctor run train.py --epochs 1`, "
+                          "or a module: `ampdoctor run -m mypackage.train`")
+    elif not os.path.isfile(args.script):
         raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
                           "e.g. `ampdoctor run train.py --epochs 1`.")
     if args.every < 1:
         raise _UsageError(f"--every must be a positive number of steps, got {args.every}")
-    script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
-    doctor = Doctor(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                    activations=args.activations, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
-    result = run_script(args.script, script_args, doctor)
+    options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
+                   activations=args.activations)
+    doctor = Doctor(**options, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
+    children = None if args.no_children else ChildProcesses(options)
+    if args.module is not None:
+        module, *module_args = args.module
+        try:
+            result = run_module(module, module_args, doctor, children=children)
+        except ModuleNotFoundError as exc:
+            raise _UsageError(str(exc)) from None
+    else:
+        script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+        result = run_script(args.script, script_args, doctor, children=children)
     report = result.report
     if doctor.watch_summary is not None:
         err.print(doctor.watch_summary)
-    if report.findings or result.exit_code:
+    if report.findings or result.exit_code or report.saw_nothing:
         err.print(report)
     elif report.changes:
         err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix", markup=False,

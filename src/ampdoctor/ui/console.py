@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.report import NOTHING_OBSERVED
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -46,7 +47,10 @@ def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings
         what = Text(title_text + "\n", style="bold") if title_text else Text()
         what.append(f.detail)
         step = "" if f.step is None else f" (step {f.step})"
-        table.add_row(f.code, Text(f.severity.value + step, style=_STYLE[f.severity]), Text(f.where), what)
+        where = Text(f.where)
+        if f.process is not None:
+            where.append(f"\nin {f.process}", style="italic")
+        table.add_row(f.code, Text(f.severity.value + step, style=_STYLE[f.severity]), where, what)
     return table
 
 
@@ -87,6 +91,10 @@ def render_report(report: Any) -> RenderableType:
         panel = fixes_panel(ordered)
         if panel is not None:
             parts.append(panel)
+    elif getattr(report, "saw_nothing", False):
+        parts.append(Text(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
+                          "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
+                          style="bold yellow"))
     elif not report.exception:
         parts.append(Text("ampdoctor: no mixed-precision problems found", style="green"))
     return Group(*parts)

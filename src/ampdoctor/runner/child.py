@@ -1,0 +1,98 @@
+"""The child side of `ampdoctor run`: attach a Doctor in a child Python process and leave its report behind.
+
+`install()` runs from the start-up hook (``runner/_startup/sitecustomize.py``). The Doctor attaches right after
+the child imports torch, explains an uncaught exception, and at exit writes ``child-<pid>.json`` into
+``AMPDOCTOR_CHILD_DIR`` for the parent to merge. A child that trained nothing (a DataLoader worker, a helper
+script) writes nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+ENV_DIR = "AMPDOCTOR_CHILD_DIR"
+ENV_OPTIONS = "AMPDOCTOR_CHILD_OPTIONS"
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """Call ``start()`` once ``import torch`` has finished executing torch's package."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, exec_module = spec.loader, spec.loader.exec_module
+
+        def exec_then_start(module: Any) -> None:
+            exec_module(module)
+            start()
+
+        loader.exec_module = exec_then_start  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Attach a Doctor now if torch is already imported, else right after the child imports it."""
+    if "torch" in sys.modules:
+        start()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport())
+
+
+def label() -> str:
+    """Return how this process was started, for the parent's report: ``pid 123: python train.py --fast``."""
+    argv = " ".join(sys.argv) if sys.argv and sys.argv != [""] else "python"
+    if "multiprocessing" in sys.modules and sys.modules["multiprocessing"].parent_process() is not None:
+        argv = f"multiprocessing child of pid {os.getppid()}"
+    return f"pid {os.getpid()}: {argv[:160]}"
+
+
+def start() -> None:
+    """Attach a Doctor configured by ``AMPDOCTOR_CHILD_OPTIONS`` to this process."""
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        return
+    from ampdoctor.core.callsite import without_own_frames
+    from ampdoctor.core.isolation import call_safely
+    from ampdoctor.runner.doctor import Doctor
+
+    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+    if options.get("log_dir"):
+        options["log_dir"] = os.path.join(options["log_dir"], f"pid{os.getpid()}")
+    prefix = f"ampdoctor[pid {os.getpid()}]"
+    doctor = Doctor(**options, on_event=lambda line: print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(),
+                                                          file=sys.stderr))
+    doctor.attach()
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        call_safely(doctor.explain, exc)
+        if previous is sys.__excepthook__:   # print as `python script.py` would, without ampdoctor's frames
+            shown = call_safely(without_own_frames, tb, sys.argv[0] if sys.argv else "") or tb
+            traceback.print_exception(kind, exc, shown)
+        else:
+            previous(kind, exc, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(call_safely, _finish, doctor, directory)
+
+
+def _finish(doctor: Any, directory: str) -> None:
+    doctor.detach()
+    report = doctor.report
+    if report.saw_nothing and not report.findings:
+        return  # a process that trained nothing has nothing to add
+    path = os.path.join(directory, f"child-{os.getpid()}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"process": label(), "report": report.to_dict()}, f, default=str)
+    os.replace(path + ".tmp", path)  # the parent never reads half a file
