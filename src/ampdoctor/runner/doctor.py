@@ -7,10 +7,9 @@ GradScaler guard and the numerics watch, applies fixes when asked, and explains 
 
 from __future__ import annotations
 
-import gc
 import sys
 import traceback
-import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -20,9 +19,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.isolation import call_safely
+from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.training import LOW_PRECISION, TrainingSetup, optimizer_tensors, unwrap_optimizer
+from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
+_MAX_SCANS = 64       # under --fix, scans for the optimizer of a model first seen after the start (folds)
 
 
 class Doctor:
@@ -69,6 +71,7 @@ class Doctor:
         self._attached = False
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
         self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
+        self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
 
     # ---- attach / detach -------------------------------------------------------------------------------------
     def attach(self) -> "Doctor":
@@ -83,7 +86,7 @@ class Doctor:
             m.register_module_forward_hook(self._on_forward_post, always_call=True),
         ]
         self._handles += [*self._forward_handles, register_optimizer_step_pre_hook(self._on_optimizer_step)]
-        for cls in _scaler_classes():
+        for cls in scaler_classes():
             if "scale" in vars(cls):
                 self._handles.append(observe(cls, "scale", before=self._on_scale, on_error=self._internal_error))
         return self
@@ -141,7 +144,13 @@ class Doctor:
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
-            if _instances(torch.optim.Optimizer):
+            if instances(torch.optim.Optimizer):
+                self._start()
+        elif self.fix and self.setup is not None and id(module) not in self._trainable and self._scans < _MAX_SCANS:
+            # A model not seen before (a new fold, a resumed copy): repair it before its backward, if an
+            # optimizer trains it, so the GradScaler never sees its fp16 gradients.
+            self._scans += 1
+            if any(_owns_any(o, module) for o in real_optimizers(instances(torch.optim.Optimizer))):
                 self._start()
         if self.fix and self.setup is not None:
             self._reapply_fixes(module, dtype)
@@ -152,28 +161,30 @@ class Doctor:
             self._start(scaler)
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._seen["optimizers"].add(id(unwrap_optimizer(optimizer)))
-        if self.setup is None and not self._broken:
-            try:
-                self._start()
-            except Exception as exc:
-                self._internal_error(exc)
+        real = unwrap_optimizer(optimizer)
+        self._seen["optimizers"].add(id(real))
+        if self._broken or (self.setup is not None and real in self._diagnosed):
+            return
+        # The first step, or an optimizer never diagnosed: a new fold, a resume, a second stage.
+        self._safely(self._start)
 
     # ---- the first look: pre-flight, fixes, guard, watch -------------------------------------------------------
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
-        optimizers = [o for o in _instances(torch.optim.Optimizer) if type(o).__name__ != "MasterWeights"
-                      or not hasattr(o, "optimizer")]
-        scalers = [scaler] if scaler is not None else _instances(*_scaler_classes())
-        scaler = next((s for s in scalers if getattr(s, "_enabled", False)), scalers[0] if scalers else None)
+        live = scan()
+        models = trained_models(self.models, live.optimizers, live.modules)
+        scalers = [scaler] if scaler is not None else live.scalers
+        scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
-        return TrainingSetup(self.models, optimizers, scaler, dtypes[0] if dtypes else None, _accelerator())
+        return TrainingSetup(models, live.optimizers, scaler, dtypes[0] if dtypes else None, _accelerator())
 
     def _start(self, scaler: Any = None) -> None:
         from ampdoctor.preflight.engine import run_preflight
 
         if not self.models:
             return
+        first = self.setup is None
         self.setup = self._build_setup(scaler)
+        self._diagnosed.update(self.setup.optimizers)
         self._seen["optimizers"].update(id(unwrap_optimizer(o)) for o in self.setup.optimizers)
         if self.setup.scaler is not None:
             self._seen["scalers"].add(id(self.setup.scaler))
@@ -192,9 +203,9 @@ class Doctor:
         for finding in found:
             self.report.add(finding)
         self._safely(self._attach_guard)
-        if self.watch_enabled:
+        if self.watch_enabled and self._watch is None:
             self._safely(self._attach_watch)
-        if not self.fix:
+        if first and not self.fix:
             # Discovery is done: stop paying two Python calls per module call. (Safe inside a forward hook:
             # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
             for handle in self._forward_handles:
@@ -217,9 +228,9 @@ class Doctor:
         from ampdoctor.repairs.upcast import upcast_trainable_params_
 
         optimizers = [o for o in self.setup.optimizers if _owns_any(o, model)] if self.setup else []
-        changes = upcast_trainable_params_(model, optimizer=optimizers[0] if len(optimizers) == 1 else None)
-        for opt in optimizers[1:] if len(optimizers) > 1 else []:
-            upcast_trainable_params_(model, optimizer=opt)
+        changes = upcast_trainable_params_(model, optimizer=optimizers[0] if optimizers else None)
+        for opt in optimizers[1:]:  # already fp32 now: this migrates each further optimizer's state
+            changes += upcast_trainable_params_(model, optimizer=opt)
         self._record_changes(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
 
     def _master_weights_for(self, model: nn.Module) -> None:
@@ -265,6 +276,12 @@ class Doctor:
         setup = self.setup
         if setup is None or setup.scaler is None or not setup.scaler_enabled:
             return
+        if self._guard is not None:
+            if self._guard.scaler is setup.scaler:
+                self._guard.setup = setup  # the same scaler over new models: name them from now on
+                return
+            self._collect_guard()  # a new scaler (a new fold or stage): keep what the old guard saw
+            self._guard.detach()
         self._guard = ScalerGuard(setup.scaler, setup)
         self._guard.attach()
 
@@ -304,7 +321,9 @@ class Doctor:
         }
         findings: list[Finding] = []
         try:
-            setup = self.setup if self.setup is not None else self._build_setup()
+            # Read the live objects again: the crash may come from a model or optimizer built after the first
+            # look (a new fold), and the guard's own setup still names the ones it watched.
+            setup = self._build_setup() if self.models else self.setup
             findings = explain_exception(exc, setup, self._guard)
         except Exception as inner:
             self._internal_error(inner)
@@ -335,13 +354,6 @@ class _Detach:
         self.obj.detach()
 
 
-def _scaler_classes() -> tuple[type, ...]:
-    classes: list[type] = [torch.amp.GradScaler]
-    sharded = sys.modules.get("torch.distributed.fsdp.sharded_grad_scaler")
-    if sharded is not None:
-        classes.append(sharded.ShardedGradScaler)
-    return tuple(classes)
-
 
 def _autocast_dtype(device: str) -> torch.dtype | None:
     try:
@@ -349,14 +361,6 @@ def _autocast_dtype(device: str) -> torch.dtype | None:
     except RuntimeError:  # a device type autocast does not know, e.g. "meta"
         return None
 
-
-def _instances(*classes: type) -> list[Any]:
-    # Once per run (bounded by _MAX_EARLY_SCANS): the only way to find objects that offer no global hook.
-    # Collect first, so unreachable objects of an earlier run (notebooks, sweeps) are not diagnosed.
-    gc.collect()
-    with warnings.catch_warnings():  # isinstance() on deprecated proxies (torch.distributed.reduce_op) warns
-        warnings.simplefilter("ignore")
-        return [o for o in gc.get_objects() if isinstance(o, classes)]
 
 
 def _accelerator() -> Any:
@@ -369,7 +373,7 @@ def _accelerator() -> Any:
             return None
     except Exception:
         return None
-    found = [o for o in _instances(object) if type(o).__name__ == "Accelerator"]
+    found = [o for o in instances(object) if type(o).__name__ == "Accelerator"]
     return found[0] if found else None
 
 

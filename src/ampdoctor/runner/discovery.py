@@ -1,0 +1,119 @@
+"""Find what a process trains: its real optimizers, the models they train, its GradScalers.
+
+torch offers no global hook for the construction of an optimizer or a module, so the live objects are read in one
+garbage-collector scan when the Doctor first needs them (and again for an optimizer it has not seen before: a new
+fold, a resume, a second stage). A model is what an optimizer trains: each trained parameter is mapped to the
+module that owns it, then up to that module's outermost parent, whose names are the ones users know
+(``net.2.weight``, ``encoder.layer.0...``), whether the training step called the whole model or its parts.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ampdoctor.core.training import optimizer_chain, optimizer_tensors
+
+
+@dataclass
+class LiveObjects:
+    """One scan's worth of live training objects."""
+
+    optimizers: list[Any] = field(default_factory=list)   # the real ones: wrappers resolved, each once
+    modules: list[nn.Module] = field(default_factory=list)
+    scalers: list[Any] = field(default_factory=list)
+
+
+def scaler_classes() -> tuple[type, ...]:
+    """Return the GradScaler classes loaded in this process (ShardedGradScaler only if FSDP was imported)."""
+    classes: list[type] = [torch.amp.GradScaler]
+    sharded = sys.modules.get("torch.distributed.fsdp.sharded_grad_scaler")
+    if sharded is not None:
+        classes.append(sharded.ShardedGradScaler)
+    return tuple(classes)
+
+
+def instances(*classes: type) -> list[Any]:
+    """Return the live instances of ``classes`` after a collection (so an earlier run's garbage is not seen)."""
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance() on deprecated proxies (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, classes)]
+
+
+def scan() -> LiveObjects:
+    """Return the live optimizers (deduplicated through their wrappers), modules and GradScalers."""
+    scalers = scaler_classes()
+    found = instances(torch.optim.Optimizer, nn.Module, *scalers)
+    return LiveObjects(real_optimizers(o for o in found if isinstance(o, torch.optim.Optimizer)),
+                       [o for o in found if isinstance(o, nn.Module)],
+                       [o for o in found if isinstance(o, scalers)])
+
+
+def real_optimizers(optimizers: Iterable[Any]) -> list[Any]:
+    """Return one entry per real optimizer: the innermost of each wrapper chain, in first-seen order.
+
+    Lightning's ``LightningOptimizer``, accelerate's ``AcceleratedOptimizer``, Fabric's wrapper and
+    ``ampdoctor.MasterWeights`` delegate to one torch optimizer; diagnosing both would report everything twice.
+    """
+    chains = [optimizer_chain(o) for o in optimizers]
+    wrapped = {id(inner) for chain in chains for inner in chain[1:]}
+    real: dict[int, Any] = {}
+    for chain in chains:
+        inner = chain[-1]
+        if id(chain[0]) in wrapped and chain[0] is not inner:
+            continue  # a wrapper inside another wrapper: its chain is reached from the outer one
+        real.setdefault(id(inner), inner)
+    return list(real.values())
+
+
+def outermost(module: nn.Module, parents: dict[int, nn.Module]) -> nn.Module:
+    """Return the outermost module that contains ``module`` (itself when nothing does)."""
+    seen = {id(module)}
+    while id(module) in parents and id(parents[id(module)]) not in seen:
+        module = parents[id(module)]
+        seen.add(id(module))
+    return module
+
+
+def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules: Iterable[nn.Module]) -> list[nn.Module]:
+    """Return the models the optimizers train, each the outermost owner of trained parameters.
+
+    Args:
+        seen: modules seen running a forward with gradients (whole models or the parts a training step calls).
+        optimizers: the real optimizers.
+        modules: every live module (from `scan`), to find parents and owners.
+
+    A module seen in a forward whose parameters no optimizer trains (an EMA copy, a frozen teacher) is left out
+    when there are optimizers; without optimizers the seen modules are the models.
+    """
+    modules = list(modules)
+    parents: dict[int, nn.Module] = {}
+    owner: dict[int, nn.Module] = {}
+    for m in modules:
+        for child in m._modules.values():
+            if child is not None:
+                parents.setdefault(id(child), m)
+        for p in m._parameters.values():
+            if p is not None:
+                owner.setdefault(id(p), m)
+    trained = {id(p) for o in optimizers for p in optimizer_tensors(o)}
+    roots: dict[int, nn.Module] = {}
+    for m in seen:
+        root = outermost(m, parents)
+        if not trained or any(id(p) in trained for p in root.parameters()):
+            roots.setdefault(id(root), root)
+    covered = {id(p) for r in roots.values() for p in r.parameters()}
+    for o in optimizers:
+        for p in optimizer_tensors(o):
+            if id(p) not in covered and id(p) in owner:
+                root = outermost(owner[id(p)], parents)
+                roots.setdefault(id(root), root)
+                covered.update(id(q) for q in root.parameters())
+    return list(roots.values())

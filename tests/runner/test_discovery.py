@@ -1,0 +1,84 @@
+"""Models are what the optimizers train: parts called directly, several modules, folds, wrapped optimizers."""
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from ampdoctor.runner.discovery import real_optimizers, trained_models
+from ampdoctor.ui.cli import main
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+
+
+def run_json(tmp_path, capsys, *argv):
+    out = tmp_path / "report.json"
+    code = main(["run", "--no-watch", "--json", str(out), *argv])
+    captured = capsys.readouterr()
+    return code, json.loads(out.read_text()), captured
+
+
+def test_parts_called_directly_are_named_from_the_whole_model_without_false_amp301(tmp_path, capsys):
+    code, report, _ = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "parts_called_directly.py"))
+    assert code == 1
+    codes = [f["code"] for f in report["findings"]]
+    assert "AMP301" not in codes
+    amp101 = [f for f in report["findings"] if f["code"] == "AMP101"]
+    assert len(amp101) == 1 and amp101[0]["where"] == "head" and "head.weight (float16" in amp101[0]["detail"]
+    assert "param_groups" not in amp101[0]["detail"]
+
+
+def test_actor_and_critic_under_one_optimizer_stay_quiet(tmp_path, capsys):
+    code, report, _ = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "actor_critic.py"))
+    assert code == 0
+    assert report["findings"] == [] and report["ok"] is True
+    assert report["observed"]["optimizers"] == 1
+
+
+def test_fix_repairs_every_fold_not_only_the_first(tmp_path, capsys):
+    code, report, captured = run_json(tmp_path, capsys, "--fix", os.path.join(SCRIPTS, "kfold_half.py"))
+    assert code == 0, captured.err
+    assert captured.out.count("fold 1 loss") == 4
+    assert report["exception"] is None
+
+
+def test_fix_migrates_the_state_of_every_optimizer(tmp_path, capsys):
+    code, report, captured = run_json(tmp_path, capsys, "--fix", os.path.join(SCRIPTS, "two_optimizers_half.py"))
+    assert code == 0, captured.err
+    assert "state dtypes ['torch.float32']" in captured.out
+
+
+class _Wrapper(torch.optim.Optimizer):
+    """Delegates to a torch optimizer, as accelerate's AcceleratedOptimizer and Lightning's wrapper do."""
+
+    def __init__(self, optimizer):  # no super().__init__(), like the real wrappers
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+
+def test_a_wrapped_optimizer_is_one_optimizer():
+    model = nn.Linear(2, 2)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    outer = _Wrapper(_Wrapper(inner))
+    assert real_optimizers([outer, outer.optimizer, inner]) == [inner]
+    assert real_optimizers([inner, outer]) == [inner]
+
+
+def test_models_are_the_outermost_owners_of_trained_parameters():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+
+    net, ema = Net(), Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    modules = list(net.modules()) + list(ema.modules())
+    # the step called a part directly; the EMA copy ran a forward too but no optimizer trains it
+    assert trained_models([net.net[2], ema], [opt], modules) == [net]
+    # a model whose forward was never seen is found through its optimizer
+    assert trained_models([], [opt], modules) == [net]
