@@ -41,8 +41,18 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+_installed = False
+
+
 def install() -> None:
-    """Attach a Doctor now if torch is already imported, else right after the child imports it."""
+    """Attach a Doctor now if torch is already imported, else right after the child imports it.
+
+    Safe to call twice: in a virtualenv ``site`` processes a ``.pth`` file twice.
+    """
+    global _installed
+    if _installed or not os.environ.get(ENV_DIR):
+        return
+    _installed = True
     if "torch" in sys.modules:
         start()
     else:

@@ -1,10 +1,13 @@
 """The parent side of following child processes: set up the start-up hook, then merge what the children found.
 
-The mechanism is the one coverage.py uses for subprocess measurement: a folder holding a ``sitecustomize.py`` goes
-first on ``PYTHONPATH`` and an environment variable switches it on. Every child Python process that inherits the
-environment, started by ``subprocess`` with ``sys.executable`` or by ``multiprocessing``/``torch.multiprocessing``
-(spawn or forkserver), then runs a Doctor of its own (see `ampdoctor.runner.child`). Forked children already carry
-the parent's Doctor.
+The mechanism is the one coverage.py uses for subprocess measurement: a start-up hook enabled by an environment
+variable. Like coverage, a temporary ``ampdoctor-child-<pid>.pth`` goes into every writable site-packages directory
+(it also runs under ``python -I``, and shadows nothing) and is removed when the run ends; it is inert without the
+variable. Where no site-packages is writable, a folder holding a ``sitecustomize.py`` goes first on ``PYTHONPATH``
+instead (it chains to the ``sitecustomize`` it shadows). Every child Python process that inherits the environment,
+started by ``subprocess`` with ``sys.executable`` or by ``multiprocessing``/``torch.multiprocessing`` (spawn or
+forkserver), then runs a Doctor of its own (see `ampdoctor.runner.child`). Forked children already carry the
+parent's Doctor.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from ampdoctor.core.report import Report
 from ampdoctor.runner.child import ENV_DIR, ENV_OPTIONS
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
+# One line: `site` executes .pth lines that start with "import". Inert (one environ lookup) without the variable.
+PTH_LINE = (f"import os; exec('try:\\n from ampdoctor.runner.child import install\\n install()\\nexcept Exception:\\n pass') "
+            f"if os.environ.get({ENV_DIR!r}) else None\n")
 
 
 class ChildProcesses:
@@ -35,18 +41,23 @@ class ChildProcesses:
         self.options = options
         self.directory: str | None = None
         self._saved: dict[str, str | None] = {}
+        self._pth_files: list[str] = []
 
     def __enter__(self) -> "ChildProcesses":
         self.directory = tempfile.mkdtemp(prefix="ampdoctor-children-")
-        pythonpath = os.environ.get("PYTHONPATH")
-        values = {ENV_DIR: self.directory, ENV_OPTIONS: json.dumps(self.options),
-                  "PYTHONPATH": STARTUP_DIR + (os.pathsep + pythonpath if pythonpath else "")}
+        self._pth_files = _write_pth_files()
+        values = {ENV_DIR: self.directory, ENV_OPTIONS: json.dumps(self.options)}
+        if not self._pth_files:
+            pythonpath = os.environ.get("PYTHONPATH")
+            values["PYTHONPATH"] = STARTUP_DIR + (os.pathsep + pythonpath if pythonpath else "")
         for key, value in values.items():
             self._saved[key] = os.environ.get(key)
             os.environ[key] = value
         return self
 
     def __exit__(self, *exc: object) -> None:
+        _remove(self._pth_files)
+        self._pth_files = []
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -84,3 +95,53 @@ class ChildProcesses:
         if labels:
             report.extra["child_processes"] = labels
         return labels
+
+
+def _write_pth_files() -> list[str]:
+    """Write the start-up hook into every writable site-packages directory; return the files written."""
+    import atexit
+    import site
+
+    written = []
+    for directory in dict.fromkeys(site.getsitepackages() + [site.getusersitepackages()]):
+        path = os.path.join(directory, f"ampdoctor-child-{os.getpid()}.pth")
+        try:
+            if not os.path.isdir(directory):
+                continue
+            _remove(_stale(directory))
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(PTH_LINE)
+            written.append(path)
+        except OSError:
+            continue  # read-only site-packages: the PYTHONPATH fallback takes over if none is writable
+    if written:
+        atexit.register(_remove, list(written))  # the parent killed mid-run still cleans up at exit
+    return written
+
+
+def _stale(directory: str) -> list[str]:
+    """Return hook files left by runs that were killed (SIGKILL skips atexit); they are inert, but clutter."""
+    stale = []
+    for path in glob.glob(os.path.join(directory, "ampdoctor-child-*.pth")):
+        pid = os.path.basename(path)[len("ampdoctor-child-"):-len(".pth")]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.append(path)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
