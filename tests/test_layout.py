@@ -31,7 +31,7 @@ LONG_MODULES: dict[str, str] = {}
 TORCH_INTERNALS = re.compile(
     r"_per_optimizer_states|grad_scaler import OptState|\._growth_tracker\b|\._init_scale\b|_init_growth_tracker\b"
     r"|_current_graph_task_id|_execution_engine|\._mp_policy\b|found_inf_reduce_handler|\bgi_frame\b"
-    r"|_get_fsdp_state|\bscaler\._scale\b|\bs\._scale\b")
+    r"|_get_fsdp_state|\bscaler\._scale\b|\bs\._scale\b|_step_supports_amp_scaling\b(?!\(self)|\._step_count\b")
 
 
 def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:

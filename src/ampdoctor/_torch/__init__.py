@@ -5,7 +5,8 @@ runs every probe on the installed torch, so a rename shows up as one failing tes
 Tested with torch 2.13; the oldest torch the probes are written for is 2.4.
 
 - `scaler`: `GradScaler._per_optimizer_states`, `OptState`, `_scale`, `_growth_tracker`, `_init_scale`,
-  `_init_growth_tracker`, `_device`.
+  `_init_growth_tracker`, `_device`, and the optimizer's `_step_supports_amp_scaling`.
+- `optim`: `LRScheduler._step_count`.
 - `autograd`: `torch._C._current_graph_task_id`, `Variable._execution_engine.queue_callback`.
 - `distributed`: DTensor's `found_inf_reduce_handler`, FSDP2's `_get_fsdp_state()._mp_policy`.
 - `frames`: a generator's frame locals (`gi_frame.f_locals`), to find the module behind `model.parameters()`.

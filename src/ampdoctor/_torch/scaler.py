@@ -3,7 +3,8 @@
 `torch.amp.GradScaler` offers no public view of its state machine. These probes read it without ever creating an
 entry (``_per_optimizer_states`` is a ``defaultdict``: indexing it would change the scaler). Without the attribute
 (a torch that renamed it, or a duck-typed scaler) every probe answers "unknown": the stage is ``READY`` and no
-flags are seen, so the guard and the watch stay quiet rather than guess.
+flags are seen, so the guard and the watch stay quiet rather than guess. `unscales_itself` reads the optimizer flag
+(``_step_supports_amp_scaling``) that makes ``GradScaler.step`` leave the unscaling to the optimizer.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ except ImportError:  # fallback: the same three stages, so comparisons still wor
         STEPPED = 2
 
 __all__ = ["OptState", "optimizer_state", "stage", "found_inf_flags", "live_scale", "growth_tracker",
-           "init_scale", "init_growth_tracker", "scaler_device", "is_enabled", "has_state_machine"]
+           "init_scale", "init_growth_tracker", "scaler_device", "is_enabled", "has_state_machine",
+           "optimizer_found_inf", "unscales_itself"]
 
 
 def has_state_machine(scaler: Any) -> bool:
@@ -93,3 +95,24 @@ def is_enabled(scaler: Any) -> bool:
         return bool(method()) if callable(method) else False
     except Exception:
         return False
+
+
+def optimizer_found_inf(scaler: Any, key: Any) -> list[torch.Tensor] | None:
+    """Return one optimizer's found-inf flags since the last ``update()``; None when the scaler has no state for it.
+
+    >>> optimizer_found_inf(torch.amp.GradScaler("cpu"), object()) is None
+    True
+    """
+    state = optimizer_state(scaler, key)
+    return None if state is None else list(state.get("found_inf_per_device", {}).values())
+
+
+def unscales_itself(optimizer: Any) -> bool:
+    """Return whether ``optimizer.step`` unscales its own gradients (``_step_supports_amp_scaling``, e.g. fused Adam).
+
+    GradScaler.step then skips its own ``unscale_``.
+
+    >>> unscales_itself(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    False
+    """
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))

@@ -4,106 +4,39 @@
 ``clip_grad_norm_`` and LR scheduler steps, with pass-through wrappers that detach exactly. Each observed call
 costs O(1) Python and no host sync: found-inf flags stay on the device and are read in one batch when a finding
 needs them. Parameters are only walked to explain a call that raised.
+
+The records live in `ampdoctor.guard.history`, the decisions that need no observer state in
+`ampdoctor.guard.checks`, and the ``clip_grad_norm_`` argument tracing in `ampdoctor.guard.clipping`.
 """
 
 from __future__ import annotations
 
-import inspect
-import os
-import sys
-import weakref
 from collections import deque
-from dataclasses import dataclass, field
-from types import GeneratorType
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn.utils.clip_grad
-from torch import nn
-from torch.amp.grad_scaler import OptState
-from torch.optim import lr_scheduler
 
+from ampdoctor._torch.optim import scheduler_step_count
+from ampdoctor._torch.scaler import (OptState, found_inf_flags, growth_tracker, is_enabled, live_scale,
+                                     optimizer_found_inf, stage, unscales_itself)
 from ampdoctor.core.callsite import user_call_site
-from ampdoctor.core.patch import PatchHandle, observe
-from ampdoctor.explanations.crash import (explain_exception, finding, fp16_culprits, no_grad_findings, optimizer_label,
-                               with_scaler)
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.explanations.crash import explain_exception
+from ampdoctor.explanations.culprits import no_grad_findings
+from ampdoctor.explanations.naming import finding
+from ampdoctor.guard.checks import (_infer_failure, _keep_found_inf, _no_scale, _resume_finding, _scheduler_classes,
+                                    _scheduler_finding, _split_pending, _sum_flags, _unscale_twice)
+from ampdoctor.guard.clipping import _ClipOwners
+from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
 
 __all__ = ["ScalerGuard"]
 
 _HISTORY = 64          # closed iterations kept for explanations
 _RESOLVE_EVERY = 32    # scheduler checks batched into one host sync
-_PEEK = 64             # tensors of a clip_grad_norm_ argument looked at
-
-
-@dataclass(eq=False)
-class _Call:
-    kind: str
-    optimizer: Any
-    site: str
-    scale_calls: int                 # scale() calls earlier in the same iteration
-    grad: tuple[weakref.ref, weakref.ref] | None = None   # (param, its .grad) at unscale_
-    predicted: list[Finding] = field(default_factory=list)
-    implicit: bool = False
-    seq: int = 0                     # order among unscale_/step/clip calls
-
-
-@dataclass(eq=False)
-class _Iteration:
-    """Everything observed between two ``update()`` calls."""
-
-    index: int
-    scale_calls: int = 0
-    clips: int = 0
-    unscaled: dict[int, _Call] = field(default_factory=dict)
-    stepped: dict[int, _Call] = field(default_factory=dict)
-    scheduler_steps: list[tuple[int, str, str]] = field(default_factory=list)   # (id(opt), class, site)
-    found_inf: dict[int, list[torch.Tensor]] | None = None   # per optimizer, captured before update()
-    last_clip: tuple[int, torch.Tensor] | None = None          # (call number, returned norm)
-    flagged: set[str] = field(default_factory=set)
-
-
-@dataclass(eq=False)
-class _Seen:
-    finding: Finding
-    count: int = 1
-    last: int | None = None
-
-
-def _first_grad(optimizer: Any) -> tuple[weakref.ref, weakref.ref] | None:
-    """Return weak references to the first parameter with a grad and that grad (bounded scan)."""
-    n = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if getattr(p, "grad", None) is not None:
-                return weakref.ref(p), weakref.ref(p.grad)
-            n += 1
-            if n >= 16:
-                return None
-    return None
-
-
-def _grads_reset(marker: tuple[weakref.ref, weakref.ref] | None) -> bool | None:
-    """Return whether the grad seen at an earlier unscale_ was replaced since (zero_grad), None if unknown."""
-    if marker is None:
-        return None
-    param = marker[0]()
-    if param is None:
-        return None
-    return param.grad is None or param.grad is not marker[1]()
-
-
-def _module_of(gen: GeneratorType, depth: int = 3) -> nn.Module | None:
-    """Return the module behind ``model.parameters()`` (or a generator over it) without advancing it."""
-    frame = gen.gi_frame
-    if frame is None or depth == 0:
-        return None
-    owner = frame.f_locals.get("self")
-    if isinstance(owner, nn.Module):
-        return owner
-    inner = frame.f_locals.get(".0")
-    return _module_of(inner, depth - 1) if isinstance(inner, GeneratorType) else None
 
 
 class ScalerGuard:
@@ -113,11 +46,11 @@ class ScalerGuard:
         scaler: the ``torch.amp.GradScaler`` to observe; its methods are wrapped on the instance only.
         setup: the training objects, for names and optimizer numbers.
 
-    >>> model = nn.Linear(4, 4); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> model = torch.nn.Linear(4, 4); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> scaler = torch.amp.GradScaler("cpu")
     >>> with ScalerGuard(scaler, TrainingSetup(model, opt)) as guard:
     ...     scaler.scale(model(torch.ones(1, 4)).sum()).backward()
-    ...     _ = nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # still scaled
+    ...     _ = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # still scaled
     ...     _ = scaler.step(opt); scaler.update()
     >>> [f.code for f in guard.findings()]
     ['AMP408']
@@ -130,17 +63,14 @@ class ScalerGuard:
         self._broken = False
         self._cur = _Iteration(0)
         self._history: deque[_Iteration] = deque(maxlen=_HISTORY)
-        self._seen: dict[tuple[str, str], _Seen] = {}
+        self._ledger = _Ledger()
         self._crash: list[Finding] = []
         self._stack: list[_Call] = []
         self._expect_implicit: int | None = None
-        self._optimizers: dict[int, weakref.ref] = {}
+        self._optimizers = _Optimizers()
         self._last_stepped: dict[int, _Iteration] = {}
         self._pending: list[tuple[_Iteration, int, str, str]] = []
-        self._param_ids: dict[int, tuple[int, frozenset[int]]] = {}
-        self._module_owners: dict[int, frozenset[int]] = {}
-        self._labels: dict[int, str] = {}
-        self._known: list[Any] | None = None
+        self._clip_owners = _ClipOwners()
         self._on = False
         self._calls = 0
         self._window_complete = False
@@ -164,8 +94,8 @@ class ScalerGuard:
                                          after=self._after_clip, on_error=err))
         for cls in _scheduler_classes():
             self._handles.append(observe(cls, "step", before=self._before_scheduler, on_error=err))
-        self._window_complete = getattr(s, "_scale", None) is None   # a fresh scaler: this iteration is whole
-        self._on = bool(getattr(s, "_enabled", False))   # a disabled scaler's methods are no-ops
+        self._window_complete = live_scale(s) is None   # a fresh scaler: this iteration is whole
+        self._on = is_enabled(s)   # a disabled scaler's methods are no-ops
         return self
 
     def detach(self) -> None:
@@ -177,11 +107,11 @@ class ScalerGuard:
 
     def _catch_up(self) -> None:
         """Commit a raised call and decide pending checks; an internal error becomes AMP001."""
-        try:
-            self._settle()
-            self._resolve(force=True)
-        except Exception as exc:  # never let the guard's own bookkeeping break the caller
-            self._on_error(exc)
+        call_safely(self._settle_all, on_error=self._on_error)   # the guard's bookkeeping never breaks the caller
+
+    def _settle_all(self) -> None:
+        self._settle()
+        self._resolve(force=True)
 
     def _release(self) -> None:
         self._on = False
@@ -210,14 +140,7 @@ class ScalerGuard:
     def findings(self) -> list[Finding]:
         """Return what went wrong so far; repeated findings are reported once with their count."""
         self._catch_up()
-        out = []
-        for seen in self._seen.values():
-            f = seen.finding
-            if seen.count > 1:
-                f = Finding(f.code, f.severity, f.where,
-                            f"{f.detail} (seen in {seen.count} iterations, {f.step} to {seen.last})", f.step)
-            out.append(f)
-        return out
+        return self._ledger.findings()
 
     def crash_findings(self) -> list[Finding]:
         """Return the findings explaining the last observed scaler call that raised."""
@@ -240,19 +163,10 @@ class ScalerGuard:
         return self._on
 
     def _label(self, optimizer: Any) -> str:
-        label = self._labels.get(id(optimizer))
-        if label is None:
-            label = self._labels[id(optimizer)] = optimizer_label(optimizer, self.setup)
-        return label
+        return self._optimizers.label(optimizer, self.setup)
 
     def _record(self, f: Finding) -> None:
-        key = (f.code, f.where)
-        seen = self._seen.get(key)
-        if seen is None:
-            self._seen[key] = _Seen(f, 1, f.step)
-        elif seen.last != f.step:
-            seen.count += 1
-            seen.last = f.step
+        self._ledger.record(f)
 
     def _once(self, code: str, where: str, detail: str) -> None:
         """Record a silent finding at most once per iteration."""
@@ -267,29 +181,12 @@ class ScalerGuard:
         self._release()
         self._stack.clear()
         step = getattr(self._cur, "index", None)   # the guard's own state may be what broke
-        self._seen[("AMP001", "ScalerGuard")] = _Seen(finding(
-            "AMP001", "ScalerGuard", f"{type(exc).__name__}: {exc}; the guard detached itself and training "
-            "continues unobserved", step))
+        self._ledger.replace(finding("AMP001", "ScalerGuard", f"{type(exc).__name__}: {exc}; the guard detached "
+                                     "itself and training continues unobserved", step))
 
     def _stage(self, optimizer: Any) -> OptState:
-        state = self.scaler._per_optimizer_states.get(id(optimizer))   # .get: never create an entry
-        return state["stage"] if state is not None else OptState.READY
-
-    def _see(self, optimizer: Any) -> None:
-        if id(optimizer) not in self._optimizers:
-            self._optimizers[id(optimizer)] = weakref.ref(optimizer)
-            self._known = None
-
-    def _known_optimizers(self) -> list[Any]:
-        """Return the setup's optimizers and those seen in scaler calls."""
-        if self._known is None:
-            known = {id(o): o for o in self.setup.optimizers}
-            for key, ref in self._optimizers.items():
-                opt = ref()
-                if opt is not None:
-                    known.setdefault(key, opt)
-            self._known = list(known.values())
-        return self._known
+        """Return the stage of an optimizer (or its id) in this iteration, without creating scaler state."""
+        return stage(self.scaler, optimizer)
 
     def _settle(self) -> None:
         """Commit the findings of a scaler call that raised (its ``after`` observer never ran)."""
@@ -298,24 +195,10 @@ class ScalerGuard:
         call = self._stack[0]
         self._stack.clear()
         self._expect_implicit = None
-        found = call.predicted or self._infer_failure(call)
+        found = call.predicted or _infer_failure(self.scaler, self.setup, call, self._cur.index)
         for f in found:
             self._record(f)
         self._crash = found
-
-    def _infer_failure(self, call: _Call) -> list[Finding]:
-        opt = call.optimizer
-        if opt is None or call.kind not in ("step", "unscale_"):
-            return []
-        state = self.scaler._per_optimizer_states.get(id(opt))
-        if call.kind == "step" and state is not None and state["stage"] is OptState.UNSCALED \
-                and not state["found_inf_per_device"]:
-            return no_grad_findings(opt, self.setup, self._cur.index)
-        if state is None or state["stage"] is OptState.READY:   # raised inside _unscale_grads_
-            if any(getattr(p, "grad", None) is not None and p.grad.dtype == torch.float16
-                   for g in opt.param_groups for p in g["params"]):
-                return fp16_culprits(with_scaler(self.setup, self.scaler), opt, step=self._cur.index)
-        return []
 
     # ---- observers: GradScaler ------------------------------------------------------------------------------
 
@@ -328,30 +211,18 @@ class ScalerGuard:
             return
         self._settle()
         s, call = self.scaler, _Call("scale", None, "", self._cur.scale_calls)
-        if s._scale is None:
-            if s._growth_tracker is not None:
+        if live_scale(s) is None:
+            if growth_tracker(s) is not None:
                 call.predicted = [finding("AMP405", "GradScaler", "_growth_tracker was set before _scale (a "
                                           "partial state load); load the scaler state with "
                                           "scaler.load_state_dict()", self._cur.index)]
             elif not self._resume_checked:
-                self._check_resume()
+                resumed = _resume_finding(s, self.setup.optimizers, self._label, self._cur.index)
+                if resumed is not None:
+                    self._record(resumed)
         self._resume_checked = True
         self._cur.scale_calls += 1
         self._stack.append(call)
-
-    def _check_resume(self) -> None:
-        s = self.scaler
-        if getattr(s, "_init_growth_tracker", 0) != 0 or s._init_scale != _default_init_scale(type(s)):
-            return   # load_state_dict() sets both
-        for opt in self.setup.optimizers:
-            step = _optimizer_step(opt)
-            if step:
-                self._record(finding(
-                    "AMP410", self._label(opt),
-                    f"{self._label(opt)} was restored at step {step:g}, but the GradScaler starts from "
-                    f"scale={s._init_scale:g} with growth tracker 0: scaler.load_state_dict() was not called",
-                    self._cur.index))
-                return
 
     def _before_unscale(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if not self._live():
@@ -361,15 +232,15 @@ class ScalerGuard:
             self._stack.append(_Call("unscale_", optimizer, "", self._cur.scale_calls, implicit=True))
             return
         self._settle()
-        self._see(optimizer)
+        self._optimizers.see(optimizer)
         self._calls += 1
         cur, site, stage = self._cur, user_call_site(), self._stage(optimizer)
         call = _Call("unscale_", optimizer, site, cur.scale_calls, seq=self._calls)
         label = self._label(optimizer)
-        if self.scaler._scale is None:
-            call.predicted = [self._no_scale("unscale_", label, site)]
+        if live_scale(self.scaler) is None:
+            call.predicted = [_no_scale("unscale_", label, site, cur.index)]
         elif stage is OptState.UNSCALED:
-            call.predicted = self._unscale_twice(optimizer, label, site)
+            call.predicted = _unscale_twice(cur, optimizer, label, site)
         elif stage is OptState.STEPPED:
             stepped = cur.stepped.get(id(optimizer))
             call.predicted = [finding("AMP403", label, f"scaler.unscale_({label}) at {site} came after "
@@ -380,33 +251,6 @@ class ScalerGuard:
             call.grad = _first_grad(optimizer)
             cur.unscaled[id(optimizer)] = call
         self._stack.append(call)
-
-    def _no_scale(self, method: str, label: str, site: str) -> Finding:
-        return finding("AMP405", label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
-                       "ran on the unscaled loss (or the first call after a resume was unscale_)", self._cur.index)
-
-    def _unscale_twice(self, optimizer: Any, label: str, site: str) -> list[Finding]:
-        cur = self._cur
-        prev = cur.unscaled.get(id(optimizer))
-        if prev is None:
-            return [finding(code, label, f"scaler.unscale_({label}) at {site} raised; the first unscale_ happened "
-                            "before the guard was attached, so its history cannot tell AMP401 from AMP402",
-                            cur.index) for code in ("AMP401", "AMP402")]
-        backwards = cur.scale_calls - prev.scale_calls
-        norm = ""
-        if cur.last_clip is not None and cur.last_clip[0] > prev.seq:
-            norm = f"; clip_grad_norm_ returned {float(cur.last_clip[1]):.4g} in between"   # crash path: sync ok
-        if _grads_reset(prev.grad):
-            return [finding("AMP402", label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
-                            f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
-                            f"({backwards} backward pass(es)), and unscale_ at {site} raised{norm}", cur.index)]
-        if backwards:
-            return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
-                            f"{backwards} backward pass(es) accumulating gradients in between and no scaler.step()"
-                            f"{norm}; unscale and clip once, at the accumulation boundary", cur.index)]
-        return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no "
-                        "backward in between: an explicit unscale_ plus a helper that unscales again (e.g. "
-                        "accelerator.clip_grad_norm_)", cur.index)]
 
     def _check_scaled(self, label: str, method: str, site: str) -> None:
         """AMP405, silent: unscale_/step with no scale() since the last update() divides unscaled gradients."""
@@ -419,16 +263,16 @@ class ScalerGuard:
         if not self._live():
             return
         self._settle()
-        self._see(optimizer)
+        self._optimizers.see(optimizer)
         self._calls += 1
         cur, site, stage, label = self._cur, user_call_site(), self._stage(optimizer), self._label(optimizer)
         call = _Call("step", optimizer, site, cur.scale_calls)
-        fused = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        fused = unscales_itself(optimizer)
         if "closure" in kwargs:
             call.predicted = [finding("AMP204", label, f"scaler.step({label}, closure=...) at {site} with an "
                                       "enabled GradScaler", cur.index)]
-        elif self.scaler._scale is None:
-            call.predicted = [self._no_scale("step", label, site)]
+        elif live_scale(self.scaler) is None:
+            call.predicted = [_no_scale("step", label, site, cur.index)]
         elif stage is OptState.STEPPED:
             first = cur.stepped.get(id(optimizer))
             call.predicted = [finding("AMP404", label, f"scaler.step({label}) at {site} is the second step of "
@@ -443,8 +287,7 @@ class ScalerGuard:
                 self._check_scaled(label, "step", site)
                 if not fused:
                     self._expect_implicit = id(optimizer)
-            elif not fused and not self.scaler._per_optimizer_states.get(id(optimizer), {}).get(
-                    "found_inf_per_device", True):
+            elif not fused and optimizer_found_inf(self.scaler, optimizer) == []:   # unscale_ saw no gradients
                 call.predicted = no_grad_findings(optimizer, self.setup, cur.index)
         self._stack.append(call)
 
@@ -463,23 +306,16 @@ class ScalerGuard:
         self._settle()
         s, cur = self.scaler, self._cur
         call = _Call("update", None, "", cur.scale_calls)
-        states = s._per_optimizer_states
-        if s._scale is None:
-            call.predicted = [self._no_scale("update", "GradScaler", user_call_site())]
-        elif new_scale is None and not any(st["found_inf_per_device"] for st in states.values()):
+        scale, found = live_scale(s), found_inf_flags(s)
+        if scale is None:
+            call.predicted = [_no_scale("update", "GradScaler", user_call_site(), cur.index)]
+        elif new_scale is None and not any(found.values()):
             site = user_call_site()
             call.predicted = [finding("AMP407", "GradScaler", f"scaler.update() at {site} with no scaler.step() "
                                       f"or unscale_() since the last update() ({cur.scale_calls} scale() "
                                       "call(s) this iteration)", cur.index)]
         else:
-            found = {key: list(st["found_inf_per_device"].values()) for key, st in states.items()}
-            flags = [t for ts in found.values() for t in ts]
-            if len(flags) > 1:
-                # update() sums the flags into the first one in place; keep that optimizer's own value
-                first_key = next(k for k, ts in found.items() if ts)
-                if found[first_key][0].device == s._scale.device:
-                    found[first_key][0] = found[first_key][0].clone()
-            cur.found_inf = found
+            cur.found_inf = _keep_found_inf(found, scale)
         self._stack.append(call)
 
     def _after_update(self, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -498,11 +334,11 @@ class ScalerGuard:
     def _before_clip(self, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
         if not self._live() or self._cur.scale_calls == 0 or "AMP408" in self._cur.flagged:
             return
-        candidates = self._known_optimizers()
+        candidates = self._optimizers.known(self.setup)
         ready = [o for o in candidates if self._stage(o) is OptState.READY]
         if not ready:
             return
-        owner = self._clip_owner(parameters, ready, len(ready) == len(candidates))
+        owner = self._clip_owners.owner(parameters, ready, len(ready) == len(candidates), candidates)
         if owner is not None:
             label = self._label(owner)
             max_norm = args[0] if args else kwargs.get("max_norm", "?")
@@ -515,41 +351,11 @@ class ScalerGuard:
             self._cur.clips += 1
             self._cur.last_clip = (self._calls, result)
 
-    def _clip_owner(self, parameters: Any, ready: list[Any], all_ready: bool) -> Any:
-        """Return the READY optimizer whose parameters are being clipped, or None."""
-        if isinstance(parameters, GeneratorType):
-            module = _module_of(parameters)
-            if module is None:
-                return ready[0] if all_ready else None
-            owners = self._module_owners.get(id(module))
-            if owners is None:   # once per module, and only on this suspicious path
-                ids = {id(p) for p in module.parameters()}
-                owners = frozenset(id(o) for o in self._known_optimizers() if ids & self._ids_of(o))
-                self._module_owners[id(module)] = owners
-            return next((o for o in ready if id(o) in owners), None)
-        if isinstance(parameters, torch.Tensor):
-            tensors: Iterable[Any] = (parameters,)
-        elif isinstance(parameters, (list, tuple)):
-            tensors = parameters[:_PEEK]
-        else:
-            return ready[0] if all_ready else None
-        keys = {id(t) for t in tensors}
-        return next((o for o in ready if keys & self._ids_of(o)), None)
-
-    def _ids_of(self, optimizer: Any) -> frozenset[int]:
-        groups = optimizer.param_groups
-        key = sum(len(g["params"]) for g in groups)
-        cached = self._param_ids.get(id(optimizer))
-        if cached is None or cached[0] != key:
-            cached = (key, frozenset(id(p) for g in groups for p in g["params"]))
-            self._param_ids[id(optimizer)] = cached
-        return cached[1]
-
     def _before_scheduler(self, scheduler: Any, *args: Any, **kwargs: Any) -> None:
-        if not self._live() or getattr(scheduler, "_step_count", 1) == 0:   # the constructor's initial step
+        if not self._live() or scheduler_step_count(scheduler) == 0:   # the constructor's initial step
             return
         key = id(getattr(scheduler, "optimizer", None))
-        if self._stage_of_key(key) is OptState.STEPPED:
+        if self._stage(key) is OptState.STEPPED:
             record = self._cur
         else:
             record = self._last_stepped.get(key)
@@ -559,71 +365,12 @@ class ScalerGuard:
         record.scheduler_steps.append((key, type(scheduler).__name__, site))
         self._pending.append((record, key, type(scheduler).__name__, site))
 
-    def _stage_of_key(self, key: int) -> OptState:
-        state = self.scaler._per_optimizer_states.get(key)
-        return state["stage"] if state is not None else OptState.READY
-
     def _resolve(self, force: bool = False) -> None:
         """Decide pending AMP409 checks: read their found-inf flags in one batch."""
         if not self._pending:
             return
-        keep, batch = [], []
-        for record, key, cls, site in self._pending:
-            flags = record.found_inf.get(key) if record.found_inf is not None else None
-            if flags is None and record is self._cur:
-                if not force:
-                    keep.append((record, key, cls, site))
-                    continue
-                state = self.scaler._per_optimizer_states.get(key)
-                flags = list(state["found_inf_per_device"].values()) if state is not None else None
-            if flags:
-                batch.append(((record, key, cls, site), flags))
-        self._pending = keep
+        self._pending, batch = _split_pending(self._pending, self._cur, self.scaler, force)
         for ((record, key, cls, site), _), total in zip(batch, _sum_flags([f for _, f in batch])):
             if total > 0:
-                opt = self._optimizers.get(key)
-                label = self._label(opt()) if opt is not None and opt() is not None else "optimizer"
-                self._record(finding("AMP409", f"{cls} on {label}", f"scheduler.step() at {site} advanced the "
-                                     f"learning rate after iteration {record.index}, whose optimizer step was "
-                                     "skipped (inf/NaN gradients)", record.index))
-
-
-def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
-    """Return the sum of each list of found-inf flags, with one host transfer per device."""
-    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
-    for i, flags in enumerate(groups):
-        for t in flags:
-            by_device.setdefault(t.device, []).append((i, t))
-    sums = [0.0] * len(groups)
-    for items in by_device.values():
-        values = torch.stack([t.reshape(()).float() for _, t in items]).tolist()
-        for (i, _), v in zip(items, values):
-            sums[i] += v
-    return sums
-
-
-def _scheduler_classes() -> list[type]:
-    """Return LRScheduler and the torch schedulers that define their own step(), except ReduceLROnPlateau."""
-    classes = [lr_scheduler.LRScheduler]
-    for obj in vars(lr_scheduler).values():
-        if (isinstance(obj, type) and issubclass(obj, lr_scheduler.LRScheduler) and "step" in vars(obj)
-                and obj is not lr_scheduler.LRScheduler and obj is not lr_scheduler.ReduceLROnPlateau):
-            classes.append(obj)
-    return classes
-
-
-def _default_init_scale(cls: type) -> float:
-    try:
-        default = inspect.signature(cls.__init__).parameters["init_scale"].default
-    except (KeyError, TypeError, ValueError):
-        return 2.0 ** 16
-    return float(default) if isinstance(default, (int, float)) else 2.0 ** 16
-
-
-def _optimizer_step(optimizer: Any) -> float:
-    """Return the ``step`` count of the optimizer's first parameter state (0 when it has none)."""
-    for state in optimizer.state.values():
-        step = state.get("step") if isinstance(state, dict) else None
-        if step is not None:
-            return float(step)
-    return 0.0
+                label = self._optimizers.label_of(key, self.setup)
+                self._record(_scheduler_finding(cls, label, site, record.index))

@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ampdoctor._torch.autograd import current_graph_task_id, queue_backward_callback
+from ampdoctor._torch.scaler import unscales_itself
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION
 from ampdoctor.core.training import optimizer_tensors
-from ampdoctor.repairs._state import (check_master_state_dict, is_managed, migrate_state_, set_managed,
-                                      upcast_refusal)
+from ampdoctor.repairs._state import check_master_state_dict, is_managed, migrate_state_, set_managed, upcast_refusal
 
 __all__ = ["MasterWeights", "is_managed"]  # is_managed is re-exported from repairs._state
 
@@ -126,9 +126,8 @@ class MasterWeights(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     @property
-    def _step_supports_amp_scaling(self) -> bool:
-        # Fused optimizers unscale inside their kernel; GradScaler takes that path when this is true.
-        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False))
+    def _step_supports_amp_scaling(self) -> bool:  # read by GradScaler.step: fused optimizers unscale in-kernel
+        return unscales_itself(self.optimizer)
 
     @property
     def masters(self) -> list[torch.Tensor]:

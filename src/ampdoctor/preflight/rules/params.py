@@ -24,6 +24,7 @@ import torch
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
+from ampdoctor._torch.scaler import unscales_itself
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
@@ -307,7 +308,7 @@ def adam_eps_underflow(setup: TrainingSetup) -> Iterator[Finding]:
 
 def _is_fused(opt: torch.optim.Optimizer) -> bool:
     inner = unwrap_optimizer(opt)
-    return bool(getattr(inner, "_step_supports_amp_scaling", False)) or any(
+    return unscales_itself(inner) or any(
         g.get("fused") for g in inner.param_groups)
 
 

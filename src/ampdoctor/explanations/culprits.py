@@ -1,0 +1,106 @@
+"""Name the culprits of a rule: the pre-flight check of the rule when one is registered, else the parameters of a
+dtype or the tensors without a gradient. Shared by crash explanations and ``ScalerGuard``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
+
+_LOADED_CHECKS = False
+
+
+def _from_check(code: str, setup: TrainingSetup, step: int | None = None) -> list[Finding]:
+    """Run the pre-flight check of ``code``, if one is registered, to name the culprits."""
+    global _LOADED_CHECKS
+    from ampdoctor.preflight import rules as rules_pkg
+
+    if not _LOADED_CHECKS:
+        _LOADED_CHECKS = True
+        for module in pkgutil.iter_modules(rules_pkg.__path__):   # another rule module's bug must not hide this
+            call_safely(importlib.import_module, f"{rules_pkg.__name__}.{module.name}")
+    check = rules_pkg.CHECKS.get(code)
+    if check is None:
+        return []
+    # a broken check must not hide the explanation
+    return call_safely(lambda: [replace(f, step=step) for f in check(setup) if f.code == code]) or []
+
+
+def fp16_culprits(setup: TrainingSetup, optimizer: Any = None, raised_on: torch.Tensor | None = None,
+                  step: int | None = None) -> list[Finding]:
+    """Name the trainable float16 parameters behind 'Attempting to unscale FP16 gradients' (AMP101).
+
+    The pre-flight check of AMP101 is used when it is registered; otherwise they are listed here.
+    """
+    return (_from_check("AMP101", setup, step)
+            or half_param_findings(setup, torch.float16, "AMP101", optimizer, raised_on, step))
+
+
+def half_param_findings(setup: TrainingSetup, dtype: torch.dtype, code: str, optimizer: Any = None,
+                        raised_on: torch.Tensor | None = None, step: int | None = None) -> list[Finding]:
+    """Name every trainable parameter of ``dtype``, one finding per module.
+
+    Without a model in ``setup``, the optimizer's parameters are listed instead.
+    """
+    half = [p for p in setup.trainable() if p.dtype == dtype]
+    findings = []
+    culprit = setup.info(raised_on) if raised_on is not None else None
+    for module, params in group_by_module(half).items():
+        detail = f"trainable {dtype_name(dtype)} parameters: {_names([p.describe() for p in params])}"
+        if culprit is not None and culprit in params:
+            detail += f"; GradScaler raised on {culprit.name}"
+        findings.append(finding(code, module, detail, step))
+    if not findings and optimizer is not None:
+        loose = [p for g in optimizer.param_groups for p in g["params"]
+                 if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype == dtype]
+        if loose:
+            findings.append(finding(code, optimizer_label(optimizer, setup),
+                                    f"trainable {dtype_name(dtype)} tensors: "
+                                    f"{_names([_tensor_name(p, setup, optimizer) for p in loose])}", step))
+    return findings
+
+
+def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = None) -> list[Finding]:
+    """Say, for each tensor of ``optimizer`` without a ``.grad``, why it got none (AMP406, AMP301)."""
+    label = optimizer_label(optimizer, setup)
+    frozen: list[ParamInfo] = []
+    unused: list[ParamInfo] = []
+    foreign: list[str] = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, torch.Tensor) or p.grad is not None:
+                continue
+            info = setup.info(p)
+            if info is None and (p.requires_grad and setup.models):
+                foreign.append(_tensor_name(p, setup, optimizer))
+            elif info is None:
+                frozen_or_unknown = ParamInfo(_tensor_name(p, setup, optimizer), label, p)
+                (unused if p.requires_grad else frozen).append(frozen_or_unknown)
+            else:
+                (unused if p.requires_grad else frozen).append(info)
+    findings = []
+    for module, params in group_by_module(frozen).items():
+        findings.append(finding("AMP406", module, f"{_names([p.name for p in params])}: frozen "
+                                f"(requires_grad=False), so no gradient reaches {label}", step))
+    for module, params in group_by_module(unused).items():
+        why = ("requires_grad=True but .grad is None after backward: not used in the forward pass, or cut off by "
+               "reentrant gradient checkpointing (use_reentrant=False)")
+        if not setup.models:
+            why += "; the model is unknown, so ampdoctor cannot tell whether these are its parameters"
+        findings.append(finding("AMP406", module, f"{_names([p.name for p in params])}: {why}", step))
+    if foreign:
+        detail = (f"{len(foreign)} tensor(s) in {label} are not parameters of the model: {_names(foreign)}; "
+                  "the optimizer was built over different tensors (before a move, cast, wrap or re-creation)")
+        findings.append(finding("AMP406", label, detail, step))
+        findings.extend(_from_check("AMP301", setup, step) or [finding("AMP301", label, detail, step)])
+    return findings

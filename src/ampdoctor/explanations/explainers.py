@@ -1,0 +1,150 @@
+"""The per-rule explainers of a crash: each names what the traceback and the real objects show for one rule.
+
+A rule without an explainer here, or whose explainer finds nothing, gets `_generic`: the rule, where it was raised
+and the first line of the message.
+"""
+
+from __future__ import annotations
+
+import re
+from types import FrameType
+
+import torch
+from torch import nn
+
+from ampdoctor._torch.scaler import live_scale, optimizer_state
+from ampdoctor.core.catalog import Rule
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
+from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
+from ampdoctor.explanations.reader import _Crash
+
+
+def _generic(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    where = crash.site
+    if crash.optimizer is not None:
+        where = f"{optimizer_label(crash.optimizer, setup)} at {crash.site}"
+    message = str(crash.exc).strip().splitlines()
+    return [finding(rule.code, where, (message[0] if message else type(crash.exc).__name__)[:300], step)]
+
+
+def _amp101(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    return fp16_culprits(setup, crash.optimizer, crash.param, step)
+
+
+def _amp102(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    return half_param_findings(setup, torch.bfloat16, rule.code, crash.optimizer, crash.param, step)
+
+
+def _amp204(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    opt = crash.optimizer
+    where = optimizer_label(opt, setup) if opt is not None else crash.site
+    return [finding(rule.code, where, f"scaler.step(..., closure=...) at {crash.site} with an enabled GradScaler; "
+                    "a closure re-evaluates the loss, which loss scaling does not support", step)]
+
+
+def _unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
+    tell = ("without a ScalerGuard's history both causes fit; AMP401 if unscale_ (or clipping) runs on every "
+            "micro-batch, with backward passes in between and no scaler.step(); AMP402 if an earlier iteration "
+            "called unscale_ and then skipped both scaler.step() and scaler.update() (a grad-norm guard with "
+            "`continue`). Attach ampdoctor.ScalerGuard(scaler, setup) to tell them apart")
+    return [finding(code, where, f"unscale_() raised at {crash.site}; {tell}", step)
+            for code in ("AMP401", "AMP402") if code == rule.code]
+
+
+def _amp405(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    m = re.search(r"Attempted (\w+) but", str(crash.exc))
+    call = m.group(1) if m else "a GradScaler method"
+    where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
+    return [finding(rule.code, where, f"scaler.{call}() at {crash.site} ran before any scaler.scale(loss): "
+                    "backward() ran on the unscaled loss (or the first call after a resume was unscale_)", step)]
+
+
+def _amp406(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    optimizers = [crash.optimizer] if crash.optimizer is not None else setup.optimizers
+    return [f for opt in optimizers for f in no_grad_findings(opt, setup, step)]
+
+
+def _amp410(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    if "empty" in str(crash.exc):
+        detail = (f"scaler.load_state_dict({{}}) at {crash.site}: the checkpoint holds no scaler state (saved from "
+                  "a disabled GradScaler, or the key was never filled), so the loss scale restarts at its initial "
+                  "value")
+    else:
+        detail = (f"the GradScaler was pickled at {crash.site} between step() and update(); save "
+                  "scaler.state_dict() after scaler.update() instead")
+    return [finding(rule.code, "GradScaler", detail, step)]
+
+
+def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    names: dict[int, str] = {}
+    for index, model in enumerate(setup.models):
+        prefix = "" if len(setup.models) == 1 else f"model{index}."
+        for name, module in model.named_modules():
+            names.setdefault(id(module), f"{prefix}{name}" if name else (prefix.rstrip(".") or "(root)"))
+    if crash.modules:
+        module, frame = crash.modules[0]
+        name = names.get(id(module)) or crash.variable_name(module) or type(module).__name__
+        params = {n: dtype_name(p) for n, p in module.named_parameters(recurse=False)}
+        own = {id(p) for p in module.parameters(recurse=False)}
+        inputs = [f"{k} {dtype_name(v)} {list(v.shape)}" for k, v in _frame_tensors(frame) if id(v) not in own]
+        param_dtypes = sorted(set(params.values()))
+        detail = (f"{type(module).__name__} with parameters "
+                  f"{', '.join(f'{n} {d}' for n, d in params.items()) or '(none)'}"
+                  f" got {', '.join(inputs) or 'inputs of another dtype'}")
+        cast = param_dtypes[0] if len(param_dtypes) == 1 else None
+        detail += ("; run the forward under torch.autocast(device_type, dtype=torch.float16)"
+                   + (f" or cast the input: x.to(torch.{cast})" if cast else ""))
+        return [finding(rule.code, f"{name} ({type(module).__name__})", detail, step)]
+    frame = crash.user_frames[0] if crash.user_frames else None
+    tensors = [f"{k} {dtype_name(v)} {list(v.shape)}" for k, v in _frame_tensors(frame)] if frame else []
+    detail = "tensors of different dtypes met outside torch.autocast"
+    if tensors:
+        detail += f"; tensors in that frame: {_names(tensors)}"
+    return [finding(rule.code, crash.site, detail, step)]
+
+
+def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
+    out = []
+    for key, value in list(frame.f_locals.items()):
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        for i, v in enumerate(values[:8]):
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+                out.append((key if len(values) == 1 and v is value else f"{key}[{i}]", v))
+    return out[:8]
+
+
+def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    if not crash.clip_params:
+        return []
+    bad = []
+    with torch.no_grad():
+        for p in crash.clip_params:
+            if isinstance(p, torch.Tensor) and p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                info = setup.info(p) or ParamInfo(_tensor_name(p, setup), "(not in the model)", p)
+                bad.append(info)
+    scaled = ""
+    if setup.scaler_enabled:
+        ready = [o for o in setup.optimizers if not optimizer_state(setup.scaler, o)]
+        if ready and live_scale(setup.scaler) is not None:
+            scaled = "; the gradients were still scaled (clip before scaler.unscale_: AMP408)"
+    return [finding(rule.code, module, f"non-finite gradients: {_names([p.name for p in params])}{scaled}; "
+                    "under fp16 let scaler.step() skip the step instead of raising", step)
+            for module, params in group_by_module(bad).items()]
+
+
+_EXPLAINERS = {
+    "AMP101": _amp101,
+    "AMP102": _amp102,
+    "AMP204": _amp204,
+    "AMP401": _unscale_twice,
+    "AMP402": _unscale_twice,
+    "AMP405": _amp405,
+    "AMP406": _amp406,
+    "AMP410": _amp410,
+    "AMP501": _amp501,
+    "AMP608": _amp608,
+}

@@ -1,0 +1,52 @@
+"""How explanations name things: a finding of a catalog rule, an optimizer, a tensor, a bounded list of names."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.training import TrainingSetup
+
+_MAX_NAMES = 10          # names listed in one finding
+
+
+def finding(code: str, where: str, detail: str, step: int | None = None) -> Finding:
+    """Return a finding of catalog rule ``code`` with the rule's severity."""
+    return Finding(code, get_rule(code).severity, where, detail, step)
+
+
+def with_scaler(setup: TrainingSetup, scaler: Any) -> TrainingSetup:
+    """Return ``setup``, or a copy that includes ``scaler`` when it has none (checks may need it)."""
+    if scaler is None or setup.scaler is not None:
+        return setup
+    return TrainingSetup(setup.models, setup.optimizers, scaler, setup.autocast_dtype, setup.accelerator)
+
+
+def _names(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:_MAX_NAMES])
+    return shown + (f" and {len(items) - _MAX_NAMES} more" if len(items) > _MAX_NAMES else "")
+
+
+def optimizer_label(optimizer: Any, setup: TrainingSetup) -> str:
+    """Return ``optimizer[0] (AdamW)``, numbered as in ``setup.optimizers``."""
+    for i, opt in enumerate(setup.optimizers):
+        if opt is optimizer:
+            return f"optimizer[{i}] ({type(optimizer).__name__})"
+    return f"optimizer ({type(optimizer).__name__})"
+
+
+def _tensor_name(t: torch.Tensor, setup: TrainingSetup, optimizer: Any = None) -> str:
+    info = setup.info(t)
+    if info is not None:
+        return info.describe()
+    where = "not in the model"
+    if optimizer is not None:
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p is t:
+                    where = f"param_groups[{gi}]['params'][{pi}]"
+    return f"{where} ({dtype_name(t)}, {list(t.shape)})"

@@ -1,0 +1,161 @@
+"""The guard's decisions that need no observer state: why a call raised, whether a run resumed without the scaler's
+state, which scheduler steps followed a skipped optimizer step, and the flags read in one host sync.
+
+Each function reads the scaler through `ampdoctor._torch.scaler` and returns findings; recording them (once per
+iteration, counted) is the guard's job.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.optim import lr_scheduler
+
+from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, optimizer_found_inf, stage
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.training import TrainingSetup
+from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
+from ampdoctor.explanations.naming import finding, with_scaler
+from ampdoctor.guard.history import _Call, _grads_reset, _Iteration
+
+_Pending = tuple[_Iteration, int, str, str]   # (iteration, id(optimizer), scheduler class, site) of a scheduler step
+
+
+def _infer_failure(scaler: Any, setup: TrainingSetup, call: _Call, step: int) -> list[Finding]:
+    """Return the findings of a ``step``/``unscale_`` that raised with none predicted: missing or fp16 gradients."""
+    opt = call.optimizer
+    if opt is None or call.kind not in ("step", "unscale_"):
+        return []
+    where = stage(scaler, opt)
+    if call.kind == "step" and where is OptState.UNSCALED and not optimizer_found_inf(scaler, opt):
+        return no_grad_findings(opt, setup, step)
+    if where is OptState.READY:   # raised inside _unscale_grads_
+        if any(getattr(p, "grad", None) is not None and p.grad.dtype == torch.float16
+               for g in opt.param_groups for p in g["params"]):
+            return fp16_culprits(with_scaler(setup, scaler), opt, step=step)
+    return []
+
+
+def _no_scale(method: str, label: str, site: str, step: int) -> Finding:
+    """Return AMP405 for a scaler method that ran before any ``scale(loss)``."""
+    return finding("AMP405", label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
+                   "ran on the unscaled loss (or the first call after a resume was unscale_)", step)
+
+
+def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> list[Finding]:
+    """Tell AMP401 (unscale_ per micro-batch) from AMP402 (an iteration that skipped step and update) by history."""
+    prev = cur.unscaled.get(id(optimizer))
+    if prev is None:
+        return [finding(code, label, f"scaler.unscale_({label}) at {site} raised; the first unscale_ happened "
+                        "before the guard was attached, so its history cannot tell AMP401 from AMP402",
+                        cur.index) for code in ("AMP401", "AMP402")]
+    backwards = cur.scale_calls - prev.scale_calls
+    norm = ""
+    if cur.last_clip is not None and cur.last_clip[0] > prev.seq:
+        norm = f"; clip_grad_norm_ returned {float(cur.last_clip[1]):.4g} in between"   # crash path: sync ok
+    if _grads_reset(prev.grad):
+        return [finding("AMP402", label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
+                        f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
+                        f"({backwards} backward pass(es)), and unscale_ at {site} raised{norm}", cur.index)]
+    if backwards:
+        return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
+                        f"{backwards} backward pass(es) accumulating gradients in between and no scaler.step()"
+                        f"{norm}; unscale and clip once, at the accumulation boundary", cur.index)]
+    return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no "
+                    "backward in between: an explicit unscale_ plus a helper that unscales again (e.g. "
+                    "accelerator.clip_grad_norm_)", cur.index)]
+
+
+def _keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
+    """Return each optimizer's found-inf flags, safe to read after ``update()`` (no host sync)."""
+    flags = [t for ts in found.values() for t in ts]
+    if len(flags) > 1:
+        # update() sums the flags into the first one in place; keep that optimizer's own value
+        first_key = next(k for k, ts in found.items() if ts)
+        if found[first_key][0].device == scale.device:
+            found[first_key][0] = found[first_key][0].clone()
+    return found
+
+
+def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], str], step: int) -> Finding | None:
+    """Return AMP410 when an optimizer was restored but the GradScaler starts fresh (no ``load_state_dict``)."""
+    start = init_scale(scaler)
+    if init_growth_tracker(scaler) != 0 or start != _default_init_scale(type(scaler)):
+        return None   # load_state_dict() sets both
+    for opt in optimizers:
+        restored = _optimizer_step(opt)
+        if restored:
+            return finding("AMP410", label(opt), f"{label(opt)} was restored at step {restored:g}, but the GradScaler "
+                           f"starts from scale={start:g} with growth tracker 0: scaler.load_state_dict() was not "
+                           "called", step)
+    return None
+
+
+def _split_pending(pending: list[_Pending], cur: _Iteration, scaler: Any,
+                   force: bool) -> tuple[list[_Pending], list[tuple[_Pending, list[torch.Tensor]]]]:
+    """Return the AMP409 checks to keep for later and those to decide now, each with its found-inf flags.
+
+    A check on the open iteration waits for its ``update()``, unless ``force`` reads the flags recorded so far.
+    """
+    keep, batch = [], []
+    for entry in pending:
+        record, key = entry[0], entry[1]
+        flags = record.found_inf.get(key) if record.found_inf is not None else None
+        if flags is None and record is cur:
+            if not force:
+                keep.append(entry)
+                continue
+            flags = optimizer_found_inf(scaler, key)
+        if flags:
+            batch.append((entry, flags))
+    return keep, batch
+
+
+def _scheduler_finding(cls: str, label: str, site: str, index: int) -> Finding:
+    """Return AMP409: a scheduler stepped after iteration ``index``, whose optimizer step was skipped."""
+    return finding("AMP409", f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
+                   f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
+
+
+def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
+    """Return the sum of each list of found-inf flags, with one host transfer per device."""
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for i, flags in enumerate(groups):
+        for t in flags:
+            by_device.setdefault(t.device, []).append((i, t))
+    sums = [0.0] * len(groups)
+    for items in by_device.values():
+        values = torch.stack([t.reshape(()).float() for _, t in items]).tolist()
+        for (i, _), v in zip(items, values):
+            sums[i] += v
+    return sums
+
+
+def _scheduler_classes() -> list[type]:
+    """Return LRScheduler and the torch schedulers that define their own step(), except ReduceLROnPlateau."""
+    classes = [lr_scheduler.LRScheduler]
+    for obj in vars(lr_scheduler).values():
+        if (isinstance(obj, type) and issubclass(obj, lr_scheduler.LRScheduler) and "step" in vars(obj)
+                and obj is not lr_scheduler.LRScheduler and obj is not lr_scheduler.ReduceLROnPlateau):
+            classes.append(obj)
+    return classes
+
+
+def _default_init_scale(cls: type) -> float:
+    """Return the ``init_scale`` default of a GradScaler class (2**16 when its signature does not say)."""
+    try:
+        default = inspect.signature(cls.__init__).parameters["init_scale"].default
+    except (KeyError, TypeError, ValueError):
+        return 2.0 ** 16
+    return float(default) if isinstance(default, (int, float)) else 2.0 ** 16
+
+
+def _optimizer_step(optimizer: Any) -> float:
+    """Return the ``step`` count of the optimizer's first parameter state (0 when it has none)."""
+    for state in optimizer.state.values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if step is not None:
+            return float(step)
+    return 0.0
