@@ -59,11 +59,12 @@ def observe(
     before: Callable[..., Any] | None = None,
     after: Callable[..., Any] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
+    finally_: Callable[[], Any] | None = None,
 ) -> PatchHandle:
     """Wrap ``owner.name`` so that ``before(*args, **kwargs)`` and ``after(result, *args, **kwargs)`` see each call.
 
-    Observer exceptions are passed to ``on_error`` and never reach the caller; the original's exceptions
-    propagate unchanged.
+    ``finally_()`` runs after every call, also one that raised. Observer exceptions are passed to ``on_error`` and
+    never reach the caller; the original's exceptions propagate unchanged.
     """
     original = getattr(owner, name)
     previous = owner.__dict__.get(name, _MISSING)
@@ -74,7 +75,11 @@ def observe(
             return original(*args, **kwargs)
         if before is not None:
             call_safely(before, *args, on_error=on_error, **kwargs)
-        result = original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            if finally_ is not None:
+                call_safely(finally_, on_error=on_error)
         if after is not None:
             call_safely(after, result, *args, on_error=on_error, **kwargs)
         return result

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch.optim import lr_scheduler
 
-from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, optimizer_found_inf, stage
+from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
@@ -79,8 +79,29 @@ def _keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -
     return found
 
 
-def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], str], step: int) -> Finding | None:
-    """Return AMP410 when an optimizer was restored but the GradScaler starts fresh (no ``load_state_dict``)."""
+def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], str], step: int,
+                    facts: Any = None) -> Finding | None:
+    """Return AMP410 when an optimizer was restored but the GradScaler was not (no ``scaler.load_state_dict``).
+
+    With ``facts`` (the ``load_state_dict`` calls observed in this process) the answer is read from them, whatever
+    the optimizer keeps or the ``init_scale`` is. Without, it is inferred from a fresh scaler at its default scale
+    next to an optimizer whose state holds a step count.
+    """
+    if facts is not None:
+        if facts.scaler_restored(scaler):
+            return None
+        restored = [o for o in optimizers if facts.optimizer_restored(o)]
+        if not restored:
+            return None
+        names = ", ".join(label(o) for o in restored)
+        current = live_scale(scaler)
+        scale = float(init_scale(scaler) or 0.0) if current is None else None
+        shown = f"scale={scale:g}" if scale is not None else "its own loss scale"
+        return finding("AMP410", label(restored[0]), f"{names} had its state restored with load_state_dict(), but "
+                       f"the GradScaler was never restored (scaler.load_state_dict() was not called): it starts from "
+                       f"{shown} with growth tracker 0 instead of the saved scale", step)
+    if live_scale(scaler) is not None:
+        return None   # the scaler already ran: the state heuristics only hold for a fresh one
     start = init_scale(scaler)
     if init_growth_tracker(scaler) != 0 or start != _default_init_scale(type(scaler)):
         return None   # load_state_dict() sets both

@@ -45,6 +45,8 @@ class ScalerGuard:
     Args:
         scaler: the ``torch.amp.GradScaler`` to observe; its methods are wrapped on the instance only.
         setup: the training objects, for names and optimizer numbers.
+        observe_clipping: observe ``clip_grad_norm_`` itself (the Doctor observes it process-wide and forwards).
+        restore_facts: the ``load_state_dict`` calls seen (``RestoreFacts``); else a resume is inferred.
 
     >>> model = torch.nn.Linear(4, 4); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> scaler = torch.amp.GradScaler("cpu")
@@ -56,8 +58,11 @@ class ScalerGuard:
     ['AMP408']
     """
 
-    def __init__(self, scaler: Any, setup: TrainingSetup | None = None) -> None:
+    def __init__(self, scaler: Any, setup: TrainingSetup | None = None, *, observe_clipping: bool = True,
+                 restore_facts: Any = None) -> None:
         self.scaler = scaler
+        self.observe_clipping = observe_clipping
+        self.restore_facts = restore_facts
         self.setup = setup if setup is not None else TrainingSetup(scaler=scaler)
         self._handles: list[PatchHandle] = []
         self._broken = False
@@ -77,7 +82,6 @@ class ScalerGuard:
         self._resume_checked = False
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
-
     def attach(self) -> "ScalerGuard":
         """Install the observers; a second call does nothing."""
         if self._handles or self._broken:
@@ -89,7 +93,7 @@ class ScalerGuard:
             observe(s, "step", before=self._before_step, after=self._after_step, on_error=err),
             observe(s, "update", before=self._before_update, after=self._after_update, on_error=err),
         ]
-        for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
+        for owner in (torch.nn.utils, torch.nn.utils.clip_grad) if self.observe_clipping else ():
             self._handles.append(observe(owner, "clip_grad_norm_", before=self._before_clip,
                                          after=self._after_clip, on_error=err))
         for cls in _scheduler_classes():
@@ -126,7 +130,6 @@ class ScalerGuard:
         self.detach()
 
     # ---- results --------------------------------------------------------------------------------------------
-
     @property
     def iteration(self) -> int:
         """The number of ``update()`` calls seen so far."""
@@ -157,8 +160,29 @@ class ScalerGuard:
         sums = _sum_flags([[t for ts in r.found_inf.values() for t in ts] for r in records])
         return [r.index for r, total in zip(records, sums) if total > 0]
 
-    # ---- bookkeeping ----------------------------------------------------------------------------------------
+    # ---- events forwarded by the Doctor's process-wide observers ---------------------------------------------
+    def clip_started(self, parameters: Any, args: tuple, kwargs: dict) -> None:
+        """Observe a clipping call seen by a process-wide observer (with ``observe_clipping=False``)."""
+        self._forward(self._before_clip, parameters, *args, **kwargs)
 
+    def clip_finished(self, result: Any) -> None:
+        """Observe the end of that clipping call."""
+        self._forward(self._after_clip, result)
+
+    def adopt_scale_call(self, outputs: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Count a ``scale()`` call that was already running when the guard attached (its observer missed it)."""
+        self._forward(self._before_scale, outputs)
+        self._forward(self._after_call, None)
+
+    def _forward(self, observer: Any, *args: Any, **kwargs: Any) -> None:
+        if not self._broken:   # a guard that stepped aside observes nothing more
+            call_safely(observer, *args, on_error=self._on_error, **kwargs)
+
+    def state_restored(self) -> None:
+        """Check for a resume without the scaler state again at the next ``scale()`` (a load_state_dict ran)."""
+        self._resume_checked = False
+
+    # ---- bookkeeping ----------------------------------------------------------------------------------------
     def _live(self) -> bool:
         return self._on
 
@@ -201,7 +225,6 @@ class ScalerGuard:
         self._crash = found
 
     # ---- observers: GradScaler ------------------------------------------------------------------------------
-
     def _after_call(self, result: Any, *args: Any, **kwargs: Any) -> None:
         if self._live() and self._stack:
             self._stack.pop()
@@ -211,15 +234,14 @@ class ScalerGuard:
             return
         self._settle()
         s, call = self.scaler, _Call("scale", None, "", self._cur.scale_calls)
-        if live_scale(s) is None:
-            if growth_tracker(s) is not None:
-                call.predicted = [finding("AMP405", "GradScaler", "_growth_tracker was set before _scale (a "
-                                          "partial state load); load the scaler state with "
-                                          "scaler.load_state_dict()", self._cur.index)]
-            elif not self._resume_checked:
-                resumed = _resume_finding(s, self.setup.optimizers, self._label, self._cur.index)
-                if resumed is not None:
-                    self._record(resumed)
+        if live_scale(s) is None and growth_tracker(s) is not None:
+            call.predicted = [finding("AMP405", "GradScaler", "_growth_tracker was set before _scale (a "
+                                      "partial state load); load the scaler state with "
+                                      "scaler.load_state_dict()", self._cur.index)]
+        elif not self._resume_checked:
+            resumed = _resume_finding(s, self.setup.optimizers, self._label, self._cur.index, self.restore_facts)
+            if resumed is not None:
+                self._record(resumed)
         self._resume_checked = True
         self._cur.scale_calls += 1
         self._stack.append(call)
@@ -330,7 +352,6 @@ class ScalerGuard:
             self._resolve()
 
     # ---- observers: clipping and schedulers -----------------------------------------------------------------
-
     def _before_clip(self, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
         if not self._live() or self._cur.scale_calls == 0 or "AMP408" in self._cur.flagged:
             return

@@ -16,12 +16,15 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.report import Report
-from ampdoctor.core.isolation import call_safely
 from ampdoctor._torch.scaler import is_enabled
-from ampdoctor.core.training import LOW_PRECISION, TrainingSetup, optimizer_tensors, unwrap_optimizer
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.patch import observe
+from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
+from ampdoctor.runner.observers import GlobalObservers
+from ampdoctor.runner.repair import RunRepairs, owns_any
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 _MAX_SCANS = 64       # under --fix, scans for the optimizer of a model first seen after the start (folds)
@@ -61,12 +64,11 @@ class Doctor:
         self._scans = 0
         self._handles: list[Any] = []
         self._forward_handles: list[Any] = []
-        self._fix_handles: list[Any] = []
         self._guard: Any = None
         self._watch: Any = None
         self.watch_summary: Any = None  # a rich renderable, once the watch has been detached
-        self._master: list[Any] = []
-        self._trainable: dict[int, list[torch.Tensor]] = {}
+        self._repairs = RunRepairs(self.report, self.on_event)
+        self._observers = GlobalObservers(self, self._internal_error)
         self._broken = False
         self._attached = False
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
@@ -75,8 +77,6 @@ class Doctor:
 
     # ---- attach / detach -------------------------------------------------------------------------------------
     def attach(self) -> "Doctor":
-        from ampdoctor.core.patch import observe
-
         if self._attached:
             return self
         self._attached = True
@@ -89,6 +89,9 @@ class Doctor:
         for cls in scaler_classes():
             if "scale" in vars(cls):
                 self._handles.append(observe(cls, "scale", before=self._on_scale, on_error=self._internal_error))
+        # Before the script's first line: names it binds at import (`from torch.nn.utils import clip_grad_norm_`)
+        # are then the observed ones.
+        self._handles += self._observers.attach(scaler_classes())
         return self
 
     def detach(self) -> None:
@@ -99,14 +102,15 @@ class Doctor:
         if self._guard is not None:
             self._safely(self._collect_guard)
             self._safely(self._guard.detach)
-        for handle in reversed(self._handles + self._fix_handles):
+        self._safely(self._repairs.detach)  # the master weights' hooks first, then ours
+        for handle in reversed(self._handles):
             handle.remove()
-        self._handles, self._fix_handles = [], []
+        self._handles = []
         self._guard = self._watch = None
         # Keep the report; drop every reference to the user's objects.
         self.setup = None
         self.models = []
-        self._trainable, self._autocast, self._master = {}, {}, []
+        self._autocast = {}
         self._attached = False
         self.report.observed = {kind: len(ids) for kind, ids in self._seen.items()}
 
@@ -146,19 +150,39 @@ class Doctor:
             self._scans += 1
             if instances(torch.optim.Optimizer):
                 self._start()
-        elif self.fix and self.setup is not None and id(module) not in self._trainable and self._scans < _MAX_SCANS:
+        elif self.fix and self.setup is not None and not self._repairs.knows(module) and self._scans < _MAX_SCANS:
             # A model not seen before (a new fold, a resumed copy): repair it before its backward, if an
             # optimizer trains it, so the GradScaler never sees its fp16 gradients.
             self._scans += 1
-            if any(_owns_any(o, module) for o in real_optimizers(instances(torch.optim.Optimizer))):
+            if any(owns_any(o, module) for o in real_optimizers(instances(torch.optim.Optimizer))):
                 self._start()
         if self.fix and self.setup is not None:
-            self._reapply_fixes(module, dtype)
+            self._repairs.reapply(self.setup, module, dtype)
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
         self._seen["scalers"].add(id(scaler))
         if self.setup is None and not self._broken and self._attached:
             self._start(scaler)
+            if self._guard is not None and self._guard.scaler is scaler:
+                # The guard attached during this very scale() call, past its own observer: count the call.
+                self._guard.adopt_scale_call(*args, **kwargs)
+
+    # ---- process-wide events (GlobalObservers), forwarded to the guard --------------------------------------
+    def before_clip(self, parameters: Any, args: tuple, kwargs: dict) -> None:
+        if self._guard is not None:
+            self._guard.clip_started(parameters, args, kwargs)
+
+    def after_clip(self, result: Any) -> None:
+        if self._guard is not None:
+            self._guard.clip_finished(result)
+
+    def optimizer_restored(self, optimizer: Any) -> None:
+        if self._guard is not None:
+            self._guard.state_restored()
+
+    def scaler_restored(self, scaler: Any) -> None:
+        if self._guard is not None:
+            self._guard.state_restored()
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         real = unwrap_optimizer(optimizer)
@@ -184,13 +208,14 @@ class Doctor:
             return
         first = self.setup is None
         self.setup = self._build_setup(scaler)
+        self._handles += self._observers.attach_fsdp()   # FSDP is imported by now if the script uses it
         self._diagnosed.update(self.setup.optimizers)
         self._seen["optimizers"].update(id(unwrap_optimizer(o)) for o in self.setup.optimizers)
         if self.setup.scaler is not None:
             self._seen["scalers"].add(id(self.setup.scaler))
         found = run_preflight(self.setup)
         if self.fix:
-            self._apply_fixes()
+            self._repairs.apply(self.setup, self.models, self._autocast)
             if self.report.changes:
                 # Keep what the fix did not resolve; list what it did, so the output says what changed and why.
                 remaining = {(f.code, f.where) for f in run_preflight(self.setup)}
@@ -211,65 +236,6 @@ class Doctor:
             for handle in self._forward_handles:
                 handle.remove()
 
-    def _apply_fixes(self) -> None:
-        setup = self.setup
-        assert setup is not None
-        for model in self.models:
-            trainable = [p for p in model.parameters() if p.requires_grad]
-            self._trainable[id(model)] = trainable
-            if not any(p.dtype in LOW_PRECISION for p in trainable):
-                continue
-            if self._autocast.get(id(model)) is not None:
-                self._upcast_model(model)
-            else:
-                self._master_weights_for(model)
-
-    def _upcast_model(self, model: nn.Module) -> None:
-        from ampdoctor.repairs.upcast import upcast_trainable_params_
-
-        optimizers = [o for o in self.setup.optimizers if _owns_any(o, model)] if self.setup else []
-        changes = upcast_trainable_params_(model, optimizer=optimizers[0] if optimizers else None)
-        for opt in optimizers[1:]:  # already fp32 now: this migrates each further optimizer's state
-            changes += upcast_trainable_params_(model, optimizer=opt)
-        self._record_changes(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
-
-    def _master_weights_for(self, model: nn.Module) -> None:
-        from ampdoctor.repairs.master_weights import MasterWeights
-
-        for opt in self.setup.optimizers if self.setup else []:
-            if _owns_any(opt, model) and all(m.optimizer is not opt for m in self._master):
-                master = MasterWeights(opt)
-                self._master.append(master)
-                self._fix_handles.append(_Detach(master))
-                names = [self.setup.name_of(p) for p in master.wrapped_params()] if self.setup else []
-                self._record_changes(
-                    [f"{n}: fp32 master weight added, model copy stays {str(p.dtype).removeprefix('torch.')}"
-                     for n, p in zip(names, master.wrapped_params())],
-                    "fp32 master weights for a half-precision model without autocast")
-
-    def _reapply_fixes(self, module: nn.Module, autocast: torch.dtype | None) -> None:
-        # A validation or resume path may cast the live model back to half (diffusers' `.to(float16)`): upcast
-        # again before this forward, so the backward produces fp32 gradients.
-        trainable = self._trainable.get(id(module))
-        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(module)):
-            return
-        if any(p.dtype in LOW_PRECISION for p in trainable):
-            self._upcast_model(module)
-
-    def _master_for(self, module: nn.Module) -> list[Any]:
-        return [m for m in self._master if _owns_any(m.optimizer, module)]
-
-    def _record_changes(self, changes: list[Any], why: str) -> None:
-        if not changes:
-            return
-        lines = [str(c) for c in changes]
-        self.report.changes.extend(lines)
-        self.on_event(f"ampdoctor --fix: {why}; {len(lines)} change(s)")
-        for line in lines[:20]:
-            self.on_event(f"  {line}")
-        if len(lines) > 20:
-            self.on_event(f"  … and {len(lines) - 20} more (see the JSON report)")
-
     def _attach_guard(self) -> None:
         from ampdoctor.guard.scaler_guard import ScalerGuard
 
@@ -282,7 +248,7 @@ class Doctor:
                 return
             self._collect_guard()  # a new scaler (a new fold or stage): keep what the old guard saw
             self._guard.detach()
-        self._guard = ScalerGuard(setup.scaler, setup)
+        self._guard = ScalerGuard(setup.scaler, setup, observe_clipping=False, restore_facts=self._observers.facts)
         self._guard.attach()
 
     def _attach_watch(self) -> None:
@@ -294,7 +260,7 @@ class Doctor:
         model = max(self.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
         if any(p.is_meta for p in model.parameters()):
             return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
-        optimizer = next((o for o in setup.optimizers if _owns_any(o, model)), setup.optimizers[0])
+        optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
         self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                             activations=self.activations)
 
@@ -346,13 +312,6 @@ class Doctor:
         self._broken = True
 
 
-class _Detach:
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def remove(self) -> None:
-        self.obj.detach()
-
 
 
 def _autocast_dtype(device: str) -> torch.dtype | None:
@@ -375,8 +334,3 @@ def _accelerator() -> Any:
         return None
     found = [o for o in instances(object) if type(o).__name__ == "Accelerator"]
     return found[0] if found else None
-
-
-def _owns_any(optimizer: torch.optim.Optimizer, model: nn.Module) -> bool:
-    ids = {id(p) for p in model.parameters()}
-    return any(id(p) in ids for p in optimizer_tensors(optimizer))

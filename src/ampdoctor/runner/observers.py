@@ -1,0 +1,122 @@
+"""Process-wide observers, installed before the script's first line runs.
+
+A script that does ``from torch.nn.utils import clip_grad_norm_`` at import binds whatever the module holds at that
+moment. The Doctor therefore installs its pass-through observers when it attaches, before ``runpy`` starts the
+script, so the names a script binds are the observed ones. Class methods (``Optimizer.load_state_dict``,
+``GradScaler.load_state_dict``) are observed here too, because a resume can happen before any GradScaler guard
+exists. Every observer only records and forwards; it never changes an argument or a result.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.nn.utils
+import torch.nn.utils.clip_grad
+
+from ampdoctor.core.patch import PatchHandle, observe
+
+CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grads_with_norm_")  # the public ones that clip given parameters
+
+
+class RestoreFacts:
+    """Which optimizers and GradScalers had ``load_state_dict`` called on them (by identity, weakly).
+
+    >>> facts = RestoreFacts()
+    >>> scaler = torch.amp.GradScaler("cpu")
+    >>> facts.scaler_restored(scaler)
+    False
+    """
+
+    def __init__(self) -> None:
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self._scalers: weakref.WeakSet = weakref.WeakSet()
+
+    def optimizer_restored(self, optimizer: Any) -> bool:
+        """Return whether ``optimizer`` (or an optimizer it wraps) had its state loaded."""
+        return any(o in self._optimizers for o in _chain(optimizer))
+
+    def scaler_restored(self, scaler: Any) -> bool:
+        """Return whether ``scaler.load_state_dict`` was called."""
+        return scaler in self._scalers
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        self._optimizers.add(optimizer)
+
+    def add_scaler(self, scaler: Any) -> None:
+        self._scalers.add(scaler)
+
+
+class GlobalObservers:
+    """Install the process-wide observers; they forward events to ``sink``.
+
+    Args:
+        sink: an object with ``before_clip(parameters, args, kwargs)``, ``after_clip(result)``,
+            ``optimizer_restored(optimizer)`` and ``scaler_restored(scaler)``.
+        on_error: receives an exception raised by the sink (it never reaches the caller).
+    """
+
+    def __init__(self, sink: Any, on_error: Callable[[BaseException], None]) -> None:
+        self.sink = sink
+        self.on_error = on_error
+        self.facts = RestoreFacts()
+        self._handles: list[PatchHandle] = []
+        self._depth = 0   # an observed clip function may call another: report the outermost only
+
+    def attach(self, scaler_classes: tuple[type, ...]) -> list[PatchHandle]:
+        """Install the observers; return their handles (the caller removes them in reverse order)."""
+        err = self.on_error
+        for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
+            for name in CLIP_FUNCTIONS:
+                if callable(owner.__dict__.get(name)):
+                    self._handles.append(observe(owner, name, before=self._before_clip, after=self._after_clip,
+                                                 on_error=err, finally_=self._leave_clip))
+        self._handles.append(observe(torch.optim.Optimizer, "load_state_dict", after=self._after_optimizer_load,
+                                     on_error=err))
+        for cls in scaler_classes:
+            if "load_state_dict" in vars(cls):
+                self._handles.append(observe(cls, "load_state_dict", after=self._after_scaler_load, on_error=err))
+        return self._handles
+
+    def attach_fsdp(self) -> list[PatchHandle]:
+        """Observe FSDP's ``FullyShardedDataParallel.clip_grad_norm_`` once FSDP is imported; return new handles."""
+        fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+        cls = getattr(fsdp, "FullyShardedDataParallel", None)
+        if cls is None or any(h.owner is cls for h in self._handles):
+            return []
+        handle = observe(cls, "clip_grad_norm_", before=self._before_fsdp_clip, after=self._after_clip,
+                         on_error=self.on_error, finally_=self._leave_clip)
+        self._handles.append(handle)
+        return [handle]
+
+    def _before_clip(self, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self.sink.before_clip(parameters, args, kwargs)
+
+    def _leave_clip(self) -> None:   # runs before _after_clip, and also when the clip raised
+        self._depth = max(0, self._depth - 1)
+
+    def _after_clip(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        if self._depth == 0:
+            self.sink.after_clip(result)
+
+    def _before_fsdp_clip(self, module: Any, *args: Any, **kwargs: Any) -> None:
+        self._before_clip(list(module.parameters()), *args, **kwargs)
+
+    def _after_optimizer_load(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        self.facts.add_optimizer(optimizer)
+        self.sink.optimizer_restored(optimizer)
+
+    def _after_scaler_load(self, result: Any, scaler: Any, *args: Any, **kwargs: Any) -> None:
+        self.facts.add_scaler(scaler)
+        self.sink.scaler_restored(scaler)
+
+
+def _chain(optimizer: Any) -> list[Any]:
+    from ampdoctor.core.training import optimizer_chain
+
+    return optimizer_chain(optimizer)

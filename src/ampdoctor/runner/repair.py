@@ -1,0 +1,102 @@
+"""The ``--fix`` side of a run: pick the least invasive repair per model, apply it, re-apply after a downcast."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
+from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup, optimizer_tensors
+
+_SHOWN_CHANGES = 20
+
+
+class RunRepairs:
+    """Repair the models of a run: upcast under autocast, fp32 master weights without it.
+
+    Args:
+        report: where the changes are recorded.
+        on_event: called with each human-readable line.
+    """
+
+    def __init__(self, report: Report, on_event: Callable[[str], None]) -> None:
+        self.report = report
+        self.on_event = on_event
+        self._master: list[Any] = []
+        self._trainable: dict[int, list[torch.Tensor]] = {}
+
+    def knows(self, module: nn.Module) -> bool:
+        """Return whether ``module`` was already looked at by `apply`."""
+        return id(module) in self._trainable
+
+    def apply(self, setup: TrainingSetup, models: list[nn.Module], autocast: dict[int, torch.dtype | None]) -> None:
+        """Repair every model in ``models`` that trains low-precision parameters."""
+        for model in models:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            self._trainable[id(model)] = trainable
+            if not any(p.dtype in LOW_PRECISION for p in trainable):
+                continue
+            if autocast.get(id(model)) is not None:
+                self._upcast(setup, model)
+            else:
+                self._master_weights_for(setup, model)
+
+    def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
+        """Upcast again before this forward if a validation or resume path cast ``module`` back to half.
+
+        (diffusers' validation does ``.to(float16)``): the backward then produces fp32 gradients again.
+        """
+        trainable = self._trainable.get(id(module))
+        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(module)):
+            return
+        if any(p.dtype in LOW_PRECISION for p in trainable):
+            self._upcast(setup, module)
+
+    def detach(self) -> None:
+        """Remove the master weights that were added (the model stays in half, holding the latest values)."""
+        for master in reversed(self._master):
+            master.detach()
+        self._master, self._trainable = [], {}
+
+    def _upcast(self, setup: TrainingSetup, model: nn.Module) -> None:
+        from ampdoctor.repairs.upcast import upcast_trainable_params_
+
+        optimizers = [o for o in setup.optimizers if owns_any(o, model)]
+        changes = upcast_trainable_params_(model, optimizer=optimizers[0] if optimizers else None)
+        for opt in optimizers[1:]:  # already fp32 now: this migrates each further optimizer's state
+            changes += upcast_trainable_params_(model, optimizer=opt)
+        self._record(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
+
+    def _master_weights_for(self, setup: TrainingSetup, model: nn.Module) -> None:
+        from ampdoctor.repairs.master_weights import MasterWeights
+
+        for opt in setup.optimizers:
+            if owns_any(opt, model) and all(m.optimizer is not opt for m in self._master):
+                master = MasterWeights(opt)
+                self._master.append(master)
+                self._record([f"{setup.name_of(p)}: fp32 master weight added, model copy stays {dtype_name(p)}"
+                              for p in master.wrapped_params()],
+                             "fp32 master weights for a half-precision model without autocast")
+
+    def _master_for(self, module: nn.Module) -> list[Any]:
+        return [m for m in self._master if owns_any(m.optimizer, module)]
+
+    def _record(self, changes: list[Any], why: str) -> None:
+        if not changes:
+            return
+        lines = [str(c) for c in changes]
+        self.report.changes.extend(lines)
+        self.on_event(f"ampdoctor --fix: {why}; {len(lines)} change(s)")
+        for line in lines[:_SHOWN_CHANGES]:
+            self.on_event(f"  {line}")
+        if len(lines) > _SHOWN_CHANGES:
+            self.on_event(f"  … and {len(lines) - _SHOWN_CHANGES} more (see the JSON report)")
+
+
+def owns_any(optimizer: Any, model: nn.Module) -> bool:
+    """Return whether ``optimizer`` trains any parameter of ``model``."""
+    ids = {id(p) for p in model.parameters()}
+    return any(id(p) in ids for p in optimizer_tensors(optimizer))
