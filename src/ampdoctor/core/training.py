@@ -45,6 +45,7 @@ class TrainingSetup:
         scaler: the ``torch.amp.GradScaler`` (or subclass), if any.
         autocast_dtype: the dtype of the forward pass's ``torch.autocast``, if known.
         accelerator: an ``accelerate.Accelerator``, if any.
+        facts: what process-wide observers saw (``ampdoctor.core.facts.ProcessFacts``), under ``ampdoctor run``.
 
     >>> s = TrainingSetup(nn.Linear(2, 2))
     >>> [p.name for p in s.params]
@@ -56,6 +57,7 @@ class TrainingSetup:
     scaler: Any = None
     autocast_dtype: torch.dtype | None = None
     accelerator: Any = None
+    facts: Any = None
     params: list[ParamInfo] = field(init=False)
     _by_id: dict[int, ParamInfo] = field(init=False, repr=False)
 

@@ -46,7 +46,7 @@ class ScalerGuard:
         scaler: the ``torch.amp.GradScaler`` to observe; its methods are wrapped on the instance only.
         setup: the training objects, for names and optimizer numbers.
         observe_clipping: observe ``clip_grad_norm_`` itself (the Doctor observes it process-wide and forwards).
-        restore_facts: the ``load_state_dict`` calls seen (``RestoreFacts``); else a resume is inferred.
+        restore_facts: the ``load_state_dict`` calls seen (``core.facts.ProcessFacts``); else a resume is inferred.
 
     >>> model = torch.nn.Linear(4, 4); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> scaler = torch.amp.GradScaler("cpu")

@@ -199,7 +199,8 @@ class Doctor:
         scalers = [scaler] if scaler is not None else live.scalers
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
-        return TrainingSetup(models, live.optimizers, scaler, dtypes[0] if dtypes else None, _accelerator())
+        return TrainingSetup(models, live.optimizers, scaler, dtypes[0] if dtypes else None, _accelerator(),
+                             facts=self._observers.facts)
 
     def _start(self, scaler: Any = None) -> None:
         from ampdoctor.preflight.engine import run_preflight

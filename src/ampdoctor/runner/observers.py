@@ -10,44 +10,16 @@ exists. Every observer only records and forwards; it never changes an argument o
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import Any, Callable
 
 import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
+from ampdoctor.core.facts import ProcessFacts
 from ampdoctor.core.patch import PatchHandle, observe
 
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grads_with_norm_")  # the public ones that clip given parameters
-
-
-class RestoreFacts:
-    """Which optimizers and GradScalers had ``load_state_dict`` called on them (by identity, weakly).
-
-    >>> facts = RestoreFacts()
-    >>> scaler = torch.amp.GradScaler("cpu")
-    >>> facts.scaler_restored(scaler)
-    False
-    """
-
-    def __init__(self) -> None:
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()
-        self._scalers: weakref.WeakSet = weakref.WeakSet()
-
-    def optimizer_restored(self, optimizer: Any) -> bool:
-        """Return whether ``optimizer`` (or an optimizer it wraps) had its state loaded."""
-        return any(o in self._optimizers for o in _chain(optimizer))
-
-    def scaler_restored(self, scaler: Any) -> bool:
-        """Return whether ``scaler.load_state_dict`` was called."""
-        return scaler in self._scalers
-
-    def add_optimizer(self, optimizer: Any) -> None:
-        self._optimizers.add(optimizer)
-
-    def add_scaler(self, scaler: Any) -> None:
-        self._scalers.add(scaler)
 
 
 class GlobalObservers:
@@ -62,7 +34,7 @@ class GlobalObservers:
     def __init__(self, sink: Any, on_error: Callable[[BaseException], None]) -> None:
         self.sink = sink
         self.on_error = on_error
-        self.facts = RestoreFacts()
+        self.facts = ProcessFacts()
         self._handles: list[PatchHandle] = []
         self._depth = 0   # an observed clip function may call another: report the outermost only
 
@@ -79,6 +51,8 @@ class GlobalObservers:
         for cls in scaler_classes:
             if "load_state_dict" in vars(cls):
                 self._handles.append(observe(cls, "load_state_dict", after=self._after_scaler_load, on_error=err))
+            if "__init__" in vars(cls):
+                self._handles.append(observe(cls, "__init__", after=self._after_scaler_init, on_error=err))
         return self._handles
 
     def attach_fsdp(self) -> list[PatchHandle]:
@@ -108,15 +82,15 @@ class GlobalObservers:
         self._before_clip(list(module.parameters()), *args, **kwargs)
 
     def _after_optimizer_load(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        self.facts.add_optimizer(optimizer)
+        self.facts.record_optimizer_restored(optimizer)
         self.sink.optimizer_restored(optimizer)
 
     def _after_scaler_load(self, result: Any, scaler: Any, *args: Any, **kwargs: Any) -> None:
-        self.facts.add_scaler(scaler)
+        self.facts.record_scaler_restored(scaler)
         self.sink.scaler_restored(scaler)
 
-
-def _chain(optimizer: Any) -> list[Any]:
-    from ampdoctor.core.training import optimizer_chain
-
-    return optimizer_chain(optimizer)
+    def _after_scaler_init(self, result: Any, scaler: Any, *args: Any, **kwargs: Any) -> None:
+        # GradScaler(device="cuda", init_scale=..., growth_factor=..., backoff_factor=..., growth_interval=...,
+        # enabled=True): `enabled` is the sixth parameter after self.
+        enabled = kwargs.get("enabled", args[5] if len(args) > 5 else True)
+        self.facts.record_scaler_built(scaler, bool(enabled))

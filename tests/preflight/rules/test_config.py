@@ -40,14 +40,62 @@ def test_amp201_quiet(scaler, dtype):
 
 
 # ---- AMP202 -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def construction_facts():
+    """The facts `ampdoctor run` records: GradScaler construction observed by the real process-wide observers."""
+    from ampdoctor.runner.discovery import scaler_classes
+    from ampdoctor.runner.observers import GlobalObservers
+
+    class Sink:
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    def reraise(exc):
+        raise exc
+
+    observers = GlobalObservers(Sink(), on_error=reraise)
+    handles = observers.attach(scaler_classes())
+    yield observers.facts
+    for handle in reversed(handles):
+        handle.remove()
+
+
 @needs_no_cuda
-def test_amp202_fires_for_a_cuda_scaler_that_disabled_itself():
+def test_amp202_fires_for_a_cuda_scaler_that_disabled_itself(construction_facts):
     with pytest.warns(UserWarning, match="CUDA is not available"):
         scaler = torch.amp.GradScaler("cuda")
     findings = list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=scaler,
-                                                        autocast_dtype=torch.float16)))
+                                                        autocast_dtype=torch.float16, facts=construction_facts)))
     assert [(f.code, f.where) for f in findings] == [("AMP202", "GradScaler")]
-    assert "GradScaler('cuda')" in findings[0].detail and "_enabled=False" in findings[0].detail
+    assert "GradScaler('cuda') was built with enabled=True" in findings[0].detail
+    assert "fp16 gradients get no loss scaling" in findings[0].detail
+
+
+@needs_no_cuda
+def test_amp202_says_the_run_is_plain_fp32_when_no_fp16_autocast_runs(construction_facts):
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        scaler = torch.amp.GradScaler("cuda")
+    findings = list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=scaler, facts=construction_facts)))
+    assert [f.code for f in findings] == ["AMP202"]
+    assert "plain fp32" in findings[0].detail and "flush to zero" not in findings[0].detail
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("build", [lambda: torch.amp.GradScaler("cuda", enabled=False),
+                                   lambda: torch.amp.GradScaler("cuda", 2.0**16, 2.0, 0.5, 2000, False)],
+                         ids=["keyword", "positional"])
+def test_amp202_quiet_for_enabled_false_on_purpose(build, construction_facts):
+    scaler = build()   # nanoGPT: GradScaler('cuda', enabled=(dtype == 'float16')) in a bf16 or fp32 run
+    setup = TrainingSetup(nn.Linear(10, 10), scaler=scaler, autocast_dtype=torch.float16, facts=construction_facts)
+    assert list(cuda_scaler_disabled(setup)) == []
+
+
+@needs_no_cuda
+def test_amp202_quiet_when_the_construction_was_not_seen():
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        scaler = torch.amp.GradScaler("cuda")   # check() on objects built elsewhere: enabled=False looks the same
+    assert list(cuda_scaler_disabled(TrainingSetup(nn.Linear(10, 10), scaler=scaler,
+                                                    autocast_dtype=torch.float16))) == []
 
 
 @needs_no_cuda

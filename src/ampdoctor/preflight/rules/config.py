@@ -82,16 +82,23 @@ def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
         return
     if setup.autocast_dtype == torch.bfloat16:
         return  # a disabled scaler is what bf16 wants, however it came about
-    if torch.cuda.is_available():
-        return  # then enabled=False was the user's choice
+    requested = setup.facts.scaler_requested_enabled(scaler) if setup.facts is not None else None
+    if requested is not True:
+        # enabled=False was passed (nanoGPT's GradScaler('cuda', enabled=(dtype == 'float16'))), or the
+        # construction was not observed: a disabled scaler by choice is no problem.
+        return
+    if setup.autocast_dtype == torch.float16:
+        effect = ("the forward runs under fp16 autocast, so fp16 gradients get no loss scaling: values below "
+                  "2**-24 ≈ 6e-8 flush to zero and the run can stall")
+    else:
+        effect = ("no fp16 autocast is running either, so the run trains in plain fp32: slower and larger than the "
+                  "mixed precision that was asked for, with nothing scaled")
     yield Finding(
         "AMP202", get_rule("AMP202").severity, "GradScaler",
-        f"{scaler_label(scaler)} has _enabled=False and torch.cuda.is_available() is False: torch disabled it at "
-        "construction with one UserWarning ('torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  "
-        "Disabling.'). scale() returns the loss unchanged and step() is a plain optimizer.step(), so "
-        f"{'fp16' if setup.autocast_dtype == torch.float16 else 'any fp16'} gradients get no loss scaling and "
-        "values below 2**-24 ≈ 6e-8 flush to zero. If you passed enabled=False on purpose, build it for the "
-        "device you train on instead.",
+        f"{scaler_label(scaler)} was built with enabled=True, but torch.cuda.is_available() is False, so torch "
+        "disabled it at construction (its UserWarning: 'torch.cuda.amp.GradScaler is enabled, but CUDA is not "
+        f"available.  Disabling.'). scale() returns the loss unchanged and step() is a plain optimizer.step(); "
+        f"{effect}.",
     )
 
 
