@@ -82,3 +82,12 @@ def test_models_are_the_outermost_owners_of_trained_parameters():
     assert trained_models([net.net[2], ema], [opt], modules) == [net]
     # a model whose forward was never seen is found through its optimizer
     assert trained_models([], [opt], modules) == [net]
+
+
+def test_delegating_wrappers_do_not_prefix_the_names():
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 1))
+    wrapped = torch.nn.DataParallel(net)   # like DDP (`module.`), Fabric (`_forward_module.`), torch.compile
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    modules = list(wrapped.modules())
+    assert trained_models([wrapped], [opt], modules) == [net]
+    assert trained_models([net[2]], [opt], modules) == [net]

@@ -73,13 +73,36 @@ def real_optimizers(optimizers: Iterable[Any]) -> list[Any]:
     return list(real.values())
 
 
+# Wrappers that only delegate to the user's module: names are the wrapped module's (``encoder.0.weight``, not
+# ``module.encoder.0.weight``), as the user's own code and checkpoints spell them.
+_TRANSPARENT = {"DistributedDataParallel": "module", "DataParallel": "module", "_FabricModule": "_forward_module",
+                "OptimizedModule": "_orig_mod"}
+
+
+def unwrap_module(module: nn.Module) -> nn.Module:
+    """Return the user's module inside delegating wrappers (DDP, DataParallel, Fabric, ``torch.compile``).
+
+    >>> unwrap_module(torch.nn.parallel.DataParallel(nn.Linear(2, 2))).__class__.__name__
+    'Linear'
+    """
+    for _ in range(8):
+        inner = getattr(module, _TRANSPARENT.get(type(module).__name__, ""), None)
+        if not isinstance(inner, nn.Module):
+            break
+        module = inner
+    return module
+
+
 def outermost(module: nn.Module, parents: dict[int, nn.Module]) -> nn.Module:
-    """Return the outermost module that contains ``module`` (itself when nothing does)."""
+    """Return the outermost module that contains ``module`` (itself when nothing does), below any wrapper."""
     seen = {id(module)}
     while id(module) in parents and id(parents[id(module)]) not in seen:
-        module = parents[id(module)]
+        parent = parents[id(module)]
+        if type(parent).__name__ in _TRANSPARENT:
+            break
+        module = parent
         seen.add(id(module))
-    return module
+    return unwrap_module(module)
 
 
 def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules: Iterable[nn.Module]) -> list[nn.Module]:

@@ -97,8 +97,9 @@ class Doctor:
     def detach(self) -> None:
         # Reverse order of attachment: the watch's observers sit on top of the guard's on the same scaler.
         if self._watch is not None:
-            self._safely(self._collect_watch)
+            # The final flush first: the summary, the report and the log's end line all include the last steps.
             self._safely(self._watch.detach)
+            self._safely(self._collect_watch)
         if self._guard is not None:
             self._safely(self._collect_guard)
             self._safely(self._guard.detach)
