@@ -342,3 +342,67 @@ def test_statistics_are_of_the_unscaled_gradient_even_with_a_scaler_not_given(ki
     assert w.last_record["gradients"]["read"] == ("unscaled" if not given and kind != "fused" else "scaled")
     for name, l2 in expected.items():
         assert w.last_grads[name]["l2"] == pytest.approx(l2, rel=1e-5), name
+
+
+class AcceleratedLike(torch.optim.Optimizer):
+    """A delegating wrapper like accelerate's AcceleratedOptimizer: an Optimizer subclass with ``.optimizer`` and no
+    hook tables of its own (it never calls ``Optimizer.__init__``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+
+@pytest.mark.parametrize("accelerate_like", [False, True])
+@pytest.mark.parametrize("unscale", [False, True])
+def test_gradients_are_recorded_through_a_master_weights_wrapper_chain(accelerate_like: bool, unscale: bool) -> None:
+    # The GradScaler is given the outermost wrapper, the optimizer hooks fire on the innermost optimizer: the watch
+    # must see both as its optimizer, and read the fp32 gradients MasterWeights hands to AdamW.
+    from ampdoctor.repairs.master_weights import MasterWeights
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).half()
+    names = [n for n, _ in model.named_parameters()]
+    master = MasterWeights(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    opt = AcceleratedLike(master) if accelerate_like else master
+    scaler = torch.amp.GradScaler("cpu")
+    data = torch.Generator().manual_seed(1)
+    expected = []
+    with master, watch(model, opt, scaler, every=1) as w:
+        for _ in range(4):
+            x, y = torch.randn(16, 8, generator=data), torch.randn(16, 1, generator=data)
+            loss = (model(x.half()).float() - y).pow(2).mean()
+            scaler.scale(loss).backward()
+            if unscale:
+                scaler.unscale_(opt)
+            scale = 1.0 if unscale else scaler.get_scale()
+            expected.append({n: (p.grad.double() / scale).norm().item() for n, p in model.named_parameters()})
+            assert all(p.grad.dtype == torch.float32 for p in model.parameters())  # the masters' gradients
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            assert w.last_grads and sorted(w.last_grads) == sorted(names)
+            for name in names:
+                stats = w.last_grads[name]  # present: the parameter had a gradient
+                assert all(math.isfinite(stats[k]) for k in ("l2", "absmax", "min_nonzero")), (name, stats)
+                assert stats["l2"] == pytest.approx(expected[-1][name], rel=1e-5), name
+    assert w.steps == 4 and w.sampled_steps == 4
+    assert w.last_record["gradients"]["read"] == ("unscaled" if unscale else "scaled")
+    assert w.summary_data()["off"] == [] and not [f for f in w.findings() if f.code == "AMP001"]

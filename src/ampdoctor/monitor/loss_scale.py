@@ -2,8 +2,8 @@
 
 ``ScaleMonitor`` observes ``scaler.update`` with a pass-through wrapper (``ampdoctor.core.patch.observe``). Just
 before ``update()`` runs it copies, on the device, the scale used for this step's backward and the sum of the
-scaler's own inf checks of every optimizer (``_per_optimizer_states[id(opt)]["found_inf_per_device"]``) into a
-preallocated buffer. That works the same for fused, foreach and for-loop optimizers: with a fused optimizer the
+scaler's own inf checks of every optimizer (``ampdoctor._torch.scaler.found_inf_flags``) into a preallocated
+buffer. That works the same for fused, foreach and for-loop optimizers: with a fused optimizer the
 scaler still records ``found_inf`` (``_check_inf_per_device``) and the kernel skips the update itself, so patching
 ``optimizer.step`` would see a call that changed nothing. Nothing is read on the host until the owner gathers
 ``pending()`` into its one sync of a sampled step and hands the values back to ``consume()``.
@@ -23,8 +23,9 @@ from typing import Any, Callable
 
 import torch
 
-from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabled, live_scale
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.patch import PatchHandle, observe
 
 __all__ = ["ScaleMonitor"]
 
@@ -48,7 +49,7 @@ class ScaleMonitor:
     def __init__(self, scaler: Any, *, capacity: int = 64, skip_run: int = 3, warmup_skip_run: int = 8,
                  skip_fraction: float = 0.05, collapse_factor: float = 2.0**8,
                  on_error: Callable[[BaseException], None] | None = None) -> None:
-        if not hasattr(scaler, "update") or not hasattr(scaler, "_per_optimizer_states"):
+        if not hasattr(scaler, "update") or not has_state_machine(scaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}: {scaler!r:.80}")
         self._scaler: Any = scaler
         self.skip_run, self.warmup_skip_run = skip_run, warmup_skip_run
@@ -101,11 +102,10 @@ class ScaleMonitor:
         if self.disabled:
             return
         scaler = self._scaler
-        scale = getattr(scaler, "_scale", None)
-        if scaler is None or scale is None or not getattr(scaler, "_enabled", False):
+        scale = live_scale(scaler)
+        if scaler is None or scale is None or not is_enabled(scaler):
             return
-        found = [f for state in scaler._per_optimizer_states.values()
-                 for f in state["found_inf_per_device"].values()]
+        found = [f for flags in found_inf_flags(scaler).values() for f in flags]
         buffer = self._row_buffer(scale.device)
         row = buffer[self._pending]
         row[0].copy_(scale)  # before update(): the scale this step's backward used
@@ -146,7 +146,7 @@ class ScaleMonitor:
             return out
         if self._buffer is not None and self._pending:
             out["steps"] = self._buffer[: self._pending]
-        scale = getattr(self._scaler, "_scale", None) if self._scaler is not None else None
+        scale = live_scale(self._scaler) if self._scaler is not None else None
         if scale is not None:
             out["scale"] = scale.detach().reshape(1)
         return out

@@ -20,9 +20,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.grad_stats import sample_index
-from ampdoctor.core.training import HALF
 
 __all__ = ["LostUpdateMonitor", "LOST_FRACTION"]
 
@@ -49,7 +49,7 @@ class LostUpdateMonitor:
         picked = [(n, p) for n, p in named_params if p.requires_grad and p.dtype in HALF and p.numel()]
         self.names = [n for n, _ in picked]
         self._params: list[torch.Tensor] = [p for _, p in picked]
-        self.dtypes = [str(p.dtype).removeprefix("torch.") for _, p in picked]
+        self.dtypes = [dtype_name(p) for _, p in picked]
         self._index: list[torch.Tensor] = []
         for k, (_, p) in enumerate(picked):
             n = p.numel()

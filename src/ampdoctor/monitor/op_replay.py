@@ -19,6 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ampdoctor.core.dtypes import dtype_name
+
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
 
 # Ops that write inf on purpose (attention masks: masked_fill(-inf), where(mask, x, -inf), full(-inf)) or whose
@@ -237,7 +239,7 @@ def _stats(args: Any, kwargs: dict[str, Any], role: str, schema: Any = None) -> 
     if not kept:
         return []
     values = torch.stack(pairs).abs().view(-1, 2).amax(dim=1).tolist()
-    return [TensorStat(r, str(t.dtype).removeprefix("torch."), tuple(t.shape), v) for (r, t), v in zip(kept, values)]
+    return [TensorStat(r, dtype_name(t), tuple(t.shape), v) for (r, t), v in zip(kept, values)]
 
 
 def _kind(stats: list[TensorStat], only: str | None = None) -> str | None:

@@ -1,0 +1,103 @@
+"""The device-side values of one sampled step of an ``ActivationMonitor``, and the probes that fill them.
+
+A forward hook appends each module output's ``torch.aminmax`` pair to a :class:`StepRecord`; a :class:`GradProbe`
+registered on that output (``Tensor.register_hook``) appends its gradient's pair during backward. Nothing is read
+on the host until :func:`abs_max` copies every pair of a step in one sync.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+__all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit"]
+
+
+class StepRecord:
+    """The device-side values of one sampled step; grad probes hold this, never the monitor or the model."""
+
+    __slots__ = ("step", "fwd", "fwd_modules", "fwd_limits", "bwd", "bwd_modules", "last", "replay", "errors",
+                 "closed")
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.fwd: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.fwd_modules: list[int] = []
+        self.fwd_limits: list[float | None] = []
+        self.bwd: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.bwd_modules: list[list[int]] = []
+        self.last: tuple | None = None
+        self.replay: Any = None  # the root call's Replay (ampdoctor.monitor.replay), until the step is recorded
+        self.errors: list[BaseException] = []
+        self.closed = False
+
+    def add_output(self, index: int, t: torch.Tensor) -> None:
+        """Keep the (min, max) of module ``index``'s floating-point output ``t``, and probe its gradient."""
+        version = None if t.is_inference() else t._version
+        last = self.last
+        if last is not None and last[0] is t and version is not None and last[1] == version:
+            pair, probe = last[2], last[3]  # a container returning its child's output: measured already
+        else:
+            pair = torch.aminmax(t.detach())  # one pass, no copy; NaN and inf propagate into min/max
+            probe = None
+            if t.requires_grad and t.grad_fn is not None:  # a leaf (a module returning its own Parameter)
+                probe = GradProbe(self)                    # would keep the hook for good: not probed
+                t.register_hook(probe)
+            self.last = (t, version, pair, probe)
+        self.fwd.append(pair)
+        self.fwd_modules.append(index)
+        self.fwd_limits.append(output_limit(t))
+        if probe is not None:
+            probe.modules.append(index)
+
+
+class GradProbe:
+    """A ``Tensor.register_hook`` callback: keep the gradient's min/max on the device, return None."""
+
+    __slots__ = ("record", "modules")
+
+    def __init__(self, record: StepRecord) -> None:
+        self.record = record
+        self.modules: list[int] = []  # the modules that returned this tensor, innermost first
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        rec = self.record
+        if rec.closed:
+            return None
+        try:
+            if grad.is_floating_point() and grad.numel():
+                rec.bwd.append(torch.aminmax(grad.detach()))
+                rec.bwd_modules.append(self.modules)
+        except Exception as exc:  # raising here would break the user's backward()
+            rec.errors.append(exc)
+        return None
+
+
+def abs_max(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """Return max(|min|, |max|) of each (min, max) pair, copying them to the host in one sync."""
+    if not pairs:
+        return []
+    # DTensor results (DTensor modules): this rank's local values, no communication
+    flat = [x.to_local() if hasattr(x, "to_local") else x for pair in pairs for x in pair]
+    try:
+        stacked = torch.stack(flat)
+    except RuntimeError:  # values on several devices (pipeline or model parallel): one copy each
+        stacked = torch.stack([x.cpu() for x in flat])
+    return stacked.float().abs().view(-1, 2).amax(dim=1).tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def _finfo_max(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+def output_limit(t: torch.Tensor) -> float | None:
+    """Return the largest value ``t`` can hold where it is going: its own dtype's, or autocast's if lower."""
+    limit = _finfo_max(t.dtype) if t.itemsize < 4 else None
+    device_type = t.device.type
+    if torch.is_autocast_enabled(device_type):  # an fp32 output is cast to the autocast dtype by the next op
+        cast = _finfo_max(torch.get_autocast_dtype(device_type))
+        limit = cast if limit is None else min(limit, cast)
+    return limit

@@ -1,0 +1,205 @@
+"""Re-run a recorded forward to explain where it turned non-finite: module frames first, then the ATen op.
+
+Re-run contract. Only when a module's output is non-finite for the first time does the ``ActivationMonitor`` look
+closer: it re-runs that forward with hooks that dump abs-min/abs-max frames (like transformers'
+``DebugUnderflowOverflow``), then, unless a weight is already non-finite, once more under
+:class:`ampdoctor.monitor.op_replay.NonfiniteOpTracer` to name the ATen op. To do so it keeps references to the
+root module's positional and keyword inputs of the last root call of each sampled step (a :class:`Replay`), with
+the autocast and RNG state at that call, and releases them when the step is recorded. The re-run runs under
+``torch.no_grad()`` and the captured autocast state with its weight cache off (older torch let a ``no_grad`` cast
+into the user's autocast cache and lose gradients, pytorch#112583), inside ``torch.random.fork_rng`` seeded with
+the captured state (same dropout masks), and restores every buffer (BatchNorm statistics) afterwards, so training
+is bitwise unaffected. Limits: the re-run sees the weights as they are when the step is recorded (a GradScaler
+skips the step on inf, so they are unchanged; without one the optimizer may have stepped), the inputs of the last
+root call only (gradient accumulation), and it runs others' forward hooks and Python side effects in ``forward``
+once more. A re-run that does not reproduce says so.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
+
+__all__ = ["Replay", "Frame", "rerun", "explain", "render_frames"]
+
+
+class Replay:
+    """The root's inputs of one call and the autocast and RNG state it ran with."""
+
+    def __init__(self, args: tuple, kwargs: dict, model_device_type: str | None) -> None:
+        self.args, self.kwargs = args, kwargs
+        devices = {t.device for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        device = next((d for d in devices if d.type != "cpu"), None)
+        self.device_type = device.type if device is not None else model_device_type
+        types = {"cpu"} | ({self.device_type} if self.device_type else set())
+        self.autocast = [(t, torch.is_autocast_enabled(t), torch.get_autocast_dtype(t)) for t in sorted(types)]
+        self.cpu_rng = torch.get_rng_state()
+        self.device_rng: tuple[int, torch.Tensor] | None = None
+        if self.device_type:
+            mod = torch.get_device_module(self.device_type)
+            index = device.index if device is not None and device.index is not None else mod.current_device()
+            self.device_rng = (index, mod.get_rng_state(index))
+
+    def run(self, model: nn.Module, fn: Callable[..., Any]) -> Any:
+        """Call ``fn(*args, **kwargs)`` as the step did, leaving RNG, buffers and the autocast cache untouched."""
+        saved = [(b, b.detach().clone()) for b in model.buffers()]
+        devices = [self.device_rng[0]] if self.device_rng else []
+        try:
+            with torch.random.fork_rng(devices=devices, device_type=self.device_type), contextlib.ExitStack() as stack:
+                torch.set_rng_state(self.cpu_rng)
+                if self.device_rng:
+                    torch.get_device_module(self.device_type).set_rng_state(self.device_rng[1], self.device_rng[0])
+                stack.enter_context(torch.no_grad())
+                for device_type, enabled, dtype in self.autocast:
+                    stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=False))
+                return fn(*self.args, **self.kwargs)
+        finally:
+            with torch.no_grad():
+                for buffer, copy in saved:
+                    buffer.copy_(copy)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One module's abs-min (smallest non-zero magnitude) and abs-max of its weights, inputs and outputs."""
+
+    name: str
+    cls: str
+    rows: tuple[tuple[str, str, float, float], ...]  # (kind, role, abs_min_nonzero, abs_max)
+
+    @classmethod
+    def measure(cls, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> "Frame":
+        named: list[tuple[str, str, torch.Tensor]] = [
+            ("weight", n, p) for n, p in module.named_parameters(recurse=False)]
+        named += [("input", f"input[{i}]", t) for i, t in enumerate(args) if isinstance(t, torch.Tensor)]
+        named += [("input", k, t) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+        named += [("output", "output" if len(outs) == 1 else f"output[{i}]", t) for i, t in enumerate(outs)]
+        named = [(k, r, t) for k, r, t in named if t.is_floating_point() and t.numel()]
+        if not named:
+            return cls(name, type(module).__name__, ())
+        device = named[0][2].device
+        stats = []
+        for _, _, t in named:
+            a = t.detach().abs().float()
+            stats += [torch.where(a > 0, a, math.inf).amin().to(device), a.amax().to(device)]
+        values = torch.stack(stats).view(-1, 2).tolist()
+        rows = tuple((k, r, 0.0 if hi == 0 else lo, hi) for (k, r, _), (lo, hi) in zip(named, values))
+        return cls(name, type(module).__name__, rows)
+
+    def _finite(self, kind: str) -> bool | None:
+        values = [hi for k, _, _, hi in self.rows if k == kind]
+        return all(math.isfinite(v) for v in values) if values else None
+
+    @property
+    def output_finite(self) -> bool:
+        return self._finite("output") is not False
+
+    @property
+    def inputs_finite(self) -> bool | None:
+        return self._finite("input")
+
+    @property
+    def weights_finite(self) -> bool | None:
+        return self._finite("weight")
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [{"role": r, "abs_min": json_float(lo), "abs_max": json_float(hi)} for _, r, lo, hi in self.rows]
+        return {"module": self.name, "class": self.cls, "rows": rows}
+
+
+def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], NonfiniteOp | str | None]:
+    """Re-run the recorded forward with frame hooks; then, unless a weight is non-finite, at the op level.
+
+    The caller keeps its own hooks quiet meanwhile. Returns the last ``frames`` frames (ending at the first module
+    whose output is non-finite, if any) and the op found (or the error text of a failed op-level re-run, or None).
+    """
+    kept: collections.deque[Frame] = collections.deque(maxlen=max(frames, 1))
+    done = []
+
+    def dump(name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if not done:
+            kept.append(Frame.measure(name, module, args, kwargs, output))
+            if not kept[-1].output_finite:
+                done.append(True)
+
+    handles = [m.register_forward_hook(functools.partial(dump, n or "(root)"), with_kwargs=True)
+               for n, m in model.named_modules()]
+    op: NonfiniteOp | str | None = None
+    try:
+        replay.run(model, model)
+        for handle in handles:
+            handle.remove()
+        culprit = kept[-1] if done else None
+        if culprit is not None and culprit.weights_finite is not False:
+            # finite inputs: the inf arose inside the culprit, so look there only (an inf that some other
+            # module makes and masks away is no origin); non-finite inputs: anywhere before it
+            within = culprit.name if culprit.inputs_finite is not False else None
+
+            def trace(*args: Any, **kwargs: Any) -> NonfiniteOp | None:
+                with NonfiniteOpTracer(model, within=within) as tracer:
+                    model(*args, **kwargs)
+                return tracer.found
+
+            try:
+                op = replay.run(model, trace)
+            except Exception as exc:  # the frames are still worth reporting
+                op = f"{type(exc).__name__}: {exc}"
+    finally:
+        for handle in handles:
+            handle.remove()
+    return list(kept), op
+
+
+def explain(name: str, label: str, frames: list[Frame], op: NonfiniteOp | str | None, first: dict[str, Any],
+            lines: list[str]) -> str | None:
+    """Add what the re-runs showed to ``first`` and ``lines``; return a better ``where`` if the op names one.
+
+    Args:
+        name, label: the module with the first non-finite output: its name, and ``name (Class)``.
+        frames, op: what :func:`rerun` returned.
+        first: the ``first_nonfinite_forward`` summary entry, filled in here (``reproduced``, ``frames``, ``op``).
+        lines: the AMP601 detail lines, extended here.
+    """
+    culprit = frames[-1] if frames and not frames[-1].output_finite else None
+    first["reproduced"] = culprit is not None and culprit.name == name
+    first["frames"] = [f.to_dict() for f in frames]
+    where = None
+    if isinstance(op, NonfiniteOp):
+        first["op"] = op.to_dict()
+        lines.append(f"Origin: {op.describe()}")
+        if op.module != name:  # made non-finite in a parent's own code, before this module ran
+            where = f"{op.module} ({op.module_class})" if op.module_class else op.module
+            lines.append(f"The first module with a non-finite output was {label}; its input was made "
+                         f"non-finite earlier, by {op.op} in {where}.")
+    elif isinstance(op, str):
+        lines.append(f"The op-level re-run failed: {op}")
+    elif culprit is not None and culprit.weights_finite is False:
+        lines.append("Its weights are already non-finite: an earlier optimizer step wrote inf/NaN into them.")
+    elif culprit is not None and culprit.inputs_finite is False:
+        lines.append("Its input was already non-finite and no op in the model made it so: the inputs given "
+                     "to the model hold inf/NaN.")
+    if not first["reproduced"]:
+        lines.append("The re-run did not reproduce it (the optimizer stepped since, or the inputs changed); "
+                     "the frames below are from the re-run.")
+    lines.append(render_frames(frames))
+    return where
+
+
+def render_frames(frames: list[Frame]) -> str:
+    """Render frames like transformers' DebugUnderflowOverflow: ``abs min  abs max  role`` under each module."""
+    lines = ["Frames from a re-run of the forward (abs min skips zeros):", "abs min  abs max  metadata"]
+    for frame in frames:
+        lines.append(f"{'':18}{frame.name} {frame.cls}")
+        lines += [f"{lo:8.2e} {hi:8.2e} {role}" for _, role, lo, hi in frame.rows]
+    return "\n".join(lines)

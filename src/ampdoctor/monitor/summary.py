@@ -1,0 +1,151 @@
+"""What a watch shows of itself: per-module roll-ups, the flight recorder's header, and the rich summary.
+
+Everything here works on plain data (the JSON-ready dicts ``Watch.summary_data()`` returns and the host values of
+the statistics); nothing touches the model, the optimizer or the scaler beyond reading a few settings.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import call_safely
+from ampdoctor.monitor.grad_stats import COLUMNS, FORMATS, KINDS
+
+__all__ = ["module_rollup", "log_header", "render_watch"]
+
+
+def module_rollup(params: dict[str, dict[str, float]], module_of: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Combine per-parameter statistics into per-module ones: L2 of L2s, max of maxes, min of mins, summed counts,
+    and fractions weighted by the entries they were measured on.
+
+    >>> module_rollup({"fc.w": {"l2": 3.0, "absmax": 2.0}, "fc.b": {"l2": 4.0, "absmax": 1.0}}, {"fc.w": "fc",
+    ...                "fc.b": "fc"})
+    {'fc': {'params': 2, 'l2': 5.0, 'absmax': 2.0}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for module, names in _group(params, module_of).items():
+        stats = [params[n] for n in names]
+        rolled: dict[str, float] = {"params": len(stats), "l2": math.sqrt(sum(s["l2"] ** 2 for s in stats)),
+                                    "absmax": max(s["absmax"] for s in stats)}
+        if all("sampled" in s for s in stats):  # counts were computed (stats != "norms")
+            weights = [s["sampled"] for s in stats]
+            total = sum(weights) or 1
+            rolled.update(min_nonzero=min(s["min_nonzero"] for s in stats),
+                          nonfinite=sum(s["nonfinite"] for s in stats),
+                          zero_frac=sum(s["zero_frac"] * w for s, w in zip(stats, weights)) / total)
+            for f in FORMATS:
+                for kind in KINDS:
+                    key = f"{f.name}_{kind}"
+                    rolled[key] = sum(s[key] * w for s, w in zip(stats, weights)) / total
+        out[module] = rolled
+    return out
+
+
+def _group(params: dict[str, Any], module_of: dict[str, str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for name in params:
+        groups.setdefault(module_of.get(name, "(not in model)"), []).append(name)
+    return groups
+
+
+def log_header(optimizer: Any, scaler: Any, *, every: int, stats: str, sample: int,
+               params: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Return the flight recorder's header line: versions, environment, settings, formats and the parameters.
+
+    Args:
+        optimizer: the torch optimizer that applies the updates (its class and ``fused``/``foreach`` defaults).
+        scaler: the enabled GradScaler, or None.
+        every, stats, sample: the watch's settings.
+        params: one ``{"name", "module", "dtype", "shape"}`` dict per parameter, in the optimizer's order.
+    """
+    from ampdoctor import __version__
+    from ampdoctor.core.environment import environment
+
+    defaults = getattr(optimizer, "defaults", {})
+    return {
+        "ampdoctor": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
+        "every": every, "stats": stats, "sample": sample,
+        "optimizer": {"class": type(optimizer).__name__, "fused": defaults.get("fused"),
+                      "foreach": defaults.get("foreach")},
+        "scaler": None if scaler is None else {"class": type(scaler).__name__,
+                                               "growth_interval": _setting(scaler, "get_growth_interval"),
+                                               "backoff_factor": _setting(scaler, "get_backoff_factor")},
+        "formats": {f.name: {"max": f.max, "min_subnormal": f.min_subnormal, "underflow_at_most":
+                             f.underflow_at_most, "overflow_above": f.overflow_above} for f in FORMATS},
+        "grad_columns": list(COLUMNS),
+        "params": list(params),
+    }
+
+
+def _setting(scaler: Any, getter: str) -> Any:
+    """Return a GradScaler setting through its public getter; None when the scaler has none (or it raises)."""
+    method = getattr(scaler, getter, None)
+    return call_safely(method) if callable(method) else None
+
+
+def render_watch(data: dict[str, Any], findings: list[Finding]) -> Any:
+    """Return a rich renderable of ``Watch.summary_data()`` and the findings."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(
+        f"ampdoctor watch: {data['steps']} steps, {data['sampled_steps']} sampled (every {data['every']}), "
+        f"stats={data['stats']}, {data['host_syncs']} host syncs", style="bold")]
+    scale = data.get("scale")
+    if scale:
+        peak, lowest = scale.get("peak") or {}, scale.get("lowest") or {}
+        run = scale["longest_skip_run"]
+        parts.append(Text(
+            f"loss scale {_num(scale.get('current'))} (peak {_num(peak.get('scale'))} at step {peak.get('step')}, "
+            f"lowest {_num(lowest.get('scale'))}); skipped {scale['skipped']} of {scale['steps']} steps "
+            f"({scale['skipped_fraction']:.1%}), longest run {run['length']}"))
+    grads = data.get("gradients") or {}
+    if grads.get("modules"):
+        table = Table(title=f"gradients at step {grads.get('step')} (unscaled; global norm "
+                            f"{_num(grads.get('global_norm'))})", expand=False)
+        table.add_column("module", overflow="fold", min_width=6)
+        for col in ("L2", "max|g|", "min|g|>0", "zeros", "inf/nan", "fp16 u/o", "bf16 u/o", "e4m3 u/o",
+                    "e5m2 u/o"):  # u/o: share of non-zero gradients that would underflow / overflow
+            table.add_column(col, justify="right", no_wrap=True)
+        for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
+            if "zero_frac" not in s:  # stats="norms"
+                table.add_row(module, _num(s["l2"]), _num(s["absmax"]), *["-"] * 7)
+                continue
+            table.add_row(module, _num(s["l2"]), _num(s["absmax"]), _num(s["min_nonzero"]), f"{s['zero_frac']:.0%}",
+                          str(s["nonfinite"]), *(f"{_pct(s[f.name + '_underflow'])}/{_pct(s[f.name + '_overflow'])}"
+                                                 for f in FORMATS))
+        parts.append(table)
+    lost = data.get("lost_updates")
+    if lost and lost.get("params"):
+        table = Table(title="updates lost to rounding (sampled entries with a non-zero gradient left unchanged)")
+        table.add_column("parameter")
+        table.add_column("dtype")
+        table.add_column("lost", justify="right")
+        for name, s in sorted(lost["params"].items(), key=lambda kv: -kv[1]["lost_fraction"])[:20]:
+            table.add_row(name, s["dtype"], f"{s['lost_fraction']:.0%}")
+        parts.append(table)
+    if data.get("log_path"):
+        parts.append(Text(f"flight recorder: {data['log_path']}", style="dim"))
+    if findings:
+        from ampdoctor.ui.console import findings_table
+
+        parts.append(findings_table(sorted(findings, key=lambda f: f.severity.rank), title="watch findings"))
+    else:
+        parts.append(Text("no numerical problems seen", style="green"))
+    return Group(*parts)
+
+
+def _sortable(value: float) -> float:
+    return math.inf if not math.isfinite(value) else value
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _pct(value: float) -> str:
+    return "0" if not value else f"{value:.1%}" if value >= 0.001 else "<0.1%"

@@ -1,0 +1,71 @@
+"""What a watch watches: the optimizer behind its wrappers, and the parameters by the names users know.
+
+Wrapped optimizers. ``optimizer`` may be a wrapper that delegates to a torch optimizer (accelerate's
+``AcceleratedOptimizer``, ``ampdoctor.MasterWeights``, both stacked; see ``optimizer_chain``). The step hooks go on
+the innermost torch optimizer: its ``step()`` runs whichever wrapper the loop steps, while a wrapper may have no
+hook tables of its own. ``scaler.step`` given any optimizer of the chain (or any wrapper of the innermost one) is
+the watch's, and the scaler's stage is read for the object it was given. The gradients are the parameters'
+``.grad`` at that point: what the innermost optimizer will apply (for ``MasterWeights``, the fp32 gradients of the
+masters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
+
+__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through"]
+
+
+def watched_chain(model: Any, optimizer: Any) -> list[Any]:
+    """Return ``optimizer_chain(optimizer)``, ending at the torch optimizer; raise a TypeError for a wrong argument.
+
+    >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    >>> watched_chain(nn.Linear(2, 2), opt) == [opt]
+    True
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
+    chain = optimizer_chain(optimizer)
+    inner = chain[-1]  # the torch optimizer that applies the update; its step hooks fire
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(inner).__name__}: {inner!r:.80}")
+    return chain
+
+
+def steps_through(optimizer: Any, chain: Sequence[Any]) -> bool:
+    """Return whether stepping ``optimizer`` steps ``chain[-1]``: it is in the chain, or it wraps ``chain[-1]``."""
+    return bool(chain) and (any(optimizer is o for o in chain) or unwrap_optimizer(optimizer) is chain[-1])
+
+
+def refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Raise a ValueError up front when the model or the optimizer holds parameters on the meta device."""
+    meta = [n for n, p in model.named_parameters() if p.is_meta]
+    in_opt = sum(1 for g in optimizer.param_groups for p in g["params"] if isinstance(p, torch.Tensor) and p.is_meta)
+    if meta or in_opt:
+        where = f"{len(meta)} parameter(s) of the model (first: {meta[0]!r})" if meta else \
+            f"{in_opt} parameter(s) of the optimizer"
+        raise ValueError(f"watch() got {where} on the meta device: meta tensors hold no values, so there are no "
+                         f"gradients, loss scales or activations to watch. Materialise the model first "
+                         f"(model.to_empty(device=...) and load its weights, or build it on a real device), "
+                         f"create the optimizer for those parameters, then call watch()")
+
+
+def name_params(model: nn.Module, params: Sequence[torch.Tensor]) -> tuple[list[str], list[str], list[str]]:
+    """Return the names, owning modules and dtypes of ``params``; a tensor the model does not own is
+    ``optimizer.param<k>`` in ``(not in model)``.
+
+    >>> model = nn.Linear(2, 2)
+    >>> name_params(model, [model.weight, torch.zeros(1)])
+    (['weight', 'optimizer.param1'], ['(root)', '(not in model)'], ['float32', 'float32'])
+    """
+    setup = TrainingSetup(model)
+    infos = [setup.info(p) for p in params]
+    names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
+    modules = [i.module if i else "(not in model)" for i in infos]
+    return names, modules, [dtype_name(p) for p in params]
