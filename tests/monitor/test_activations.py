@@ -137,11 +137,14 @@ def test_non_finite_input_data_is_named_as_such():
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = torch.ones(2, 4)
     x[0, 0] = float("nan")
-    monitor, _ = run(model, x=x)
-    [finding] = [f for f in monitor.findings() if f.code == "AMP601"]
-    assert finding.where == "0 (Linear)"
-    assert "inputs given to the model hold inf/NaN" in finding.detail
-    assert monitor.summary()["first_nonfinite_forward"]["op"] is None
+    monitor, records = run(model, x=x)
+    # bad input, not the first layer's fault: AMP609 on the input, and no AMP601 blaming "0 (Linear)"
+    assert codes(monitor) == ["AMP609"]
+    [finding] = monitor.findings()
+    assert finding.where == "model input" and "before any module ran" in finding.detail
+    assert records[0]["forward"]["nonfinite_module"] == "(input)"
+    assert monitor.first_nonfinite_module is None
+    assert monitor.summary()["first_nonfinite_forward"]["module"] == "(input)"
 
 
 # ---- backward ----------------------------------------------------------------------------------------------

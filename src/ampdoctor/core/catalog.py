@@ -347,6 +347,15 @@ RULES: tuple[Rule, ...] = (
         "scaler.step(opt); scaler.update()",
         W, "watch", (r"The total norm of order \S+ for gradients from `parameters` is non-finite",), (30,),
     ),
+    Rule(
+        "AMP609", "nonfinite-input", "The model's input already holds inf/NaN",
+        "A batch that arrives with NaN or inf makes every activation, the loss and every gradient non-finite; the "
+        "GradScaler then skips the step and lowers the scale, which never helps. No layer is at fault.",
+        "# find the bad samples before the forward:\nbad = ~torch.isfinite(x).flatten(1).all(1)\n"
+        "assert not bad.any(), f\"non-finite samples at {bad.nonzero().flatten().tolist()}\"\n"
+        "# fix the data (or its normalisation: a std of 0 divides by zero), or drop those samples",
+        E, "watch", (),
+    ),
 )
 
 _BY_CODE = {r.code: r for r in RULES}

@@ -40,6 +40,7 @@ FRAMES = 5  # frames dumped: the culprit and the modules that ran just before it
 MAX_REPLAYS = 3  # re-runs for the first distinct culprits; later ones are reported without frames
 MAX_PENDING = 1 << 16  # values held for one step; a driver that never calls step_record() cannot grow memory
 _LIMIT_NAMES = {torch.finfo(d).max: dtype_name(d) for d in (torch.bfloat16, torch.float16)}
+INPUTS = -1  # the module index under which the root call's input tensors are recorded
 
 
 class ActivationMonitor:
@@ -151,7 +152,12 @@ class ActivationMonitor:
                 self._close(None)
             self._calls += 1
             if self._active:
-                self._open().replay = Replay(args, kwargs, self._device_type)
+                rec = self._open()
+                rec.replay = Replay(args, kwargs, self._device_type)
+                # the root's inputs first, in call order: a NaN fed in is bad input, not the first layer's fault
+                for leaf in tree_leaves((args, kwargs)):
+                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
+                        rec.add_output(INPUTS, leaf)
         except Exception as exc:
             self._fail(exc)
         return None
@@ -210,19 +216,23 @@ class ActivationMonitor:
             raise rec.errors[0]
         step_max: dict[int, float] = {}
         for i, value, limit in zip(rec.fwd_modules, fwd, rec.fwd_limits):
+            if i == INPUTS:
+                continue
             if limit is not None:
                 self._limit[i] = limit if self._limit[i] is None else min(self._limit[i], limit)
             if math.isfinite(value):
                 step_max[i] = max(step_max.get(i, 0.0), value)
                 self._max_abs[i] = max(self._max_abs[i] or 0.0, value)
-        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v)}:
+        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v) and i != INPUTS}:
             self._nonfinite[i][0] += 1
         for i in {m[0] for m, v in zip(rec.bwd_modules, bwd) if not math.isfinite(v)}:
             self._nonfinite[i][1] += 1
         worst = self._check_headroom(rec.step, step_max)
         first_fwd = next((k for k, v in enumerate(fwd) if not math.isfinite(v)), None)
         first_bwd = next((k for k, v in enumerate(bwd) if not math.isfinite(v)), None)
-        if first_fwd is not None:
+        if first_fwd is not None and rec.fwd_modules[first_fwd] == INPUTS:
+            self._nonfinite_input(rec, fwd[first_fwd])
+        elif first_fwd is not None:
             self._nonfinite_forward(rec, rec.fwd_modules[first_fwd], fwd[first_fwd])
         elif first_bwd is not None:  # with a non-finite forward every gradient is garbage: AMP601 explains it
             self._nonfinite_backward(rec, first_bwd, bwd)
@@ -232,7 +242,7 @@ class ActivationMonitor:
         return {
             "step": rec.step, "sampled": True,
             "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None),
-                        "nonfinite_module": None if first_fwd is None else self._names[rec.fwd_modules[first_fwd]]},
+                        "nonfinite_module": None if first_fwd is None else self._input_or_name(rec.fwd_modules[first_fwd])},
             "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None),
                          "nonfinite_module": None if first_bwd is None else self._names[rec.bwd_modules[first_bwd][0]]},
             "headroom": worst,
@@ -255,6 +265,21 @@ class ActivationMonitor:
                          f"maximum {limit:.6g} (flagged above 1/{self.headroom:g} of it) at step {step}; "
                          f"{limit / value:.1f}x more and it overflows to inf")
         return None if worst is None else {"module": self._names[worst[1]], "ratio": worst[0]}
+
+    def _input_or_name(self, i: int) -> str:
+        return "(input)" if i == INPUTS else self._names[i]
+
+    def _nonfinite_input(self, rec: StepRecord, value: float) -> None:
+        kind = "NaN" if math.isnan(value) else "inf"
+        if ("AMP609", INPUTS) in self._reported:
+            return
+        self._first["forward"] = self._first["forward"] or {
+            "module": "(input)", "class": None, "step": rec.step, "kind": kind.lower(), "frames": None, "op": None,
+            "reproduced": None}
+        self._report("AMP609", INPUTS, Severity.ERROR, rec.step,
+                     f"an input tensor of the model holds {kind} at step {rec.step}, before any module ran: the data "
+                     "(or the code that prepares a batch) produced it, and every output after it is garbage. No "
+                     "layer or loss scale is at fault.", where="model input")
 
     def _nonfinite_forward(self, rec: StepRecord, i: int, value: float) -> None:
         kind = "NaN" if math.isnan(value) else "inf"

@@ -183,6 +183,8 @@ class ScaleMonitor:
         self._pending = 0
         if "scale" in values:
             self.current_scale = values["scale"][0]
+            if self.lowest is None or self.current_scale < self.lowest[1]:
+                self.lowest = (self.steps, self.current_scale)  # the scale the next step starts from
         self._check()
         return {"steps": [first, self.steps], "scale": self.current_scale, "scale_changes": changes,
                 "skipped": skipped_now, "skipped_total": self.skipped, "skip_run": self.run}

@@ -88,6 +88,16 @@ class FlightRecorder:
         self.close()
 
 
+def append_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
+    """Append the run's final report (``Report.to_dict()``) as a ``report`` line to a closed flight recorder.
+
+    `ampdoctor report LOG` then shows the same findings and counts as the console and the JSON of that run.
+    """
+    line = json.dumps({"type": "report", "report": report}, separators=(",", ":"), default=_jsonable) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+
+
 def _jsonable(value: Any) -> Any:
     """Turn what json cannot write (dtypes, devices, paths, tensors of one value) into plain values."""
     if hasattr(value, "tolist"):

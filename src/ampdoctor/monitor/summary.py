@@ -66,7 +66,9 @@ def log_header(optimizer: Any, scaler: Any, *, every: int, stats: str, sample: i
 
     defaults = getattr(optimizer, "defaults", {})
     return {
-        "ampdoctor": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "environment": environment(),
+        # no device facts yet: the script may not have chosen its CUDA device (they go in the end line)
+        "ampdoctor": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "environment": environment(devices=False),
         "every": every, "stats": stats, "sample": sample,
         "optimizer": {"class": type(optimizer).__name__, "fused": defaults.get("fused"),
                       "foreach": defaults.get("foreach")},
@@ -86,8 +88,8 @@ def _setting(scaler: Any, getter: str) -> Any:
     return call_safely(method) if callable(method) else None
 
 
-def render_watch(data: dict[str, Any], findings: list[Finding]) -> Any:
-    """Return a rich renderable of ``Watch.summary_data()`` and the findings."""
+def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
+    """Return a rich renderable of ``Watch.summary_data()`` and the findings (None: shown elsewhere, say nothing)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -134,7 +136,7 @@ def render_watch(data: dict[str, Any], findings: list[Finding]) -> Any:
         from ampdoctor.ui.console import findings_table
 
         parts.append(findings_table(sorted(findings, key=lambda f: f.severity.rank), title="watch findings"))
-    else:
+    elif findings is not None:
         parts.append(Text("no numerical problems seen", style="green"))
     return Group(*parts)
 

@@ -1,7 +1,7 @@
 """Watch the numerics of a training run: gradient statistics, loss scale, lost updates and activations.
 
-Where and when things are read. Gradients, lost updates and activations are looked at on sampled steps (steps 0,
-``every``, 2 * ``every``, ...); the loss scale on every step:
+Where and when things are read. Gradients, lost updates and activations are looked at on sampled steps (the first
+ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampling``); the loss scale on every step:
 
 * **Gradients**, on a sampled step, just before ``scaler.step(optimizer)`` (observed, pass-through) when an enabled
   GradScaler is given, otherwise in an optimizer step pre-hook. At that point the grads are final (clipped, if the
@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
+from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
@@ -46,6 +47,7 @@ from ampdoctor.monitor.loss_scale import ScaleMonitor
 from ampdoctor.monitor.lost_updates import LostUpdateMonitor
 from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
+from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, module_rollup, render_watch
 from ampdoctor.monitor.watched import name_params, refuse_meta, steps_through, watched_chain
 
@@ -57,7 +59,7 @@ STATS = ("norms", "full", "exact")  # what GradStats computes: see Watch
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
           log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
-          fsync: bool = False) -> "Watch":
+          fsync: bool = False, dense: int = DENSE_STEPS) -> "Watch":
     """Attach a :class:`Watch` to a training loop and return it; use it as a context manager or call ``detach()``.
 
     >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -67,7 +69,7 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
     (1, 1)
     """
     return Watch(model, optimizer, scaler, every=every, log_dir=log_dir, activations=activations, stats=stats,
-                 sample=sample, fsync=fsync).attach()
+                 sample=sample, fsync=fsync, dense=dense).attach()
 
 
 class Watch:
@@ -79,6 +81,7 @@ class Watch:
             the statistics cover its parameters.
         scaler: the ``torch.amp.GradScaler``, if any. A disabled scaler counts as none.
         every: look closely at every ``every``-th optimizer step (step 0 first); 1 = every step.
+        dense: also look closely at each of the first ``dense`` steps (see ``ampdoctor.monitor.sampling``).
         log_dir: write the JSON-lines flight recorder ``ampdoctor.jsonl`` there (or to this ``.jsonl`` file).
         activations: also run ``ActivationMonitor`` (first non-finite module, fp16 headroom) on sampled steps.
         stats: ``"norms"`` (L2 and abs-max), ``"full"`` (everything; counts from ``sample`` entries per
@@ -89,7 +92,7 @@ class Watch:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, dense: int = DENSE_STEPS) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -115,6 +118,8 @@ class Watch:
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
+        self._sampling = Sampling(every, dense)  # see ampdoctor.monitor.sampling
+        self._armed: Any = None           # the ActivationMonitor armed by an escalation, for one step
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -151,7 +156,7 @@ class Watch:
                 self._guard("activations", self._attach_activations)
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
                 self._guard("recorder", self._open_recorder)
-            self._set_sampling(self.steps % self.every == 0)
+            self._set_sampling(self._sampling.sampled(self.steps))
         except Exception:
             self.detach()
             raise
@@ -188,7 +193,8 @@ class Watch:
             self._activation_result = call_safely(lambda: (activations.summary(), activations.findings()))
             self._activations = None
         if self._recorder is not None:
-            self._guard("recorder", lambda: self._recorder.close({"steps": self.steps, "summary": self.summary_data()}))
+            self._guard("recorder", lambda: self._recorder.close({"steps": self.steps, "summary": self.summary_data(),
+                                                                  "environment": environment()}))
         self._model = self._optimizer = self._scaler = None
         self._chain, self._params = [], []
         self._grads.release()
@@ -251,7 +257,7 @@ class Watch:
         finally:  # a failing flush (reported by the caller) still ends the step
             self.steps += 1
             self.seconds_inside += time.perf_counter() - start
-        self._set_sampling(self.steps % self.every == 0)
+        self._set_sampling(self._sampling.sampled(self.steps))
 
     def _set_sampling(self, active: bool) -> None:
         self._sampled_now = active
@@ -286,6 +292,8 @@ class Watch:
         if self._activations is not None and "activations" not in self._parts.off and not partial:
             self._guard("activations", lambda: record.update(activations=self._activations.step_record(step)))
         self._guard("gradients", lambda: self._check_gradients(record, step))
+        if not partial:
+            self._guard("watch", lambda: self._escalate(record, step))
         if partial:
             record["partial"] = True  # written at detach: the steps since the last sampled one
         else:
@@ -298,6 +306,20 @@ class Watch:
         host, synced = host_copy(parts)
         self.host_syncs += synced
         return host
+
+    # ---- escalation -----------------------------------------------------------------------------------------
+    def _escalate(self, record: dict[str, Any], step: int) -> None:
+        """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
+        armed, self._armed = self._armed, None
+        if armed is not None:  # its one step is recorded: keep what it found, drop its hooks
+            self._activation_result = (armed.summary(), armed.findings())
+            armed.detach()
+            self._activations = None
+        if not self._sampling.escalate(record, step):
+            return
+        if self._activations is None and self._model is not None and "activations" not in self._parts.off:
+            self._guard("activations", self._attach_activations)
+            self._armed = self._activations
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int) -> None:
@@ -362,15 +384,13 @@ class Watch:
             "off": sorted(self._parts.off),
         }
 
-    def summary(self) -> Any:
-        """Return a rich renderable of the summary and the findings."""
-        return render_watch(self.summary_data(), self.findings())
+    def summary(self, findings: bool = True) -> Any:
+        """Return a rich renderable of the summary and (unless ``findings=False``) the findings."""
+        return render_watch(self.summary_data(), self.findings() if findings else None)
 
     def report(self) -> Report:
         """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""
-        from ampdoctor.core.environment import environment
-
-        report = Report(environment=environment(), extra={"watch": self.summary_data()})
+        report = Report(extra={"watch": self.summary_data()})   # device facts are read when it is shown
         for f in self.findings():
             report.add(f)
         return report

@@ -271,7 +271,7 @@ class Doctor:
             self.report.add(finding)
 
     def _collect_watch(self) -> None:
-        self.watch_summary = self._watch.summary()
+        self.watch_summary = self._watch.summary(findings=False)  # the findings go to the report's one table
         watch_report = self._watch.report()
         for finding in watch_report.findings:
             self.report.add(finding)

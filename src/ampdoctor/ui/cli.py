@@ -147,6 +147,14 @@ def _run(args: argparse.Namespace) -> int:
     if result.exit_code and report.exception and not result.explained:
         err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)
+    log_path = (report.extra.get("watch") or {}).get("log_path")
+    if log_path:
+        from ampdoctor.monitor.recorder import append_report
+
+        try:
+            append_report(log_path, report.to_dict())
+        except OSError as exc:
+            err.print(f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}", markup=False)
     if args.json:
         _write(args.json, report.to_json())
         err.print(f"ampdoctor: report written to {args.json}", markup=False, soft_wrap=True)

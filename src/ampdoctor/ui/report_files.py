@@ -92,7 +92,15 @@ def _load_log(path: str, target: str) -> Loaded:
 
 
 def _log_report(header: dict[str, Any] | None, records: list[dict[str, Any]]) -> Report:
-    report = Report(environment=(header or {}).get("environment") or {})
+    final = next((r for r in reversed(records) if r.get("type") == "report" and isinstance(r.get("report"), dict)),
+                 None)
+    if final is not None:  # `ampdoctor run` appended its whole report: the same findings as its console and JSON
+        try:
+            return Report.from_dict(final["report"])
+        except ValueError:
+            pass
+    end = next((r for r in reversed(records) if r.get("type") == "end"), {})
+    report = Report(environment=end.get("environment") or (header or {}).get("environment") or {})
     for record in records:
         for item in record.get("findings") or []:
             finding = _finding(item)

@@ -1,0 +1,53 @@
+"""On the defaults (no --every, no --activations) a short run is diagnosed, and every output tells the same story."""
+
+import json
+import os
+import re
+
+from ampdoctor.monitor.recorder import read_log
+from ampdoctor.ui.cli import main
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+
+
+def test_a_ten_step_forward_overflow_is_named_and_every_output_agrees(tmp_path, capsys):
+    out, log, html = tmp_path / "report.json", tmp_path / "logs", tmp_path / "report.html"
+    code = main(["run", "--json", str(out), "--log-dir", str(log), os.path.join(SCRIPTS, "short_overflow.py")])
+    err = capsys.readouterr().err
+    assert code == 0
+    report = json.loads(out.read_text())
+    findings = {f["code"]: f for f in report["findings"]}
+    # the layer is named without --activations: the first skip armed the activation monitor for one step
+    assert findings["AMP601"]["where"] == "1.wo (Linear)"
+    assert {"AMP603", "AMP604"} <= set(findings)
+    scale = report["watch"]["scale"]
+    assert (report["watch"]["steps"], scale["steps"], scale["skipped"]) == (10, 10, 10)
+    # the console summary was taken after the final flush: the same numbers
+    assert "skipped 10 of 10 steps" in " ".join(err.split())
+    assert "no numerical problems seen" not in err and "no mixed-precision problems found" not in err
+    # each finding is printed once: in the one findings table
+    assert err.count("AMP601 │") == 1 and "watch findings" not in err
+    # the flight recorder ends with the same report, and `ampdoctor report` shows it
+    _, records, problems = read_log(log)
+    assert problems == []
+    end = next(r for r in records if r["type"] == "end")
+    assert (end["steps"], end["summary"]["scale"]["skipped"]) == (10, 10)
+    final = next(r for r in records if r["type"] == "report")["report"]
+    assert [f["code"] for f in final["findings"]] == [f["code"] for f in report["findings"]]
+    assert main(["report", str(log), "--html", str(html)]) == 1
+    shown = capsys.readouterr().out
+    page = html.read_text()
+    assert "AMP601" in shown and "No findings." not in page
+    assert all(code in page for code in ("AMP601", "AMP603", "AMP604"))
+
+
+def test_nan_in_the_data_is_reported_as_bad_input_on_the_defaults(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), os.path.join(SCRIPTS, "nan_input.py")])
+    capsys.readouterr()
+    assert code == 0
+    report = json.loads(out.read_text())
+    codes = [f["code"] for f in report["findings"]]
+    assert "AMP609" in codes and "AMP601" not in codes
+    [bad] = [f for f in report["findings"] if f["code"] == "AMP609"]
+    assert bad["where"] == "model input" and bad["step"] == 3
