@@ -26,7 +26,10 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 ALLOWED_UPWARD = {("ampdoctor.core.report", "ampdoctor.ui.console")}
 MAX_LINES = 400
 # Modules allowed past MAX_LINES, each with its reason. Keep this empty unless splitting would hurt reading.
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "core/catalog.py": "the rule table itself: one Rule record per code, data rather than logic; one table reads "
+                       "better than the same records scattered over files by code range",
+}
 # Attribute names of private torch internals; only ampdoctor/_torch may read them.
 TORCH_INTERNALS = re.compile(
     r"_per_optimizer_states|grad_scaler import OptState|\._growth_tracker\b|\._init_scale\b|_init_growth_tracker\b"

@@ -118,8 +118,7 @@ class Watch:
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling = Sampling(every, dense)  # see ampdoctor.monitor.sampling
-        self._armed: Any = None           # the ActivationMonitor armed by an escalation, for one step
+        self._sampling, self._armed = Sampling(every, dense), None  # the ActivationMonitor armed by an escalation
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -164,7 +163,6 @@ class Watch:
 
     def _attach_activations(self) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
-
         self._activations = ActivationMonitor(self._model, setup=types.SimpleNamespace(scaler=self._scaler))
         self._activations.attach()
 
