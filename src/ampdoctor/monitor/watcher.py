@@ -118,7 +118,7 @@ class Watch:
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling, self._armed = Sampling(every, dense), None  # the ActivationMonitor armed by an escalation
+        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an escalation's ActivationMonitor
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -310,7 +310,8 @@ class Watch:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
         armed, self._armed = self._armed, None
         if armed is not None:  # its one step is recorded: keep what it found, drop its hooks
-            self._activation_result = (armed.summary(), armed.findings())
+            kept = [f for f in armed.findings() if f.code in ("AMP601", "AMP609")]  # an inf grad is what skips are for
+            self._activation_result = (armed.summary(), kept)
             armed.detach()
             self._activations = None
         if not self._sampling.escalate(record, step):

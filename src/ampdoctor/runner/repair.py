@@ -26,40 +26,51 @@ class RunRepairs:
         self.report = report
         self.on_event = on_event
         self._master: list[Any] = []
-        self._trainable: dict[int, list[torch.Tensor]] = {}
+        self._trainable: dict[int, list[torch.Tensor]] = {}   # by model
+        self._model_of: dict[int, nn.Module] = {}             # every submodule of a repaired model -> the model
 
     def knows(self, module: nn.Module) -> bool:
-        """Return whether ``module`` was already looked at by `apply`."""
-        return id(module) in self._trainable
+        """Return whether ``module`` is (part of) a model already looked at by `apply`."""
+        return id(module) in self._model_of
 
-    def apply(self, setup: TrainingSetup, models: list[nn.Module], autocast: dict[int, torch.dtype | None]) -> None:
-        """Repair every model in ``models`` that trains low-precision parameters."""
-        for model in models:
+    def apply(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None]) -> None:
+        """Repair every model of ``setup`` that trains low-precision parameters.
+
+        Args:
+            setup: the run's objects; its models are the outermost owners of what the optimizers train.
+            parts: the modules seen running a forward (whole models, or the parts a training step calls).
+            autocast: the autocast dtype each seen part ran under (None: no autocast).
+        """
+        for model in setup.models:
+            inside = {id(m) for m in model.modules()}
+            dtypes = [autocast.get(id(part)) for part in parts if id(part) in inside]
             trainable = [p for p in model.parameters() if p.requires_grad]
             self._trainable[id(model)] = trainable
+            self._model_of.update((i, model) for i in inside)
             if not any(p.dtype in LOW_PRECISION for p in trainable):
                 continue
-            if autocast.get(id(model)) is not None:
+            if any(d is not None for d in dtypes):
                 self._upcast(setup, model)
             else:
                 self._master_weights_for(setup, model)
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
-        """Upcast again before this forward if a validation or resume path cast ``module`` back to half.
+        """Upcast again before this forward if a validation or resume path cast the model back to half.
 
         (diffusers' validation does ``.to(float16)``): the backward then produces fp32 gradients again.
         """
-        trainable = self._trainable.get(id(module))
-        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(module)):
+        model = self._model_of.get(id(module))
+        trainable = self._trainable.get(id(model)) if model is not None else None
+        if autocast is None or not trainable or any(m.optimizer is not None for m in self._master_for(model)):
             return
         if any(p.dtype in LOW_PRECISION for p in trainable):
-            self._upcast(setup, module)
+            self._upcast(setup, model)
 
     def detach(self) -> None:
         """Remove the master weights that were added (the model stays in half, holding the latest values)."""
         for master in reversed(self._master):
             master.detach()
-        self._master, self._trainable = [], {}
+        self._master, self._trainable, self._model_of = [], {}, {}
 
     def _upcast(self, setup: TrainingSetup, model: nn.Module) -> None:
         from ampdoctor.repairs.upcast import upcast_trainable_params_

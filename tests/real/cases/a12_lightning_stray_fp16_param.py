@@ -4,8 +4,6 @@
 # expect: AMP101
 # expect-detail: AMP101 \bcenters\b
 # fix: finishes
-# known-gap-fix: --fix upcasts nothing: Lightning calls training_step, not forward, so the model ampdoctor
-#   discovers is the submodule `body`, and the LightningModule's own fp16 `centers` is never upcast
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins import MixedPrecision

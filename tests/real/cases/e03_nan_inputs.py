@@ -2,11 +2,8 @@
 #   (torch.autograd.detect_anomaly / DebugUnderflowOverflow as the maintainers' answer); no single URL there
 # reproduces: one sample of the dataset holds a NaN feature; under fp16 AMP the loss is NaN on every step and
 #   the GradScaler keeps halving the scale, which looks like an fp16 overflow but is the data.
-# ampdoctor-args: --activations
-# expect: AMP601
-# expect-detail: AMP601 (?i)\binput
-# known-gap: AMP601 blames '0 (Linear)' as the first module with a NaN output and does not say that its input
-#   was already NaN: a data problem is presented like an fp16 overflow
+# expect: AMP609
+# expect-detail: AMP609 (?i)\binput
 import sys
 
 import torch

@@ -4,8 +4,6 @@
 #   and dynamic loss scaling: every step overflows in the forward, the scale halves until it is below 1
 #   (DeepSpeed: "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.").
 # expect: AMP603
-# known-gap: no finding at all: the loss-scale rows after the last sampled step (--every 50) are never consumed at
-#   detach, so AMP603/AMP604 need a run longer than --every (--every 1 reports both)
 import sys
 
 import torch
