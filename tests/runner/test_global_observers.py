@@ -71,3 +71,10 @@ def test_a_full_resume_is_quiet(extra, checkpoint, tmp_path, capsys):
                                *extra)
     assert code == 0
     assert "AMP410" not in codes(report)
+
+
+def test_fsdp_clip_grad_norm_on_scaled_gradients_is_amp408(tmp_path, capsys):
+    code, report, _ = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "fsdp_clip_scaled.py"))
+    assert code == 0
+    [amp408] = [f for f in report["findings"] if f["code"] == "AMP408"]
+    assert "fsdp_clip_scaled.py:27" in amp408["detail"]
