@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import traceback
 import weakref
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -23,6 +24,7 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
+from ampdoctor.runner.frameworks import framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any
 
@@ -69,6 +71,7 @@ class Doctor:
         self.watch_summary: Any = None  # a rich renderable, once the watch has been detached
         self._repairs = RunRepairs(self.report, self.on_event)
         self._observers = GlobalObservers(self, self._internal_error)
+        self._accelerator_found: Any = None
         self._broken = False
         self._attached = False
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
@@ -145,7 +148,7 @@ class Doctor:
                 return
             self.models.append(module)
             self._seen["models"].add(id(module))
-        dtype = _autocast_dtype(first.device.type)
+        dtype = _autocast_dtype(first.device.type) or framework_autocast(module, self._framework_accelerator())
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
@@ -167,6 +170,11 @@ class Doctor:
             if self._guard is not None and self._guard.scaler is scaler:
                 # The guard attached during this very scale() call, past its own observer: count the call.
                 self._guard.adopt_scale_call(*args, **kwargs)
+
+    def _framework_accelerator(self) -> Any:
+        if self._accelerator_found is None and "accelerate" in sys.modules:
+            self._accelerator_found = _accelerator() or False   # one scan; False: looked, none
+        return self._accelerator_found or None
 
     # ---- process-wide events (GlobalObservers), forwarded to the guard --------------------------------------
     def before_clip(self, parameters: Any, args: tuple, kwargs: dict) -> None:
@@ -217,12 +225,15 @@ class Doctor:
             self._seen["scalers"].add(id(self.setup.scaler))
         found = run_preflight(self.setup)
         if self.fix:
-            self._repairs.apply(self.setup, self.models, self._autocast)
-            if self.report.changes:
-                # Keep what the fix did not resolve; list what it did, so the output says what changed and why.
+            before = len(self.report.changes)
+            self._repairs.apply(self.setup, self.models, self._autocast)   # all or nothing: it rolls back on error
+            if len(self.report.changes) > before:
+                # What the fix resolved stays in the report, as info that says so: the script still has the bug.
                 remaining = {(f.code, f.where) for f in run_preflight(self.setup)}
                 fixed = [f for f in found if (f.code, f.where) not in remaining]
-                found = [f for f in found if (f.code, f.where) in remaining]
+                found = [f for f in found if (f.code, f.where) in remaining] + [
+                    replace(f, severity=Severity.INFO, detail=f"repaired in this run by --fix; the script itself "
+                            f"still has it: {f.detail}") for f in fixed]
                 if fixed:
                     codes = ", ".join(dict.fromkeys(f.code for f in fixed))
                     self.report.extra["fixed"] = [f.to_dict() for f in fixed]

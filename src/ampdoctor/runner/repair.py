@@ -41,6 +41,20 @@ class RunRepairs:
             parts: the modules seen running a forward (whole models, or the parts a training step calls).
             autocast: the autocast dtype each seen part ran under (None: no autocast).
         """
+        snapshot, masters, changes = _Snapshot(setup), len(self._master), len(self.report.changes)
+        try:
+            self._apply(setup, parts, autocast)
+        except Exception as exc:
+            # All or nothing: undo every change, so a refused or failed fix leaves the run exactly as it was.
+            for master in reversed(self._master[masters:]):
+                master.detach()
+            del self._master[masters:]
+            snapshot.restore()
+            del self.report.changes[changes:]
+            self.on_event(f"ampdoctor --fix: rolled back, nothing changed ({type(exc).__name__}: {exc})")
+            raise
+
+    def _apply(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None]) -> None:
         for model in setup.models:
             inside = {id(m) for m in model.modules()}
             dtypes = [autocast.get(id(part)) for part in parts if id(part) in inside]
@@ -111,3 +125,30 @@ def owns_any(optimizer: Any, model: nn.Module) -> bool:
     """Return whether ``optimizer`` trains any parameter of ``model``."""
     ids = {id(p) for p in model.parameters()}
     return any(id(p) in ids for p in optimizer_tensors(optimizer))
+
+
+class _Snapshot:
+    """The parameters' data and gradients and the optimizers' state, by reference, to undo a fix exactly.
+
+    A fix replaces tensors (``p.data = p.data.float()``, ``state[k] = v.float()``) and never writes into them, so
+    keeping the old objects is enough to put everything back bit for bit.
+    """
+
+    def __init__(self, setup: TrainingSetup) -> None:
+        params = {id(p): p for m in setup.models for p in m.parameters()}
+        params.update((id(p), p) for o in setup.optimizers for p in optimizer_tensors(o))
+        self.params = [(p, p.data, p.grad) for p in params.values()]
+        self.states = [(o, p, dict(o.state[p]) if p in o.state else None)
+                       for o in setup.optimizers for p in optimizer_tensors(o)]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p, data, grad in self.params:
+                p.grad = None   # a gradient must match its parameter's dtype at every moment
+                p.data = data
+                p.grad = grad
+        for optimizer, p, state in self.states:
+            if state is None:
+                optimizer.state.pop(p, None)
+            else:
+                optimizer.state[p] = state

@@ -1,0 +1,50 @@
+"""`--fix` is all or nothing: a failure part-way leaves every parameter, gradient and optimizer state as it was."""
+
+import pytest
+import torch
+from torch import nn
+
+import ampdoctor.repairs.master_weights
+from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup
+from ampdoctor.runner.repair import RunRepairs
+
+
+def test_a_failing_fix_rolls_back_what_it_already_changed(monkeypatch):
+    torch.manual_seed(0)
+    upcast_me = nn.Linear(4, 4).half()     # runs under autocast: upcast first
+    master_me = nn.Linear(4, 2).half()     # no autocast: fp32 master weights, which fail here
+    opts = [torch.optim.Adam(m.parameters(), eps=1e-4) for m in (upcast_me, master_me)]
+    for opt in opts:
+        for p in opt.param_groups[0]["params"]:
+            p.grad = torch.full_like(p, 0.5)
+        opt.step()   # fp16 Adam state exists, so the upcast migrates it
+    before = [(opt, p, p.data, p.grad, dict(opt.state[p])) for opt in opts for p in opt.param_groups[0]["params"]]
+
+    def refuse(self, optimizer):
+        raise RuntimeError("injected by the test: the second repair fails")
+
+    monkeypatch.setattr(ampdoctor.repairs.master_weights.MasterWeights, "__init__", refuse)
+    report, events = Report(), []
+    setup = TrainingSetup([upcast_me, master_me], opts)
+    with pytest.raises(RuntimeError, match="injected"):
+        RunRepairs(report, events.append).apply(setup, [upcast_me, master_me],
+                                               {id(upcast_me): torch.float16, id(master_me): None})
+    assert report.changes == []
+    assert any("rolled back, nothing changed" in e for e in events)
+    for opt, p, data, grad, state in before:
+        # the very same storage (p.data makes a new alias object on each access), so bit for bit the old values
+        assert p.dtype == torch.float16 and p.data_ptr() == data.data_ptr() and p.grad is grad
+        assert all(opt.state[p][k] is v for k, v in state.items())
+
+
+def test_a_successful_fix_changes_every_model():
+    upcast_me, master_me = nn.Linear(4, 4).half(), nn.Linear(4, 2).half()
+    opts = [torch.optim.Adam(m.parameters(), eps=1e-4) for m in (upcast_me, master_me)]
+    report = Report()
+    repairs = RunRepairs(report, lambda line: None)
+    repairs.apply(TrainingSetup([upcast_me, master_me], opts), [upcast_me, master_me],
+                  {id(upcast_me): torch.float16, id(master_me): None})
+    assert upcast_me.weight.dtype == torch.float32 and master_me.weight.dtype == torch.float16
+    assert any("fp32 master weight added" in c for c in report.changes)
+    repairs.detach()
