@@ -409,3 +409,43 @@ def test_gradients_are_recorded_through_a_master_weights_wrapper_chain(accelerat
     assert w.steps == 4 and w.sampled_steps == 4
     assert w.last_record["gradients"]["read"] == ("unscaled" if unscale else "scaled")
     assert w.summary_data()["off"] == [] and not [f for f in w.findings() if f.code == "AMP001"]
+
+
+def test_gradients_are_read_inside_a_closure_step_and_training_is_unchanged() -> None:
+    # step(closure) computes the gradients inside the step, after the step pre-hooks (LBFGS; Lightning without a
+    # scaler): the watch reads them when the closure returns.
+    def run(watched: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=3)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        w = watch(model, opt, every=1) if watched else None
+        for _ in range(3):
+            def closure():
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            opt.step(closure)
+        if w is not None:
+            w.detach()
+        return model, w
+
+    plain, _ = run(False)
+    watched, w = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
+    assert w.sampled_steps == 3 and sorted(w.last_grads) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert all(s["l2"] > 0 for s in w.last_grads.values())
+
+
+def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
+    import json
+    import os
+
+    from ampdoctor.ui.cli import main
+
+    script = os.path.join(os.path.dirname(__file__), "..", "harm", "scripts", "lightning_loop.py")
+    assert main(["run", "--json", str(tmp_path / "r.json"), script, str(tmp_path / "out.pt"), "bf16-mixed"]) == 0
+    watch_data = json.loads((tmp_path / "r.json").read_text())["watch"]
+    assert watch_data["sampled_steps"] == 10 and watch_data["host_syncs"] >= 9  # the first: attached mid-step
+    assert watch_data["gradients"]["params"]   # Lightning steps with a closure: read when it returns

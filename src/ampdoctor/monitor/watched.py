@@ -11,7 +11,7 @@ masters).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -69,3 +69,29 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor]) -> tuple[list[
     names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
     modules = [i.module if i else "(not in model)" for i in infos]
     return names, modules, [dtype_name(p) for p in params]
+
+
+def closure_calls_back(args: tuple, kwargs: dict, after: Callable[[], Any]) -> tuple[tuple, dict] | None:
+    """Return ``(args, kwargs)`` of ``optimizer.step`` with its closure wrapped to call ``after()`` once it returns.
+
+    For an optimizer step pre-hook (which may return new arguments): ``step(closure)`` computes the gradients inside
+    the step, after the pre-hook. The wrapper returns the closure's own loss; nothing else changes. None when the
+    step has no closure.
+
+    >>> args, kwargs = closure_calls_back((lambda: 1.0,), {}, lambda: print("read"))
+    >>> args[0]()
+    read
+    1.0
+    """
+    closure = kwargs.get("closure", args[0] if args else None)
+    if not callable(closure):
+        return None
+
+    def closure_then_read() -> Any:
+        loss = closure()
+        after()
+        return loss
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure_then_read}
+    return (closure_then_read, *args[1:]), kwargs

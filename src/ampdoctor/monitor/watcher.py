@@ -15,15 +15,13 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
 
-The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). On a sampled
-step all device tensors of the monitors are concatenated and copied to the host with one ``.tolist()``: one host
-sync per sampled step (``Watch.host_syncs`` counts them), plus one at ``detach()`` for the loss scales of the steps
-after the last sampled one. The activation monitor syncs once more on its own in its ``step_record()``. Steps that
-are not sampled cost a few O(1) Python calls and two device copies of 0-dim tensors.
+The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
+copies all monitors' device tensors to the host with one ``.tolist()`` (``Watch.host_syncs`` counts them), plus one
+at ``detach()`` for the loss scales after the last sampled step; the activation monitor syncs once more in its
+``step_record()``. Other steps cost a few O(1) Python calls and two device copies of 0-dim tensors.
 
-Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG. Every hook
-is removed on ``detach()``, and references to the model, optimizer and scaler are dropped. An exception inside a
-part of the watch is reported once as AMP001 and that part stops; training goes on unchanged.
+Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
+removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
 """
 
 from __future__ import annotations
@@ -49,12 +47,11 @@ from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, module_rollup, render_watch
-from ampdoctor.monitor.watched import name_params, refuse_meta, steps_through, watched_chain
+from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, steps_through, watched_chain
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
 
-STATS = ("norms", "full", "exact")  # what GradStats computes: see Watch
-# UNDERFLOW_FRACTION, SUBNORMAL_FRACTION: the AMP605 thresholds, see ampdoctor.monitor.gradients
+STATS = ("norms", "full", "exact")  # what GradStats computes: see Watch (AMP605 thresholds: monitor.gradients)
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
@@ -167,7 +164,11 @@ class Watch:
         self._activations.attach()
 
     def _open_recorder(self) -> None:
-        self._recorder = FlightRecorder(self.log_dir, self._header(), fsync=self.fsync)
+        params = [{"name": n, "module": m, "dtype": d, "shape": list(p.shape)} for n, m, d, p in
+                  zip(self.param_names, self.param_modules, self.param_dtypes, self._params)]
+        self._recorder = FlightRecorder(self.log_dir, log_header(
+            self._optimizer, self._scaler, every=self.every, stats=self.stats, sample=self.sample, params=params),
+            fsync=self.fsync)
 
     def detach(self) -> None:
         """Flush what is pending, remove every hook, close the log and drop references to the training objects."""
@@ -226,13 +227,18 @@ class Watch:
         scaler = self._scaler  # its stage is kept for the object it is given, wrapper or not
         self._read_grads(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
 
-    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._sampled_now and "gradients" not in self._parts.off:
-            # A GradScaler we were not given sets grad_scale on a fused optimizer: its grads are still scaled.
-            grad_scale = getattr(optimizer, "grad_scale", None)
-            scaled = isinstance(grad_scale, torch.Tensor)
-            self._guard("gradients", lambda: self._read_grads(grad_scale if scaled else None, scaled=scaled))
-        return None
+    def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        if not self._sampled_now or "gradients" in self._parts.off:
+            return None
+        # A GradScaler we were not given sets grad_scale on a fused optimizer: its grads are still scaled.
+        grad_scale = getattr(optimizer, "grad_scale", None)
+        scaled = isinstance(grad_scale, torch.Tensor)
+        read = lambda: self._read_grads(grad_scale if scaled else None, scaled=scaled)  # noqa: E731
+        # step(closure) (Lightning, LBFGS) computes the gradients inside the step: read them when it returns
+        wrapped = closure_calls_back(args, kwargs, lambda: self._guard("gradients", read))
+        if wrapped is None:
+            self._guard("gradients", read)
+        return wrapped
 
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
         """The end of a step: ``scaler.update()`` returned, or (without a scaler) the optimizer step post-hook."""
@@ -314,9 +320,8 @@ class Watch:
             self._activation_result = (armed.summary(), kept)
             armed.detach()
             self._activations = None
-        if not self._sampling.escalate(record, step):
-            return
-        if self._activations is None and self._model is not None and "activations" not in self._parts.off:
+        if self._sampling.escalate(record, step) and self._activations is None and self._model is not None \
+                and "activations" not in self._parts.off:
             self._guard("activations", self._attach_activations)
             self._armed = self._activations
 
@@ -393,9 +398,3 @@ class Watch:
         for f in self.findings():
             report.add(f)
         return report
-
-    def _header(self) -> dict[str, Any]:
-        return log_header(self._optimizer, self._scaler, every=self.every, stats=self.stats, sample=self.sample,
-                          params=[{"name": n, "module": m, "dtype": d, "shape": list(p.shape)} for n, m, d, p in
-                                  zip(self.param_names, self.param_modules, self.param_dtypes, self._params)])
-
