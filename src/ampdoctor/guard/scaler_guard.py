@@ -2,11 +2,8 @@
 
 ``ScalerGuard`` observes ``scale``, ``unscale_``, ``step`` and ``update`` on one GradScaler instance, plus
 ``clip_grad_norm_`` and LR scheduler steps, with pass-through wrappers that detach exactly. Each observed call
-costs O(1) Python and no host sync: found-inf flags stay on the device and are read in one batch when a finding
-needs them. Parameters are only walked to explain a call that raised.
-
-The records live in `ampdoctor.guard.history`, the decisions that need no observer state in
-`ampdoctor.guard.checks`, and the ``clip_grad_norm_`` argument tracing in `ampdoctor.guard.clipping`.
+costs O(1) Python and no host sync (found-inf flags stay on the device, read in one batch when a finding needs
+them). Records: `ampdoctor.guard.history`; decisions: `.checks`; ``clip_grad_norm_`` arguments: `.clipping`.
 """
 
 from __future__ import annotations
@@ -168,6 +165,11 @@ class ScalerGuard:
     def clip_finished(self, result: Any) -> None:
         """Observe the end of that clipping call."""
         self._forward(self._after_clip, result)
+
+    @property
+    def clipped_scaled(self) -> bool:
+        """Whether this iteration clipped gradients that still carried the loss scale (AMP408)."""
+        return "AMP408" in self._cur.flagged
 
     def adopt_scale_call(self, outputs: Any = None, *args: Any, **kwargs: Any) -> None:
         """Count a ``scale()`` call that was already running when the guard attached (its observer missed it)."""

@@ -53,7 +53,9 @@ class GradientReader:
         self._pending: torch.Tensor | None = None
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
         self._read = "none"
+        self._clip: torch.Tensor | None = None  # [the clip's returned pre-clip norm, 1 if it clipped scaled grads]
         self.last: dict[str, dict[str, float]] = {}  # per-parameter statistics of the last consumed step
+        self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
         self.norm_history: list[tuple[int, float]] = []  # (step, global norm) of sampled steps, up to NORM_HISTORY
 
     def read(self, scale: torch.Tensor | None, scaled: bool) -> None:
@@ -67,15 +69,26 @@ class GradientReader:
         self._loss_scale = None if scale is None else scale.detach().reshape(1).clone()
         self._read = "scaled" if scaled else "unscaled"
 
+    def note_clip(self, total_norm: Any, scaled: bool) -> None:
+        """Keep the norm a clipping call returned (the norm before clipping) and whether it clipped scaled grads."""
+        if isinstance(total_norm, torch.Tensor) and total_norm.numel() == 1:
+            flag = torch.full((1,), float(scaled), device=total_norm.device)
+            self._clip = torch.cat([total_norm.detach().reshape(1).float(), flag])
+
     def pending(self) -> dict[str, torch.Tensor]:
-        """Return the device values read since the last ``consume()``: ``rows`` and ``scale`` (``{}`` if none)."""
+        """Return the device values read since the last ``consume()``: ``rows``, ``scale``, ``clip`` (``{}``)."""
         if self._pending is None:
             return {}
-        return {"rows": self._pending} if self._loss_scale is None else {"rows": self._pending, "scale": self._loss_scale}
+        out = {"rows": self._pending}
+        if self._loss_scale is not None:
+            out["scale"] = self._loss_scale
+        if self._clip is not None:
+            out["clip"] = self._clip
+        return out
 
     def clear(self) -> None:
         """Drop what was read and not consumed."""
-        self._pending = self._loss_scale = None
+        self._pending = self._loss_scale = self._clip = None
 
     def release(self) -> None:
         """Drop the references to the parameters and to pending values; the results stay."""
@@ -85,6 +98,8 @@ class GradientReader:
     def summary(self, modules: dict[str, dict[str, float]]) -> dict[str, Any]:
         """Return the JSON-ready summary: the last step's statistics by parameter and by module, and the norms."""
         out: dict[str, Any] = {"params": self.last, "modules": modules}
+        if self.last_pre_clip is not None:
+            out["pre_clip_norm"] = self.last_pre_clip
         if self.norm_history:
             step, norm = self.norm_history[-1]
             peak = max(self.norm_history, key=lambda sn: sn[1] if math.isfinite(sn[1]) else -1.0)
@@ -94,6 +109,10 @@ class GradientReader:
     def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
         """Take the host copy of ``pending()``; return the step record's ``"gradients"`` entry."""
         record, self.last = gradient_record(values, self.names, self._read)
+        if "clip" in values:
+            # clip_grad_norm_ returns the norm before clipping; on still-scaled gradients it carries the scale
+            record["pre_clip_norm"], record["clipped_scaled"] = values["clip"][0], values["clip"][1] > 0
+        self.last_pre_clip = record.get("pre_clip_norm")
         total = record["global_norm"]
         if total is not None and len(self.norm_history) < NORM_HISTORY:
             self.norm_history.append((step, total))
@@ -144,8 +163,8 @@ def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]],
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
                f"global gradient norm {grads['global_norm']} at step {step} and the step was not skipped "
                f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")
-    if not scaler or stats == "norms":
-        return
+    if not scaler or stats == "norms" or grads.get("clipped_scaled"):
+        return  # clipping the still-scaled gradients shrank them by the scale: their underflow is an artefact
     scale = grads.get("loss_scale")
     flagged = [(s["fp16_underflow"], s["fp16_subnormal"], n) for n, s in params.items()
                if s.get("fp16_underflow", 0.0) >= UNDERFLOW_FRACTION

@@ -116,7 +116,10 @@ class LostUpdateMonitor:
                 for p, idx in zip(self._params, self._index):
                     values = p.detach().reshape(-1).index_select(0, idx)
                     g = p.grad
-                    moved = (g.reshape(-1).index_select(0, idx) != 0) if g is not None and not g.is_sparse \
+                    # only a half-precision weight loses updates to rounding; one that is fp32 now (a MasterWeights
+                    # master between backward and step, an upcast model) keeps them
+                    counted = g is not None and not g.is_sparse and p.dtype in HALF
+                    moved = (g.reshape(-1).index_select(0, idx) != 0) if counted \
                         else torch.zeros_like(values, dtype=torch.bool)
                     before.append((values, moved))
                 self._before = before

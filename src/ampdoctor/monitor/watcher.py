@@ -3,18 +3,16 @@
 Where and when things are read. Gradients, lost updates and activations are looked at on sampled steps (the first
 ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampling``); the loss scale on every step:
 
-* **Gradients**, on a sampled step, just before ``scaler.step(optimizer)`` (observed, pass-through) when an enabled
-  GradScaler is given, otherwise in an optimizer step pre-hook. At that point the grads are final (clipped, if the
-  loop clips) and not yet consumed. Whether they still carry the loss scale comes from the scaler's stage for this
-  optimizer (READY: scaled; UNSCALED after an explicit ``unscale_``), or, in the pre-hook, from the
-  ``optimizer.grad_scale`` the scaler sets for fused optimizers. A fused optimizer unscales ``.grad`` in place
-  inside its kernel (checked on CPU AdamW, torch 2.13), so reading after the step would see a different scale.
+* **Gradients**, on a sampled step, just before ``scaler.step(optimizer)`` (observed, pass-through) with an enabled
+  GradScaler, else in an optimizer step pre-hook (or when a ``step(closure)``'s closure returns). The grads are then
+  final (clipped, if the loop clips) and not yet consumed; the scaler's stage for this optimizer (or the
+  ``optimizer.grad_scale`` it sets for fused optimizers, which unscale ``.grad`` in place in their kernel) says
+  whether they still carry the loss scale.
 * **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
 * **Lost updates** around the optimizer step of a sampled step (``LostUpdateMonitor``).
 * **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps.
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
-
 The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
 copies all monitors' device tensors to the host with one ``.tolist()`` (``Watch.host_syncs`` counts them), plus one
 at ``detach()`` for the loss scales after the last sampled step; the activation monitor syncs once more in its
@@ -240,6 +238,10 @@ class Watch:
             self._guard("gradients", read)
         return wrapped
 
+    def note_clip(self, total_norm: Any, scaled: bool = False) -> None:
+        """Record a clip's returned (pre-clip) norm for this step; ``scaled``: it clipped before unscale_."""
+        self._guard("gradients", lambda: self._grads.note_clip(total_norm, scaled))
+
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
         """The end of a step: ``scaler.update()`` returned, or (without a scaler) the optimizer step post-hook."""
         if "watch" in self._parts.off:
@@ -327,9 +329,8 @@ class Watch:
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int) -> None:
-        for code, severity, where, detail in gradient_alarms(record, self.last_grads, step,
-                                                             scaler=self._scaler is not None, stats=self.stats):
-            self._parts.report(code, severity, where, step, detail)
+        for alarm in gradient_alarms(record, self.last_grads, step, scaler=self._scaler is not None, stats=self.stats):
+            self._parts.report(alarm[0], alarm[1], alarm[2], step, alarm[3])
 
     def _guard(self, part: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         return self._parts.guard(part, fn, on_fail=self._fail, **kwargs)
@@ -395,6 +396,5 @@ class Watch:
     def report(self) -> Report:
         """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""
         report = Report(extra={"watch": self.summary_data()})   # device facts are read when it is shown
-        for f in self.findings():
-            report.add(f)
+        list(map(report.add, self.findings()))
         return report

@@ -184,6 +184,8 @@ class Doctor:
     def after_clip(self, result: Any) -> None:
         if self._guard is not None:
             self._guard.clip_finished(result)
+        if self._watch is not None:
+            self._watch.note_clip(result, scaled=self._guard is not None and self._guard.clipped_scaled)
 
     def optimizer_restored(self, optimizer: Any) -> None:
         if self._guard is not None:
@@ -270,7 +272,7 @@ class Doctor:
         setup = self.setup
         if setup is None or not setup.optimizers:
             return
-        model = max(self.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
+        model = max(setup.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
         if any(p.is_meta for p in model.parameters()):
             return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
