@@ -14,7 +14,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.monitor.grad_stats import COLUMNS, FORMATS, KINDS
 
-__all__ = ["module_rollup", "log_header", "render_watch"]
+__all__ = ["module_rollup", "log_header", "render_watch", "run_formats"]
 
 
 def module_rollup(params: dict[str, dict[str, float]], module_of: dict[str, str]) -> dict[str, dict[str, float]]:
@@ -88,8 +88,32 @@ def _setting(scaler: Any, getter: str) -> Any:
     return call_safely(method) if callable(method) else None
 
 
+def run_formats(scaler: Any, param_dtypes: Sequence[str]) -> list[str]:
+    """Return the simulated formats that describe this run, for the summary's columns.
+
+    An fp16 GradScaler means fp16; bf16 parameters mean bf16; fp16 parameters fp16; fp32 parameters without a
+    scaler could be either (autocast is not known here). fp8 only when parameters are fp8: real fp8 recipes scale
+    each tensor, so the loss-scale simulation describes no fp8 run otherwise.
+
+    >>> run_formats(None, ["float32"]), run_formats(None, ["bfloat16"]), run_formats(None, ["float8_e4m3fn"])
+    (['fp16', 'bf16'], ['bf16'], ['fp16', 'bf16', 'e4m3', 'e5m2'])
+    """
+    if scaler is not None:
+        chosen = ["fp16"]
+    elif "bfloat16" in param_dtypes:
+        chosen = ["bf16"]
+    elif "float16" in param_dtypes:
+        chosen = ["fp16"]
+    else:
+        chosen = ["fp16", "bf16"]
+    if any(d.startswith("float8") for d in param_dtypes):
+        chosen = ["fp16", "bf16", "e4m3", "e5m2"]
+    return chosen
+
+
 def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
     """Return a rich renderable of ``Watch.summary_data()`` and the findings (None: shown elsewhere, say nothing)."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -107,19 +131,20 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
             f"({scale['skipped_fraction']:.1%}), longest run {run['length']}"))
     grads = data.get("gradients") or {}
     if grads.get("modules"):
+        formats = [f for f in FORMATS if f.name in data.get("formats", [f.name for f in FORMATS])]
         table = Table(title=f"gradients at step {grads.get('step')} (unscaled; global norm "
-                            f"{_num(grads.get('global_norm'))})", expand=False)
-        table.add_column("module", overflow="fold", min_width=6)
-        for col in ("L2", "max|g|", "min|g|>0", "zeros", "inf/nan", "fp16 u/o", "bf16 u/o", "e4m3 u/o",
-                    "e5m2 u/o"):  # u/o: share of non-zero gradients that would underflow / overflow
-            table.add_column(col, justify="right", no_wrap=True)
+                            f"{_num(grads.get('global_norm'))})", expand=False, box=box.SIMPLE_HEAD,
+                      pad_edge=False)
+        table.add_column("module", overflow="fold", min_width=16, ratio=1)  # names are kept whole, wrapped
+        for col in ("L2", "max|g|", "min|g|>0", "zeros", "inf/nan", *(f"{f.name} u/o" for f in formats)):
+            table.add_column(col, justify="right", no_wrap=True)  # u/o: share that would underflow / overflow
         for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
             if "zero_frac" not in s:  # stats="norms"
-                table.add_row(module, _num(s["l2"]), _num(s["absmax"]), *["-"] * 7)
+                table.add_row(module, _num(s["l2"]), _num(s["absmax"]), *["-"] * (3 + len(formats)))
                 continue
             table.add_row(module, _num(s["l2"]), _num(s["absmax"]), _num(s["min_nonzero"]), f"{s['zero_frac']:.0%}",
                           str(s["nonfinite"]), *(f"{_pct(s[f.name + '_underflow'])}/{_pct(s[f.name + '_overflow'])}"
-                                                 for f in FORMATS))
+                                                 for f in formats))
         parts.append(table)
     lost = data.get("lost_updates")
     if lost and lost.get("params"):
@@ -146,7 +171,8 @@ def _sortable(value: float) -> float:
 
 
 def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    # inf for min|g|>0 means no finite non-zero entry (all zero or all NaN): nothing to show
+    return "-" if value is None or value == math.inf else f"{value:.3g}"
 
 
 def _pct(value: float) -> str:

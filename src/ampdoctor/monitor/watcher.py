@@ -44,7 +44,7 @@ from ampdoctor.monitor.lost_updates import LostUpdateMonitor
 from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
-from ampdoctor.monitor.summary import log_header, module_rollup, render_watch
+from ampdoctor.monitor.summary import log_header, module_rollup, render_watch, run_formats
 from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, steps_through, watched_chain
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
@@ -381,7 +381,7 @@ class Watch:
         return {
             "steps": self.steps, "sampled_steps": self.sampled_steps, "every": self.every, "stats": self.stats,
             "sample": self.sample, "host_syncs": self.host_syncs, "log_path": self.log_path,
-            "seconds_inside": round(self.seconds_inside, 6),
+            "seconds_inside": round(self.seconds_inside, 6), "formats": run_formats(self._scaler, self.param_dtypes),
             "scale": None if self._scale_monitor is None else self._scale_monitor.summary(),
             "gradients": grads,
             "lost_updates": None if self._lost is None or not self._lost.names else self._lost.summary(),

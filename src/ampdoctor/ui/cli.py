@@ -108,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.children import ChildProcesses
     from ampdoctor.runner.launcher import run_module, run_script
+    from ampdoctor.ui.console import render_report
 
     err = Console(stderr=True, highlight=False)
     if args.module is not None:
@@ -137,13 +138,16 @@ def _run(args: argparse.Namespace) -> int:
         script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
         result = run_script(args.script, script_args, doctor, children=children)
     report = result.report
-    if doctor.watch_summary is not None:
-        err.print(doctor.watch_summary)
-    if report.findings or result.exit_code or report.saw_nothing:
-        err.print(report)
+    if doctor.watch_summary is not None and (report.extra.get("watch") or {}).get("steps"):
+        err.print(doctor.watch_summary)   # a run that crashed before its first step has no numbers to show
+    repaired = {f["code"] for f in report.extra.get("fixed", [])}
+    left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]
+    if left or result.exit_code or report.saw_nothing:
+        err.print(render_report(report, show_exception=False))   # the traceback above ends with the same line
     elif report.changes:
-        err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix", markup=False,
-                  soft_wrap=True)
+        err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
+                  f"({', '.join(sorted(repaired))}) is still in the script, and listed as info in the JSON report",
+                  markup=False, soft_wrap=True)
     if result.exit_code and report.exception and not result.explained:
         err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)

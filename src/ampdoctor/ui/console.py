@@ -72,10 +72,13 @@ def rule_panel(rule: Rule) -> Panel:
     return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]: {escape(rule.title)}", title_align="left")
 
 
-def render_report(report: Any) -> RenderableType:
-    """Return the whole report: exception line, findings table, fixes, changes."""
+def render_report(report: Any, show_exception: bool = True) -> RenderableType:
+    """Return the whole report: exception line, findings table, fixes, changes.
+
+    ``show_exception=False`` where the traceback was just printed (``ampdoctor run``): its last line is the same.
+    """
     parts: list[RenderableType] = []
-    if report.exception:
+    if report.exception and show_exception:
         parts.append(Text(f"{report.exception.get('type')}: {report.exception.get('message')}", style="bold red"))
     if report.changes:
         changes = Table(title="ampdoctor changed", show_header=False)
