@@ -99,3 +99,26 @@ def test_not_sampled_means_no_snapshot_and_detach_removes_the_hooks() -> None:
     assert monitor.pending() == {}
     monitor.detach()
     assert len(opt._optimizer_step_pre_hooks) == 0 and len(opt._optimizer_step_post_hooks) == 0
+
+
+def test_nan_weights_are_not_counted_as_updated_or_lost() -> None:
+    # a NaN weight compares unequal to itself after the step: it was not "updated", and nothing was "lost" either
+    model = bf16_model()
+    with torch.no_grad():
+        model[2].weight.fill_(float("nan"))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    monitor = run(model, opt, steps=2)
+    summary = monitor.summary()
+    assert "2.weight" not in summary["params"] and "2.weight" not in monitor.fractions()
+    assert not [f for f in monitor.findings() if f.where == "2.weight"]
+
+
+def test_weights_that_are_fp32_at_step_time_lose_nothing() -> None:
+    # under MasterWeights the parameters hold their fp32 masters between backward and step
+    from ampdoctor.repairs.master_weights import MasterWeights
+
+    model = bf16_model()
+    master = MasterWeights(torch.optim.SGD(model.parameters(), lr=1e-6))  # tiny steps: lost in bf16, kept in fp32
+    with master:
+        monitor = run(model, master.optimizer, steps=3)
+    assert monitor.findings() == [] and monitor.summary()["params"] == {}

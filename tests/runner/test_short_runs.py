@@ -51,3 +51,11 @@ def test_nan_in_the_data_is_reported_as_bad_input_on_the_defaults(tmp_path, caps
     assert "AMP609" in codes and "AMP601" not in codes
     [bad] = [f for f in report["findings"] if f["code"] == "AMP609"]
     assert bad["where"] == "model input" and bad["step"] == 3
+
+
+def test_a_crash_is_printed_once_without_an_empty_watch_summary(tmp_path, capsys):
+    code = main(["run", os.path.join(SCRIPTS, "seed.py")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("ValueError: Attempting to unscale FP16 gradients.") == 1   # the traceback's own line
+    assert "loss scale -" not in err and "0 steps" not in err

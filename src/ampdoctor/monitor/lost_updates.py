@@ -138,6 +138,8 @@ class LostUpdateMonitor:
                 rows = []
                 for p, idx, (values, moved) in zip(self._params, self._index, before):
                     after = p.detach().reshape(-1).index_select(0, idx)
+                    # a NaN/inf weight compares unequal to itself: it is broken, not updated, so it is not counted
+                    moved = moved & torch.isfinite(values) & torch.isfinite(after)
                     unchanged = (after == values) & moved
                     rows.append(torch.stack([moved.sum(), unchanged.sum()]))
                 counts = torch.stack(rows).to(torch.float32)

@@ -65,6 +65,19 @@ def findings_by_module(code: str, params: Sequence[ParamInfo], state: str, summa
                       f"{count} more parameters in {len(rest)} more modules ({names}) are {state}{end}{summary}")
 
 
+def _lr(value: Any) -> str:
+    """Return a learning rate as people write it, three significant digits: ``0.00016666666666666666`` -> ``0.000167``.
+
+    >>> _lr(1 / 6000), _lr(1e-4), _lr(3e-5), _lr(None)
+    ('0.000167', '0.0001', '3e-05', 'None')
+    """
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return str(value)
+    return f"{value:.3g}"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -244,7 +257,7 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
             dtypes = sorted({t.dtype for _, t in members}, key=str)
             yield Finding(
                 "AMP103", rule.severity, f"optimizer[{oi}] group {gi}",
-                f"{type(unwrap_optimizer(opt)).__name__} (lr={group.get('lr')}) updates {len(members)} of "
+                f"{type(unwrap_optimizer(opt)).__name__} (lr={_lr(group.get('lr'))}) updates {len(members)} of "
                 f"{len(tensors)} tensors in place in half precision ({_dtype_counts(t for _, t in members)}), with "
                 f"{scaler} and no fp32 master copy: {listing([_tensor_label(setup, i, t) for i, t in members])}. An "
                 f"update smaller than {' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
