@@ -11,6 +11,7 @@ from ampdoctor.preflight.rules.config import (
     accelerate_fp16_not_in_effect,
     closure_with_scaler,
     cuda_scaler_disabled,
+    fp16_autocast_without_scaler,
     fsdp_fp16_with_plain_scaler,
     scaler_with_bf16_autocast,
 )
@@ -242,3 +243,19 @@ def test_amp205_quiet_for_fsdp2_whose_dtensor_grads_sync_found_inf(process_group
     assert model(torch.randn(2, 10)).dtype == torch.float16  # fp16 compute is real
     setup = TrainingSetup(model, torch.optim.AdamW(model.parameters()), cpu_scaler())
     assert list(fsdp_fp16_with_plain_scaler(setup)) == []
+
+
+# ---- AMP208 -----------------------------------------------------------------------------------------------------
+def test_amp208_fires_for_fp16_autocast_without_a_scaler():
+    findings = list(fp16_autocast_without_scaler(TrainingSetup(nn.Linear(10, 10), autocast_dtype=torch.float16)))
+    assert [(f.code, f.where) for f in findings] == [("AMP208", "torch.autocast")]
+    assert "no GradScaler" in findings[0].detail
+
+
+@pytest.mark.parametrize("setup", [
+    lambda m: TrainingSetup(m, scaler=torch.amp.GradScaler("cpu"), autocast_dtype=torch.float16),
+    lambda m: TrainingSetup(m, autocast_dtype=torch.bfloat16),
+    lambda m: TrainingSetup(m),
+], ids=["fp16-with-scaler", "bf16-no-scaler", "fp32"])
+def test_amp208_quiet_with_a_scaler_bf16_or_fp32(setup):
+    assert list(fp16_autocast_without_scaler(setup(nn.Linear(10, 10)))) == []

@@ -106,6 +106,30 @@ def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
 _ENGINE_OWNS_FP16 = {"DEEPSPEED", "MEGATRON_LM"}
 
 
+@check("AMP208")
+def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag a forward under fp16 autocast with no enabled GradScaler (plain or sharded) to scale the loss.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> [f.code for f in fp16_autocast_without_scaler(TrainingSetup(model, autocast_dtype=torch.float16))]
+    ['AMP208']
+    >>> list(fp16_autocast_without_scaler(TrainingSetup(model, autocast_dtype=torch.bfloat16)))
+    []
+    """
+    if setup.autocast_dtype != torch.float16 or setup.scaler_enabled:
+        return
+    trainable = setup.trainable()
+    if not trainable or all(p.dtype in (torch.float16, torch.bfloat16) for p in trainable):
+        return  # nothing trains, or pure half training: AMP103's case
+    yield Finding(
+        "AMP208", get_rule("AMP208").severity, "torch.autocast",
+        f"the forward runs under fp16 autocast and no enabled GradScaler scales the loss "
+        f"({'no GradScaler' if setup.scaler is None else scaler_label(setup.scaler) + ' is disabled'}): the "
+        f"backward of the {len(trainable)} trainable tensors runs in fp16, where gradients below 2**-24 ≈ 6e-8 "
+        "flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision.",
+    )
+
+
 @check("AMP203")
 def accelerate_fp16_not_in_effect(setup: TrainingSetup) -> Iterator[Finding]:
     """Flag an ``Accelerator(mixed_precision="fp16")`` that neither autocasts nor scales.
