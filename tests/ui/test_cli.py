@@ -3,6 +3,8 @@
 import io
 import os
 
+import pytest
+
 from ampdoctor.core.catalog import RULES
 from ampdoctor.ui.cli import main
 from ampdoctor.ui.console import rules_markdown
@@ -61,3 +63,32 @@ def test_demo_reproduces_diagnoses_and_repairs(capsys):
     assert "Attempting to unscale FP16 gradients" in out
     assert "AMP101" in out and "0.weight" in out
     assert "trained to the end" in out
+
+
+# ---- output paths are checked before the script starts ----------------------------------------------------------
+@pytest.mark.parametrize("argv, said", [
+    (["--json", "{tmp}/missing/report.json"], "does not exist"),
+    (["--json", "{tmp}"], "is a folder"),
+    (["--log-dir", "{tmp}/afile"], "is a file, not a folder"),
+    (["--no-watch", "--log-dir", "{tmp}/logs"], "--no-watch turns the watch off"),
+    (["--no-watch", "--activations"], "--no-watch turns the watch off"),
+])
+def test_bad_output_paths_and_conflicting_options_are_usage_errors_before_the_run(argv, said, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    code = main(["run", *[a.format(tmp=tmp_path) for a in argv], str(script)])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and "Traceback" not in err
+    assert not marker.exists()  # the script never started
+
+
+def test_report_html_to_a_bad_path_is_a_usage_error(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main(["run", "--no-watch", "--json", str(report), os.path.join(os.path.dirname(__file__), "..", "scripts",
+                                                                            "stray.py")]) == 1
+    capsys.readouterr()
+    code = main(["report", str(report), "--html", str(tmp_path / "nope" / "out.html")])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err and "Traceback" not in err

@@ -118,7 +118,7 @@ class RunRepairs:
         for line in lines[:_SHOWN_CHANGES]:
             self.on_event(f"  {line}")
         if len(lines) > _SHOWN_CHANGES:
-            self.on_event(f"  … and {len(lines) - _SHOWN_CHANGES} more (see the JSON report)")
+            self.on_event(f"  … and {len(lines) - _SHOWN_CHANGES} more (every change is in the JSON report: --json PATH)")
 
 
 def owns_any(optimizer: Any, model: nn.Module) -> bool:

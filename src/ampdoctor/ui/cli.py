@@ -20,7 +20,8 @@ examples:
   python train.py 2>&1 | ampdoctor explain -   explain a pasted traceback
   ampdoctor explain AMP401                     show one rule
   ampdoctor rules                              list the catalog
-  ampdoctor report ampdoctor-logs/ampdoctor.jsonl --html report.html
+  ampdoctor run --log-dir logs train.py         also keep a flight recorder: logs/ampdoctor.jsonl
+  ampdoctor report logs/ampdoctor.jsonl --html report.html
   ampdoctor demo                               reproduce the classic error, diagnose it, fix it
 """
 
@@ -124,6 +125,14 @@ def _run(args: argparse.Namespace) -> int:
                           "e.g. `ampdoctor run train.py --epochs 1`.")
     if args.every < 1:
         raise _UsageError(f"--every must be a positive number of steps, got {args.every}")
+    if args.no_watch and (args.log_dir or args.activations):
+        given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
+        raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
+    # Output paths are checked before the script starts: a long run must not end with "cannot write".
+    if args.json:
+        _check_writable(args.json, "--json")
+    if args.log_dir:
+        _check_log_dir(args.log_dir)
     options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
                    activations=args.activations)
     doctor = Doctor(**options, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
@@ -211,9 +220,14 @@ def _report(args: argparse.Namespace) -> int:
         raise _UsageError(str(exc)) from None
     except RecursionError:
         raise _UsageError(f"{args.path!r} nests JSON too deeply to be an ampdoctor report") from None
+    if args.html:
+        _check_writable(args.html, "--html")
     out.print(render_loaded(loaded))
     if args.html:
-        write_html(loaded, args.html)
+        try:
+            write_html(loaded, args.html)
+        except OSError as exc:
+            raise _UsageError(f"cannot write --html {args.html!r}: {exc.strerror}") from None
         out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
     return 0 if loaded.ok else 1
 
@@ -229,6 +243,30 @@ def _env(args: argparse.Namespace) -> int:
 
     print(json.dumps(environment(), indent=2))
     return 0
+
+
+def _check_writable(path: str, option: str) -> None:
+    """Raise a usage error unless ``path`` can be written: not a folder, in a folder that exists and is writable."""
+    if os.path.isdir(path):
+        raise _UsageError(f"{option} {path!r} is a folder; give a file name, e.g. {option} report.json")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise _UsageError(f"{option} {path!r}: the folder {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise _UsageError(f"{option} {path!r} cannot be written (permission denied); choose another path")
+
+
+def _check_log_dir(path: str) -> None:
+    """Create ``--log-dir`` now (or find it writable), so a bad one is a usage error before the run."""
+    target = path if not path.endswith(".jsonl") else os.path.dirname(os.path.abspath(path))
+    if os.path.exists(target) and not os.path.isdir(target):
+        raise _UsageError(f"--log-dir {path!r} is a file, not a folder; give a folder, e.g. --log-dir logs")
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError as exc:
+        raise _UsageError(f"--log-dir {path!r} cannot be created: {exc.strerror}; choose another folder") from None
+    if not os.access(target, os.W_OK):
+        raise _UsageError(f"--log-dir {path!r} cannot be written (permission denied); choose another folder")
 
 
 def _write(path: str, text: str) -> None:

@@ -38,7 +38,7 @@ def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings
                 rest = sum(1 for g in findings if g.code == f.code) - max_per_code
                 table.add_row(f.code, Text(f.severity.value, style=_STYLE[f.severity]), Text("…"),
                               Text(f"and {rest} more {f.code} finding(s) like the above (all are in the JSON "
-                                   "report: --json PATH)", style="italic"))
+                                   "report written with --json PATH)", style="italic"))
             continue
         try:
             title_text = get_rule(f.code).title
@@ -86,7 +86,7 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         for change in report.changes[:20]:
             changes.add_row(Text(str(change)))
         if len(report.changes) > 20:
-            changes.add_row(Text(f"… and {len(report.changes) - 20} more (see the JSON report)", style="italic"))
+            changes.add_row(Text(f"… and {len(report.changes) - 20} more (every change is in the JSON report: --json PATH)", style="italic"))
         parts.append(changes)
     if report.findings:
         ordered = sorted(report.findings, key=lambda f: f.severity.rank)
