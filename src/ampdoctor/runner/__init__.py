@@ -1,1 +1,1 @@
-"""Run: the Doctor (attaches to a whole process), the script launcher and the demo."""
+"""Run: the Doctor (attaches to a whole process), discovery, observers, child processes, repairs, the launcher."""

@@ -1,1 +1,1 @@
-"""Show: the command line, console rendering and report files."""
+"""Show: the command line, console rendering, report files and the demo."""

@@ -233,7 +233,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ampdoctor.runner.demo import run_demo
+    from ampdoctor.ui.demo import run_demo
 
     return run_demo(fix=not args.no_fix, console=Console(highlight=False))
 

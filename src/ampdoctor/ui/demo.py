@@ -44,6 +44,7 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
     """
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import run_script
+    from ampdoctor.ui.console import render_report
 
     console = console or Console(highlight=False)
     events = lambda line: console.print(line, markup=False)  # noqa: E731
@@ -55,7 +56,7 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
         console.print(Syntax(DEMO_SCRIPT, "python", theme="ansi_dark", line_numbers=True))
         console.print(Heading("1. ampdoctor run train.py"))
         first = run_script(path, [], Doctor(watch=False, on_event=events))
-        console.print(first.report)
+        console.print(render_report(first.report, show_exception=False))  # the traceback above ends with it
         diagnosed = first.exit_code != 0 and "AMP101" in first.report.codes()
         if not fix:
             return 0 if diagnosed else 1
@@ -64,5 +65,5 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
         if second.exit_code == 0:
             console.print("ampdoctor: the unchanged script trained to the end with the fix applied.", style="green")
         else:
-            console.print(second.report)
+            console.print(render_report(second.report, show_exception=False))
         return 0 if diagnosed and second.exit_code == 0 else 1
