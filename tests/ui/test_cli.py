@@ -59,8 +59,11 @@ def test_usage_errors_exit_2(capsys):
 
 def test_demo_reproduces_diagnoses_and_repairs(capsys):
     assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "Attempting to unscale FP16 gradients" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    # the crash: its traceback on stderr, as python prints it, and not repeated by the report
+    assert captured.err.count("ValueError: Attempting to unscale FP16 gradients.") == 1
+    assert "ValueError: Attempting to unscale FP16 gradients." not in out
     assert "AMP101" in out and "0.weight" in out
     assert "trained to the end" in out
 
