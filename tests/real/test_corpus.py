@@ -160,7 +160,8 @@ def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     """Run every selected case (and its --fix run) once, ``WORKERS`` subprocesses at a time."""
     wanted: list[tuple[str, bool]] = []
     for item in request.session.items:
-        if item.module is not None and item.module.__name__ == __name__ and hasattr(item, "callspec"):
+        module = getattr(item, "module", None)   # doctest items (--doctest-modules over src/) have none
+        if module is not None and module.__name__ == __name__ and hasattr(item, "callspec"):
             key = (item.callspec.params["name"], item.originalname == "test_fix")
             if key not in wanted:
                 wanted.append(key)
