@@ -80,6 +80,10 @@ def test_models_are_the_outermost_owners_of_trained_parameters():
     modules = list(net.modules()) + list(ema.modules())
     # the step called a part directly; the EMA copy ran a forward too but no optimizer trains it
     assert trained_models([net.net[2], ema], [opt], modules) == [net]
+    from ampdoctor.core.training import TrainingSetup
+
+    names = [p.name for p in TrainingSetup(trained_models([net.net[2]], [opt], modules), opt).params]
+    assert names == ["net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"]  # the prefix is kept
     # a model whose forward was never seen is found through its optimizer
     assert trained_models([], [opt], modules) == [net]
 
