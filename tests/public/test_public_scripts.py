@@ -251,6 +251,9 @@ def test_mingpt_ddp_reports_only_the_clip_bug(runs):
     """Was a gap: false AMP605 came with AMP408 (gradients read after the clip shrank the still-scaled ones)."""
     doctor = runs["mingpt-bug/doctor"]
     assert doctor.codes() == ["AMP408"], doctor.codes()
+    # the norm clip_grad_norm_ returned, before clipping, is reported: still multiplied by the loss scale (65536)
+    grads = doctor.report["watch"]["gradients"]
+    assert grads["pre_clip_norm"] > 1000 * grads["global_norm"], grads.get("pre_clip_norm")
 
 
 @uses("mingpt-bug/doctor")

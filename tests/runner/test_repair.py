@@ -48,3 +48,24 @@ def test_a_successful_fix_changes_every_model():
     assert upcast_me.weight.dtype == torch.float32 and master_me.weight.dtype == torch.float16
     assert any("fp32 master weight added" in c for c in report.changes)
     repairs.detach()
+
+
+def test_fix_sees_the_autocast_accelerate_enters_inside_forward(tmp_path, capsys):
+    # accelerate wraps model.forward with autocast(bf16): the forward pre-hook runs before it starts, so without
+    # knowing accelerate --fix would pick fp32 master weights (the no-autocast remedy) instead of an upcast
+    import json
+    import os
+
+    from ampdoctor.ui.cli import main
+
+    out = tmp_path / "r.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "accelerate_bf16_model.py")
+    code = main(["run", "--fix", "--no-watch", "--json", str(out), script])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "upcast trainable parameters to float32 (forward runs under autocast)" in captured.err
+    assert "master weight" not in captured.err
+    assert captured.out.count("weight dtype torch.float32") == 5
+    report = json.loads(out.read_text())
+    assert [f["code"] for f in report["fixed"]] == ["AMP103"]
+    assert [(f["code"], f["severity"]) for f in report["findings"]] == [("AMP103", "info")]  # kept, as repaired

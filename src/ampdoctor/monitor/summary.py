@@ -171,7 +171,11 @@ def _sortable(value: float) -> float:
 
 
 def _num(value: Any) -> str:
-    # inf for min|g|>0 means no finite non-zero entry (all zero or all NaN): nothing to show
+    """Return a statistic for the table; inf for min|g|>0 means no finite non-zero entry: nothing to show.
+
+    >>> _num(1 / 3), _num(None), _num(math.inf)
+    ('0.333', '-', '-')
+    """
     return "-" if value is None or value == math.inf else f"{value:.3g}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import traceback
 import weakref
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -237,9 +238,10 @@ class Doctor:
                     replace(f, severity=Severity.INFO, detail=f"repaired in this run by --fix; the script itself "
                             f"still has it: {f.detail}") for f in fixed]
                 if fixed:
-                    codes = ", ".join(dict.fromkeys(f.code for f in fixed))
+                    counts = Counter(f.code for f in fixed)   # findings, by code: not the same unit as changes
                     self.report.extra["fixed"] = [f.to_dict() for f in fixed]
-                    self.on_event(f"ampdoctor --fix resolved {len(fixed)} finding(s): {codes}")
+                    self.on_event("ampdoctor --fix resolved " + ", ".join(
+                        f"{code} ({n} {'place' if n == 1 else 'places'})" for code, n in counts.items()))
         for finding in found:
             self.report.add(finding)
         self._safely(self._attach_guard)
