@@ -59,6 +59,8 @@ VARIANTS = {
     "fabric-16-true": Variant("fabric_lm_style.py", (), (("LT_PRECISION", "16-true"),)),
     "fabric-16-mixed": Variant("fabric_lm_style.py", (), (("LT_PRECISION", "16-mixed"),)),
     "fabric-bf16-mixed": Variant("fabric_lm_style.py", (), (("LT_PRECISION", "bf16-mixed"),)),
+    "lt-16-true": Variant("lightning_trainer_style.py", ("16-true",)),
+    "lt-bf16-mixed": Variant("lightning_trainer_style.py", ("bf16-mixed",)),
     "hf-fp16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "fp16"),)),
     "hf-bf16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "bf16"),)),
     "hf-fp16-checkpoint": Variant("hf_no_trainer_style.py", ("--fp16-checkpoint",),
@@ -401,3 +403,35 @@ def test_hf_fp16_checkpoint_fix_trains_finite(runs):
     finite_training(fix)
     # what --fix resolved stays in the report as info; no warning or error is left
     assert fix.report["ok"] and [f for f in fix.report["findings"] if f["severity"] != "info"] == [], fix.tail()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lightning Trainer (basics/transformer.py): a LightningModule, configure_optimizers, Trainer(precision=...)
+
+@uses("lt-16-true/plain", "lt-16-true/doctor")
+def test_lightning_trainer_trains_the_same_under_ampdoctor(runs):
+    same_training(runs["lt-16-true/plain"], runs["lt-16-true/doctor"])
+
+
+@uses("lt-16-true/doctor")
+def test_lightning_16_true_is_named_once_through_the_lightning_optimizer(runs):
+    # Lightning wraps the SGD in a LightningOptimizer: one optimizer, one AMP103, names from the LightningModule
+    doctor = runs["lt-16-true/doctor"]
+    assert doctor.codes().count("AMP103") == 1, doctor.codes()
+    assert all(f["where"].startswith(("optimizer[0]", "net.")) for f in doctor.findings), doctor.findings
+    named_once(doctor)
+
+
+@uses("lt-16-true/fix")
+def test_lightning_16_true_fix_trains_with_master_weights(runs):
+    fix = runs["lt-16-true/fix"]
+    finite_training(fix)
+    assert fix.report["ok"] and [f["code"] for f in fix.report["fixed"]] == ["AMP103"], fix.tail()
+
+
+@uses("lt-bf16-mixed/doctor")
+def test_lightning_bf16_mixed_is_clean_and_watched(runs):
+    doctor = runs["lt-bf16-mixed/doctor"]
+    assert doctor.returncode == 0 and doctor.codes() == [], doctor.tail()
+    # Lightning steps with a closure: the gradients are read when it returns
+    assert doctor.report["watch"]["sampled_steps"] == 8 and doctor.report["watch"]["gradients"]["params"]
