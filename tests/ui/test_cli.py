@@ -66,6 +66,7 @@ def test_demo_reproduces_diagnoses_and_repairs(capsys):
     assert [line for line in lines if line.startswith("ValueError:")] == [
         "ValueError: Attempting to unscale FP16 gradients."]
     assert "AMP101" in out and "0.weight" in out
+    assert "ampdoctor --fix resolved AMP101 (2 places), AMP104 (1 place)" in out   # findings by code, not a count
     assert "trained to the end" in out
 
 
