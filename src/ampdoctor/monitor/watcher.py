@@ -239,8 +239,9 @@ class Watch:
         return wrapped
 
     def note_clip(self, total_norm: Any, scaled: bool = False) -> None:
-        """Record a clip's returned (pre-clip) norm for this step; ``scaled``: it clipped before unscale_."""
-        self._guard("gradients", lambda: self._grads.note_clip(total_norm, scaled))
+        """Record a clip's returned (pre-clip) norm on a sampled step; ``scaled``: it clipped before unscale_."""
+        if self._sampled_now:  # other steps do no device work for it
+            self._guard("gradients", lambda: self._grads.note_clip(total_norm, scaled))
 
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
         """The end of a step: ``scaler.update()`` returned, or (without a scaler) the optimizer step post-hook."""
@@ -369,9 +370,8 @@ class Watch:
         return out + activation
 
     def _activation_findings(self) -> list[Finding]:
-        if self._activations is not None:
-            return self._activations.findings()
-        return self._activation_result[1] if self._activation_result else []
+        live, kept = self._activations, self._activation_result
+        return live.findings() if live is not None else (kept[1] if kept else [])
 
     def summary_data(self) -> dict[str, Any]:
         """Return the JSON-ready summary (``Report.extra["watch"]``)."""
