@@ -393,3 +393,24 @@ def test_missing_scaler_kernel_text_is_explained():
     text = ("RuntimeError: Could not run 'aten::_amp_foreach_non_finite_check_and_unscale_' with arguments from "
             "the 'SparseCUDA' backend.")
     assert [r.code for r in explain_text(text)] == ["AMP206"]
+
+
+# ---- error texts from real reports that used to have no (or a wrong) explanation ---------------------------------
+@pytest.mark.parametrize("text, code", [
+    ('RuntimeError: "addmm_impl_cpu_" not implemented for \'Half\'', "AMP504"),
+    ('RuntimeError: "LayerNormKernelImpl" not implemented for \'BFloat16\'', "AMP504"),   # not AMP102's scaler case
+    ("RuntimeError: value cannot be converted to type at::Half without overflow", "AMP503"),
+    ("RuntimeError: Found dtype Float but expected Half", "AMP501"),
+    ("RuntimeError: torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.",
+     "AMP502"),
+    ("ValueError: fp16 mixed precision requires a GPU (not 'mps').", "AMP203"),
+    ("RuntimeError: mixed dtype (CPU): expect parameter to have scalar type of Float", "AMP501"),
+])
+def test_error_texts_of_public_reports_get_their_rule(text, code):
+    assert [r.code for r in explain_text(text)] == [code]
+
+
+def test_a_constant_that_overflows_fp16_is_explained_on_the_real_error():
+    scores = torch.zeros(2, 3, dtype=torch.float16)
+    exc = raised(scores.fill_, 1e5)   # torch 2.13: "value cannot be converted to type c10::Half without overflow"
+    assert codes(explain_exception(exc)) == ["AMP503"]

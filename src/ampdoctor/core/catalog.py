@@ -72,6 +72,7 @@ _HALF_FLOAT = (
     r"Index put requires the source and destination dtypes match",
     r"Expected self\.dtype to be equal to src\.dtype",
     r"Expected tensor for argument #\d+ '\w+' to have the same type as tensor for argument",
+    r"Found dtype (Half|BFloat16|Float) but expected (Half|BFloat16|Float)",
 )
 
 RULES: tuple[Rule, ...] = (
@@ -103,7 +104,7 @@ RULES: tuple[Rule, ...] = (
         "ampdoctor.upcast_trainable_params_(model)   # keep trainable params fp32, fp16 autocast + GradScaler\n"
         "# or on Ampere+: drop the GradScaler and use torch.autocast(device, dtype=torch.bfloat16)",
         E, "preflight",
-        (r"not implemented for 'BFloat16'",),
+        (r"_amp_(foreach_)?non_finite_check_and_unscale_\w*\"? not implemented for 'BFloat16'",),
         (12, 13),
     ),
     Rule(
@@ -151,7 +152,7 @@ RULES: tuple[Rule, ...] = (
         "Accelerator(mixed_precision='fp16') on a CPU keeps reporting 'fp16' but creates no GradScaler and no "
         "autocast: training silently runs in fp32, so what you test is not what you will run on GPU.",
         "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs",
-        W, "preflight", (), (7,),
+        W, "preflight", (r"fp16 mixed precision requires a GPU",), (7,),
     ),
     Rule(
         "AMP204", "closure-with-scaler", "An optimizer closure (LBFGS) is used with an enabled GradScaler",
@@ -300,6 +301,29 @@ RULES: tuple[Rule, ...] = (
         "with torch.autocast(device_type, dtype=torch.float16):   # let autocast pick op dtypes\n"
         "    out = model(x)\n# or cast the input: model(x.to(next(model.parameters()).dtype))",
         E, "crash", _HALF_FLOAT, (31, 32, 35),
+    ),
+    Rule(
+        "AMP502", "bce-unsafe-to-autocast", "binary_cross_entropy on probabilities under fp16 autocast",
+        "BCELoss takes probabilities after a sigmoid; in fp16 the sigmoid saturates to exactly 0 or 1 and log(0) is "
+        "-inf, so torch refuses binary_cross_entropy inside fp16 autocast.",
+        "loss_fn = torch.nn.BCEWithLogitsLoss()   # give it the logits, drop the sigmoid: it is fused and safe\n"
+        "loss = loss_fn(logits, target)",
+        E, "crash", (r"binary_cross_entropy and torch\.nn\.BCELoss are unsafe to autocast",), (),
+    ),
+    Rule(
+        "AMP503", "constant-overflows-half", "A constant does not fit in the half-precision dtype",
+        "float16 holds values up to 65504. A fill or mask constant such as -1e9 or 1e5 written into an fp16 tensor "
+        "(masked_fill, fill_, torch.full) cannot be represented, and torch refuses it.",
+        "scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)   # instead of -1e9 / -1e4 literals",
+        E, "crash", (r"value cannot be converted to type (at|c10)::(Half|BFloat16) without overflow",), (),
+    ),
+    Rule(
+        "AMP504", "no-half-kernel", "An op has no float16/bfloat16 kernel on this device",
+        "Outside autocast a half-precision tensor goes to the op as is, and some ops have no float16 (or bfloat16) "
+        "kernel on some devices or torch versions (CPU matmuls in older torch, some CUDA ops in bfloat16).",
+        "with torch.autocast(device_type, dtype=torch.float16):   # autocast runs such ops in fp32\n"
+        "    out = model(x)\n# or keep the model in fp32 on CPU: model.float()",
+        E, "crash", (r"\"(?!_amp_)[^\"\n]{1,120}\" not implemented for '(Half|BFloat16)'",), (),
     ),
     # ---- AMP6xx: numerics while training (watch) ------------------------------------------------------------
     Rule(
