@@ -31,9 +31,10 @@ def test_parts_called_directly_are_named_from_the_whole_model_without_false_amp3
 
 
 def test_actor_and_critic_under_one_optimizer_stay_quiet(tmp_path, capsys):
-    code, report, _ = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "actor_critic.py"))
+    code, report, captured = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "actor_critic.py"))
     assert code == 0
     assert report["findings"] == [] and report["ok"] is True
+    assert "ampdoctor: no mixed-precision problems found" in captured.err   # the verdict, earned
     assert report["observed"]["optimizers"] == 1
 
 

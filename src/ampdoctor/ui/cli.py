@@ -157,6 +157,8 @@ def _run(args: argparse.Namespace) -> int:
         err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
                   f"({', '.join(sorted(repaired))}) is still in the script, and listed as info in the JSON report",
                   markup=False, soft_wrap=True)
+    elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
+        err.print(render_report(report, show_exception=False))
     if result.exit_code and report.exception and not result.explained:
         err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)
