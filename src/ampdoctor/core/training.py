@@ -11,7 +11,7 @@ from torch import nn
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
-           "optimizer_tensors", "unwrap_optimizer"]
+           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +160,16 @@ def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     2
     """
     return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def keeps_fp32_masters(optimizer: Any) -> bool:
+    """Return whether ``optimizer``, or one it wraps, is an ``ampdoctor.MasterWeights`` (fp32 masters of half params).
+
+    Recognised by its class marker ``keeps_fp32_masters`` or, for a copy or fork of it, by the class name, so that
+    nothing has to import the repairs.
+
+    >>> keeps_fp32_masters(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1))
+    False
+    """
+    return any(getattr(type(o), "keeps_fp32_masters", False)
+               or any(c.__name__ == "MasterWeights" for c in type(o).__mro__) for o in optimizer_chain(optimizer))

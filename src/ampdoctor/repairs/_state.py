@@ -53,11 +53,6 @@ def set_managed(param: torch.Tensor, managed: bool) -> None:
         _MANAGED.pop(param, None)
 
 
-def is_master_weights(optimizer: Any) -> bool:
-    """Return True if ``optimizer`` is an ``ampdoctor.MasterWeights`` (it keeps fp32 masters of half params)."""
-    return bool(getattr(type(optimizer), "keeps_fp32_masters", False))
-
-
 def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:
     """Return the error explaining why ``param`` cannot be replaced in place by an fp32 copy, or None if it can."""
     classes = class_names(param)

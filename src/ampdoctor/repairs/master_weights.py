@@ -66,7 +66,7 @@ class MasterWeights(torch.optim.Optimizer):
     (torch.float16, torch.float32)
     """
 
-    keeps_fp32_masters = True  # how `repairs._state.is_master_weights` recognises a wrapper without importing it
+    keeps_fp32_masters = True  # how `core.training.keeps_fp32_masters` recognises it without an import
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         # No super().__init__(): param_groups, state and defaults belong to the wrapped optimizer. Subclassing

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ampdoctor.core.dtypes import LOW_PRECISION
-from ampdoctor.repairs._state import (Change, class_names, is_managed, is_master_weights, migrate_state_,
+from ampdoctor.core.training import keeps_fp32_masters
+from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_,
                                       short_repr, upcast_refusal)
 
 __all__ = ["Change", "fix", "upcast_trainable_params_"]
@@ -63,7 +64,7 @@ def upcast_trainable_params_(
             f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {short_repr(optimizer)}. "
             "Pass the optimizer built over the model's parameters, or leave it out."
         )
-    if is_master_weights(optimizer):
+    if optimizer is not None and keeps_fp32_masters(optimizer):
         raise ValueError(
             "optimizer is an ampdoctor.MasterWeights, which already keeps fp32 master weights for a model that "
             "stays in half precision; upcasting its parameters would fight it. Call .detach() on it first, then "

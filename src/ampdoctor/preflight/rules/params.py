@@ -26,7 +26,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
 from ampdoctor._torch.scaler import unscales_itself
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import unwrap_optimizer
+from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
 
@@ -111,13 +111,7 @@ def is_master_weights(opt: torch.optim.Optimizer) -> bool:
     >>> is_master_weights(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1))
     False
     """
-    cls = getattr(_master_weights_module(), "MasterWeights", None)
-    for candidate in (opt, unwrap_optimizer(opt)):
-        if cls is not None and isinstance(candidate, cls):
-            return True
-        if any(c.__name__ == "MasterWeights" for c in type(candidate).__mro__):  # a copy of it, or a fork
-            return True
-    return False
+    return keeps_fp32_masters(opt)
 
 
 def has_master(setup: TrainingSetup) -> Callable[[torch.Tensor], bool]:
