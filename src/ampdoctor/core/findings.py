@@ -31,6 +31,9 @@ class Finding:
         step: the optimizer step at which it was seen, or ``None`` before the first step.
         process: the child process it was seen in (``"pid 123: python train.py"``), or ``None`` for the process
             that ran ``ampdoctor``.
+        cause: the part of ``detail`` that findings of one rule at many places share (``"trainable float16 while
+            GradScaler('cuda') is enabled …"``), or ``None``. Findings with one code and one cause are shown as one
+            row listing the places (``core.grouping``); the JSON keeps each.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'
@@ -42,11 +45,13 @@ class Finding:
     detail: str
     step: int | None = None
     process: str | None = None
+    cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)
         data["severity"] = self.severity.value
-        if self.process is None:
-            del data["process"]
+        for optional in ("process", "cause"):
+            if data[optional] is None:
+                del data[optional]
         return data

@@ -97,10 +97,11 @@ class Report:
         findings = []
         for item in items:
             try:
-                step, process = item.get("step"), item.get("process")
+                step, process, cause = item.get("step"), item.get("process"), item.get("cause")
                 findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
                                         str(item["detail"]), step if isinstance(step, int) else None,
-                                        process if isinstance(process, str) else None))
+                                        process if isinstance(process, str) else None,
+                                        cause if isinstance(cause, str) else None))
             except (AttributeError, KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
         exception = _typed(data, "exception", dict, None)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampdoctor.core.grouping import group_findings
 from ampdoctor.core.findings import Severity
 from ampdoctor.preflight.rules.params import (
     adam_eps_underflow,
@@ -111,15 +112,15 @@ def test_amp101_reproduces_the_error_it_predicts():
     assert list(fp16_trainable_params(TrainingSetup(model, opt, cpu_scaler())))
 
 
-def test_amp101_keeps_output_bounded_but_counts_every_module():
+def test_amp101_names_every_module_once_and_they_share_one_cause():
     model = nn.Sequential(*[nn.Linear(2, 2) for _ in range(60)]).half()
     findings = list(fp16_trainable_params(TrainingSetup(model, scaler=cpu_scaler())))
 
-    assert len(findings) == 51
-    assert where(findings)[:2] == ["0", "1"]
-    assert findings[-1].where == "(10 more modules)"
-    assert "20 more parameters in 10 more modules" in findings[-1].detail
-    assert "50" in findings[-1].detail  # the first collapsed module is named
+    assert where(findings) == [str(i) for i in range(60)]  # all of them, for the JSON
+    assert len({f.cause for f in findings}) == 1 and findings[0].cause in findings[0].detail
+    groups = group_findings(findings)  # the console and the HTML page show them as one row
+    assert len(groups) == 1 and groups[0].places == where(findings)
+    assert groups[0].detail.startswith("Parameters in these 60 modules are trainable float16")
 
 
 def test_amp101_lists_a_module_with_many_parameters_in_bounded_form():

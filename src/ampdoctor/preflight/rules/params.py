@@ -30,7 +30,6 @@ from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
 
-MAX_MODULE_FINDINGS = 50  # per rule; the rest are counted in one summary finding
 MAX_LISTED = 10  # tensors named in one finding's detail
 
 
@@ -45,24 +44,18 @@ def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
 
 
 def findings_by_module(code: str, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
-    """Yield one finding per owning module naming its ``params``; past 50 modules, one finding counts the rest.
+    """Yield one finding per owning module naming its ``params``; they share one ``cause``, so they show as one row.
 
-    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``.
+    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``; the cause is ``{state}. {summary}``.
     """
     severity = get_rule(code).severity
     summary = summary[:1].upper() + summary[1:]
     end = " " if state.endswith((".", ".'")) else ". "
-    groups = list(group_by_module(params).items())
-    for module, members in groups[:MAX_MODULE_FINDINGS]:
+    cause = f"{state}{end}{summary}"
+    for module, members in group_by_module(params).items():
         verb = "is" if len(members) == 1 else "are"
-        yield Finding(code, severity, module,
-                      f"{listing([p.describe() for p in members])} {verb} {state}{end}{summary}")
-    rest = groups[MAX_MODULE_FINDINGS:]
-    if rest:
-        count = sum(len(members) for _, members in rest)
-        names = listing([module for module, _ in rest], limit=5)
-        yield Finding(code, severity, f"({len(rest)} more modules)",
-                      f"{count} more parameters in {len(rest)} more modules ({names}) are {state}{end}{summary}")
+        yield Finding(code, severity, module, f"{listing([p.describe() for p in members])} {verb} {cause}",
+                      cause=cause)
 
 
 def _lr(value: Any) -> str:
