@@ -183,6 +183,20 @@ def test_refusals_say_what_is_wrong_and_change_nothing():
         upcast_trainable_params_(nn.Linear(2, 2), dtype=torch.int32)
     with pytest.raises(TypeError, match="torch.optim.Optimizer, got dict"):
         fix(nn.Linear(2, 2), {"lr": 0.1})
+    with pytest.raises(TypeError, match=r"second argument is the optimizer, got the dtype torch.float32.*dtype="):
+        upcast_trainable_params_(nn.Linear(2, 2).half(), torch.float32)
+
+
+def test_upcast_takes_the_optimizer_second_like_fix():
+    # It used to be (model, dtype, optimizer): upcast_trainable_params_(model, opt) failed with "dtype must be ...".
+    model = nn.Linear(3, 3).half()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 3).half()).float().sum().backward()
+    opt.step()
+    changes = upcast_trainable_params_(model, opt)
+    assert model.weight.dtype == torch.float32
+    assert opt.state[model.weight]["exp_avg"].dtype == torch.float32
+    assert "optimizer state exp_avg_sq" in {c.what for c in changes}
 
     meta = nn.Sequential(nn.Linear(2, 2).half(), nn.Linear(2, 2, device="meta").half())
     with pytest.raises(ValueError, match=r"'1.weight' is on the meta device .*to_empty"):

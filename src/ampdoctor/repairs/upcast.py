@@ -24,7 +24,7 @@ __all__ = ["Change", "fix", "upcast_trainable_params_"]
 
 
 def upcast_trainable_params_(
-    model: nn.Module, dtype: torch.dtype = torch.float32, optimizer: torch.optim.Optimizer | None = None
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, dtype: torch.dtype = torch.float32
 ) -> list[Change]:
     """Upcast every trainable low-precision parameter of ``model`` to ``dtype``, in place.
 
@@ -36,8 +36,9 @@ def upcast_trainable_params_(
 
     Args:
         model: the module whose parameters are trained.
-        dtype: the floating dtype to upcast to.
-        optimizer: the optimizer over ``model``'s parameters, whose state should follow.
+        optimizer: the optimizer over ``model``'s parameters, whose state should follow (the same order as
+            ``fix(model, optimizer)``).
+        dtype: the floating dtype to upcast to (keyword only).
 
     Returns:
         What changed, in order; an empty list when nothing needed changing.
@@ -51,11 +52,19 @@ def upcast_trainable_params_(
     >>> model = torch.nn.Linear(2, 2).half()
     >>> [str(c) for c in upcast_trainable_params_(model)]
     ['weight: upcast torch.float16 -> torch.float32', 'bias: upcast torch.float16 -> torch.float32']
+    >>> model = torch.nn.Linear(2, 2).half(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> len(upcast_trainable_params_(model, opt)), model.weight.dtype
+    (2, torch.float32)
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"model must be a torch.nn.Module, got {type(model).__name__} {short_repr(model)}. "
             "Pass the module whose parameters you train (for a Hugging Face pipeline, pipeline.model)."
+        )
+    if isinstance(optimizer, torch.dtype):
+        raise TypeError(
+            f"the second argument is the optimizer, got the dtype {optimizer!r}; pass the dtype by name: "
+            f"upcast_trainable_params_(model, optimizer, dtype={optimizer!r})"
         )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}.")
@@ -133,7 +142,7 @@ def fix(
             f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__} {short_repr(scaler)}. "
             "Pass the scaler you call scaler.scale(loss) on, or leave it out."
         )
-    return upcast_trainable_params_(model, torch.float32, optimizer=optimizer)
+    return upcast_trainable_params_(model, optimizer)
 
 
 def _needs_upcast(param: torch.Tensor, dtype: torch.dtype) -> bool:
