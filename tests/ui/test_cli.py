@@ -1,6 +1,7 @@
 """The command line: rules, explain, usage errors and the demo, tested in-process through main(argv)."""
 
 import io
+import json
 import os
 
 import pytest
@@ -45,9 +46,33 @@ def test_explain_rule_code_and_stdin(capsys, monkeypatch):
     assert "AMP406" in capsys.readouterr().out
 
 
-def test_explain_unknown_text_exits_1(capsys):
-    assert main(["explain", "everything is fine"]) == 1
+def test_explain_unknown_text_is_answered_and_exits_0(capsys):
+    # It used to exit 1: explain is a lookup, and "unknown" is an answer (EXIT_STATUS); 2 stays for bad input.
+    assert main(["explain", "everything is fine"]) == 0
     assert "no rule in the catalog explains this text" in capsys.readouterr().out
+
+
+def test_one_exit_status_rule_for_run_and_report_and_strict_fails_on_errors(tmp_path, capsys):
+    # A 10-step fp16 run whose forward overflows: every step skipped, the loss NaN, error findings; the script
+    # itself exits 0. It used to exit 0 from `run`, 1 from `report r.json` and 0 from `report ampdoctor.jsonl`.
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "short_overflow.py")
+    report, logs = tmp_path / "r.json", tmp_path / "logs"
+    assert main(["run", "--json", str(report), "--log-dir", str(logs), script]) == 0  # the script's status
+    assert "error" in {f["severity"] for f in json.loads(report.read_text())["findings"]}
+    assert main(["run", "--strict", script]) == 1
+    assert "--strict: exit 1: 2 finding(s) at error severity (AMP603, AMP601)" in capsys.readouterr().err
+    log = logs / "ampdoctor.jsonl"
+    assert [main(["report", str(report)]), main(["report", str(log)])] == [0, 0]
+    assert [main(["report", "--strict", str(report)]), main(["report", "--strict", str(log)])] == [1, 1]
+    exits = os.path.join(os.path.dirname(__file__), "..", "scripts", "exit_status.py")
+    assert main(["run", "--strict", exits, "0"]) == 0  # a clean fp32 run passes --strict
+    assert main(["run", "--strict", exits, "3"]) == 3  # the script's own failure status is passed on
+
+
+def test_help_states_the_exit_status_rule(capsys):
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "exit status:" in out and "--strict" in out and "2  ampdoctor could not do what was asked" in out
 
 
 def test_usage_errors_exit_2(capsys):
@@ -55,6 +80,7 @@ def test_usage_errors_exit_2(capsys):
     assert main(["run"]) == 2
     assert main(["run", "--every", "0", __file__]) == 2
     assert main([]) == 2
+    assert main(["explain", "  "]) == 2
 
 
 def test_demo_reproduces_diagnoses_and_repairs(capsys):

@@ -1,4 +1,4 @@
-"""The `ampdoctor` command: `main(argv) -> int`. Exit 0 clean, 1 findings or script failure, 2 usage error."""
+"""The `ampdoctor` command: `main(argv) -> int`, with one exit-status rule for every command (``EXIT_STATUS``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ examples:
   ampdoctor run --fix train.py                 ... and repair fp16 parameters / add fp32 master weights
   ampdoctor run --json report.json train.py    also write the findings as JSON
   ampdoctor run -m mypackage.train --lr 1e-4   run a module, like python -m
+  ampdoctor run --strict train.py              in CI: exit 1 on error findings
   ampdoctor explain "ValueError: Attempting to unscale FP16 gradients."
   python train.py 2>&1 | ampdoctor explain -   explain a pasted traceback
   ampdoctor explain AMP401                     show one rule
@@ -23,6 +24,17 @@ examples:
   ampdoctor run --log-dir logs train.py         also keep a flight recorder: logs/ampdoctor.jsonl
   ampdoctor report logs/ampdoctor.jsonl --html report.html
   ampdoctor demo                               reproduce the classic error, diagnose it, fix it
+"""
+
+
+EXIT_STATUS = """\
+exit status:
+  0  done; for `run`, the script exited 0. Findings alone do not fail a command.
+  1  `run`: the script failed (its own status is passed on, 1 if it had none).
+     --strict (run, report): also 1 when a finding is at error severity (training
+     is broken or about to crash) or nothing was trained where ampdoctor could see.
+  2  ampdoctor could not do what was asked: bad arguments, an unreadable input,
+     an output path that cannot be written (checked before the script starts).
 """
 
 
@@ -38,13 +50,13 @@ class _UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ampdoctor", description="Find, explain and fix mixed-precision training problems.",
-                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                     epilog=EXAMPLES + "\n" + EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a training script with the doctor attached",
                          description="Run SCRIPT as __main__ in this process with ampdoctor attached.",
-                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=EXAMPLES + "\n" + EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--fix", action="store_true", help="repair fp16/bf16 trainable params (upcast or fp32 "
                      "master weights) at the first step, and again if the script downcasts them")
     run.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH")
@@ -52,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
     run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
     run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
+    run.add_argument("--strict", action="store_true", help="exit 1 when a finding is at error severity, even if "
+                     "the script exited 0 (for CI)")
     run.add_argument("--no-children", action="store_true", help="do not follow child Python processes "
                      "(subprocess with sys.executable, multiprocessing spawn/forkserver)")
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE ...",
@@ -66,8 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     rules.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
     rules.add_argument("--select", metavar="PREFIX", action="append", help="only codes with this prefix")
 
-    report = sub.add_parser("report", help="render a JSON report or a JSON-lines flight recorder")
+    report = sub.add_parser("report", help="render a JSON report or a JSON-lines flight recorder",
+                            epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("path", help="report.json or ampdoctor.jsonl")
+    report.add_argument("--strict", action="store_true", help="exit 1 when the report has a finding at error "
+                        "severity, a crash, or saw nothing trained")
     report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
 
     demo = sub.add_parser("demo", help="reproduce the seed error on a tiny model, diagnose it, repair it")
@@ -173,7 +190,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         _write(args.json, report.to_json())
         err.print(f"ampdoctor: report written to {args.json}", markup=False, soft_wrap=True)
-    return result.exit_code
+    if result.exit_code:
+        return result.exit_code
+    return _strict_status(report, err) if args.strict else 0
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -185,6 +204,9 @@ def _explain(args: argparse.Namespace) -> int:
     text = " ".join(args.text)
     if text == "-":
         text = sys.stdin.buffer.read(50_000_000).decode("utf-8", errors="replace")
+    if not text.strip():
+        raise _UsageError("nothing to explain: give an error text, a rule code such as AMP101, or '-' with a "
+                          "traceback on stdin")
     try:
         rules = [get_rule(text)]
     except KeyError:
@@ -192,7 +214,7 @@ def _explain(args: argparse.Namespace) -> int:
     if not rules:
         out.print("ampdoctor: no rule in the catalog explains this text. `ampdoctor rules` lists what is "
                   "known; run the script under `ampdoctor run` for a diagnosis on the real objects.", markup=False, soft_wrap=True)
-        return 1
+        return 0  # an answer, not a failure (EXIT_STATUS)
     for rule in rules:
         out.print(rule_panel(rule))
     return 0
@@ -231,7 +253,19 @@ def _report(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise _UsageError(f"cannot write --html {args.html!r}: {exc.strerror}") from None
         out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
-    return 0 if loaded.ok else 1
+    return _strict_status(loaded.report, out) if args.strict else 0
+
+
+def _strict_status(report: object, console: Console) -> int:
+    """Return 1 for ``--strict`` when ``report`` has a finding at error severity, a crash, or saw nothing."""
+    errors = [f for f in getattr(report, "findings", []) if f.severity.value == "error"]
+    why = (f"{len(errors)} finding(s) at error severity ({', '.join(dict.fromkeys(f.code for f in errors))})"
+           if errors else "the script crashed" if getattr(report, "exception", None)
+           else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False) else None)
+    if why is None:
+        return 0
+    console.print(f"ampdoctor: --strict: exit 1: {why}", markup=False, soft_wrap=True)
+    return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
