@@ -251,3 +251,23 @@ def test_change_renders_and_serializes():
 def test_docstring_examples_run():
     result = doctest.testmod(ampdoctor.repairs.upcast)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_fix_upcasts_frozen_norms_so_the_forward_still_runs_under_cpu_autocast():
+    # A trainable embedding next to a frozen fp16 LayerNorm (model.half(), norm frozen): after the embedding is
+    # upcast, its fp32 output meets the fp16 LayerNorm, which CPU autocast does not run in fp32:
+    # "mixed dtype (CPU): expect parameter to have scalar type of Float". fix() must not leave that behind.
+    model = nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 1)).half()
+    model[1].requires_grad_(False)
+    bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)).half()
+    bn[1].requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    changes = fix(model, opt) + fix(bn)
+    assert {(c.name, c.what) for c in changes if c.what == "upcast frozen norm"} == {
+        ("1.weight", "upcast frozen norm"), ("1.bias", "upcast frozen norm"), ("1.running_mean", "upcast frozen norm"),
+        ("1.running_var", "upcast frozen norm")}
+    assert not model[1].weight.requires_grad and bn[1].running_var.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        model(torch.randint(0, 10, (2, 3))).float().sum().backward()
+        bn(torch.randn(1, 1, 5, 5)).float().sum().backward()
+    assert fix(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2).half().requires_grad_(False))) == []  # nothing upcast

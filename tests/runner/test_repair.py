@@ -69,3 +69,16 @@ def test_fix_sees_the_autocast_accelerate_enters_inside_forward(tmp_path, capsys
     report = json.loads(out.read_text())
     assert [f["code"] for f in report["fixed"]] == ["AMP103"]
     assert [(f["code"], f["severity"]) for f in report["findings"]] == [("AMP103", "info")]  # kept, as repaired
+
+
+def test_run_fix_leaves_a_forward_that_runs_with_a_frozen_half_norm(capsys):
+    # It used to upcast the embedding and stop at the next forward: the fp32 embedding output met the frozen
+    # fp16 LayerNorm under CPU autocast ("mixed dtype (CPU): expect parameter to have scalar type of Float").
+    import os
+
+    from ampdoctor.ui.cli import main
+
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "frozen_norm_half.py")
+    assert main(["run", "--fix", "--no-watch", script]) == 0
+    captured = capsys.readouterr()
+    assert "done" in captured.out and "norm.weight: upcast frozen norm" in captured.err

@@ -20,7 +20,13 @@ from ampdoctor.core.training import keeps_fp32_masters
 from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_,
                                       short_repr, upcast_refusal)
 
-__all__ = ["Change", "fix", "upcast_trainable_params_"]
+__all__ = ["Change", "fix", "upcast_frozen_norms_", "upcast_trainable_params_"]
+
+# Normalization layers take their input's dtype only where autocast says so: CUDA autocast runs layer_norm,
+# group_norm and batch_norm in fp32, CPU autocast does not, and CPU kernels accept a half input with fp32 weights
+# but not an fp32 input with half weights ("mixed dtype (CPU): expect parameter to have scalar type of Float").
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.LocalResponseNorm, nn.BatchNorm1d, nn.BatchNorm2d,
+          nn.BatchNorm3d, nn.SyncBatchNorm, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
 
 
 def upcast_trainable_params_(
@@ -142,7 +148,41 @@ def fix(
             f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__} {short_repr(scaler)}. "
             "Pass the scaler you call scaler.scale(loss) on, or leave it out."
         )
-    return upcast_trainable_params_(model, optimizer)
+    changes = upcast_trainable_params_(model, optimizer)
+    if changes:
+        changes += upcast_frozen_norms_(model)
+    return changes
+
+
+def upcast_frozen_norms_(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[Change]:
+    """Upcast the frozen low-precision parameters and buffers of ``model``'s normalization layers, in place.
+
+    After trainable parameters are upcast, an fp32 activation can reach a frozen fp16 LayerNorm. CUDA autocast
+    runs it in fp32; CPU autocast does not, and the forward stops with "mixed dtype (CPU): expect parameter to
+    have scalar type of Float". fp32 norms accept fp32 and half inputs alike, cost a few kB, and keep every value
+    exactly (peft's ``prepare_model_for_kbit_training`` casts them for the same reason). A layer counts as a
+    normalization layer when it is one of torch's or its class name ends in ``Norm`` (``LlamaRMSNorm``,
+    ``T5LayerNorm``).
+
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)).half().requires_grad_(False)
+    >>> [(c.name, c.after) for c in upcast_frozen_norms_(model)]
+    [('1.weight', 'torch.float32'), ('1.bias', 'torch.float32')]
+    """
+    changes: list[Change] = []
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            if not (isinstance(module, _NORMS) or type(module).__name__.endswith("Norm")):
+                continue
+            prefix = f"{module_name}." if module_name else ""
+            for name, p in module.named_parameters(recurse=False):
+                if not p.requires_grad and _needs_upcast(p, dtype) and upcast_refusal(prefix + name, p) is None:
+                    changes.append(Change(prefix + name, "upcast frozen norm", str(p.dtype), str(dtype)))
+                    p.data = p.data.to(dtype)
+            for name, b in module.named_buffers(recurse=False):
+                if _needs_upcast(b, dtype):  # BatchNorm's running_mean/var
+                    changes.append(Change(prefix + name, "upcast frozen norm", str(b.dtype), str(dtype)))
+                    setattr(module, name, b.to(dtype))
+    return changes
 
 
 def _needs_upcast(param: torch.Tensor, dtype: torch.dtype) -> bool:

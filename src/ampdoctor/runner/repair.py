@@ -87,12 +87,14 @@ class RunRepairs:
         self._master, self._trainable, self._model_of = [], {}, {}
 
     def _upcast(self, setup: TrainingSetup, model: nn.Module) -> None:
-        from ampdoctor.repairs.upcast import upcast_trainable_params_
+        from ampdoctor.repairs.upcast import upcast_frozen_norms_, upcast_trainable_params_
 
         optimizers = [o for o in setup.optimizers if owns_any(o, model)]
         changes = upcast_trainable_params_(model, optimizer=optimizers[0] if optimizers else None)
         for opt in optimizers[1:]:  # already fp32 now: this migrates each further optimizer's state
             changes += upcast_trainable_params_(model, optimizer=opt)
+        if changes:  # fp32 activations now reach frozen half norms, which CPU autocast does not upcast
+            changes += upcast_frozen_norms_(model)
         self._record(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
 
     def _master_weights_for(self, setup: TrainingSetup, model: nn.Module) -> None:
@@ -138,6 +140,8 @@ class _Snapshot:
         params = {id(p): p for m in setup.models for p in m.parameters()}
         params.update((id(p), p) for o in setup.optimizers for p in optimizer_tensors(o))
         self.params = [(p, p.data, p.grad) for p in params.values()]
+        self.buffers = [(module, name, b) for m in setup.models for module in m.modules()
+                        for name, b in module.named_buffers(recurse=False)]  # frozen norms' running stats
         self.states = [(o, p, dict(o.state[p]) if p in o.state else None)
                        for o in setup.optimizers for p in optimizer_tensors(o)]
 
@@ -147,6 +151,8 @@ class _Snapshot:
                 p.grad = None   # a gradient must match its parameter's dtype at every moment
                 p.data = data
                 p.grad = grad
+        for module, name, b in self.buffers:
+            setattr(module, name, b)
         for optimizer, p, state in self.states:
             if state is None:
                 optimizer.state.pop(p, None)
