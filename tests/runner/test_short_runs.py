@@ -59,3 +59,17 @@ def test_a_crash_is_printed_once_without_an_empty_watch_summary(tmp_path, capsys
     assert code == 1
     assert err.count("ValueError: Attempting to unscale FP16 gradients.") == 1   # the traceback's own line
     assert "loss scale -" not in err and "0 steps" not in err
+
+
+def test_an_overflow_in_a_modules_own_code_is_blamed_on_that_module_not_the_next_linear(tmp_path, capsys):
+    # The watch attaches during the first forward, so the first non-finite step has no saved inputs to re-run.
+    # It used to report AMP601 at '0.proj (Linear)' from that step and never look again; now the next sampled
+    # step's re-run replaces it and names the op and the module whose own code made the inf.
+    out = tmp_path / "report.json"
+    for activations in ([], ["--activations"]):
+        assert main(["run", *activations, "--json", str(out), os.path.join(SCRIPTS, "overflow_in_own_code.py")]) == 0
+        amp601 = [f for f in json.loads(out.read_text())["findings"] if f["code"] == "AMP601"]
+        assert [f["where"] for f in amp601] == ["0 (Scores)"], amp601
+        assert "aten.exp.default in '0' (Scores)" in amp601[0]["detail"]
+        assert "The first module with a non-finite output was 0.proj (Linear)" in amp601[0]["detail"]
+    capsys.readouterr()

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit"]
+__all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit", "scale_note"]
 
 
 class StepRecord:
@@ -101,3 +101,10 @@ def output_limit(t: torch.Tensor) -> float | None:
         cast = _finfo_max(torch.get_autocast_dtype(device_type))
         limit = cast if limit is None else min(limit, cast)
     return limit
+
+
+def scale_note(scaler: Any) -> str:
+    """Return the sentence that says gradients seen by the hooks carry the loss scale (and its value)."""
+    if scaler is None or not getattr(scaler, "is_enabled", lambda: False)():
+        return " Gradients seen here are multiplied by the loss scale, if a GradScaler is used."
+    return f" Gradients seen here are multiplied by the GradScaler's scale ({scaler.get_scale():g} now)."

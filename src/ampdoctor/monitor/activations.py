@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_leaves
 from ampdoctor._torch.autograd import in_backward
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.monitor.activation_records import StepRecord, abs_max
+from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
 from ampdoctor.monitor.op_replay import NonfiniteOp
 from ampdoctor.monitor.replay import Frame, Replay, explain, rerun
 
@@ -83,6 +83,7 @@ class ActivationMonitor:
         self._record: StepRecord | None = None
         self._findings: list[Finding] = []
         self._reported: set[tuple[str, int]] = set()
+        self._unexplained: dict[int, Finding] = {}  # AMP601 by module, found on a step without its inputs
         self._first: dict[str, dict[str, Any] | None] = {"forward": None, "backward": None}
         self._error: str | None = None
         self._index_modules(model)
@@ -285,11 +286,13 @@ class ActivationMonitor:
         kind = "NaN" if math.isnan(value) else "inf"
         if self.first_nonfinite_module is None:
             self.first_nonfinite_module = self._names[i]
-        if ("AMP601", i) in self._reported:
+        earlier = self._unexplained.get(i)  # reported from a step whose inputs were not kept (attached mid-forward)
+        if ("AMP601", i) in self._reported and (earlier is None or rec.replay is None):
             return
-        first = {"module": self._names[i], "class": self._classes[i], "step": rec.step, "kind": kind.lower(),
+        step = rec.step if earlier is None else earlier.step
+        first = {"module": self._names[i], "class": self._classes[i], "step": step, "kind": kind.lower(),
                  "frames": None, "op": None, "reproduced": None}
-        lines = [f"output {kind} at step {rec.step}: the first module, in call order, whose output is not finite; "
+        lines = [f"output {kind} at step {step}: the first module, in call order, whose output is not finite; "
                  "the modules after it only carry it along."]
         where = self._label(i)
         if rec.replay is not None and self._replays < MAX_REPLAYS:
@@ -300,8 +303,13 @@ class ActivationMonitor:
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
-        self._first["forward"] = self._first["forward"] or first
-        self._report("AMP601", i, Severity.ERROR, rec.step, "\n".join(lines), where=where)
+        if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
+            self._findings.remove(self._unexplained.pop(i))
+            self._reported.discard(("AMP601", i))
+        self._first["forward"] = first if earlier is not None else self._first["forward"] or first
+        finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where)
+        if rec.replay is None and finding is not None:
+            self._unexplained[i] = finding
 
     def _nonfinite_backward(self, rec: StepRecord, k: int, bwd: list[float]) -> None:
         i, value = rec.bwd_modules[k][0], bwd[k]
@@ -322,7 +330,7 @@ class ActivationMonitor:
             "upstream": upstream}
         self._report("AMP602", i, Severity.WARNING, rec.step,
                      f"the gradient w.r.t. its output is {kind} at step {rec.step}: the first non-finite gradient "
-                     f"in backward order, with a finite forward pass. {origin}{self._scale_note()}")
+                     f"in backward order, with a finite forward pass. {origin}{scale_note(self._scaler())}")
 
     def _diagnose(self, replay: Replay) -> tuple[list[Frame], NonfiniteOp | str | None]:
         """Re-run the recorded forward (``ampdoctor.monitor.replay.rerun``) with this monitor's hooks quiet."""
@@ -358,16 +366,13 @@ class ActivationMonitor:
     def _label(self, i: int) -> str:
         return f"{self._names[i]} ({self._classes[i]})"
 
-    def _report(self, code: str, i: int, severity: Severity, step: int, detail: str, where: str | None = None) -> None:
-        if (code, i) not in self._reported:
-            self._reported.add((code, i))
-            self._findings.append(Finding(code, severity, where or self._label(i), detail, step))
-
-    def _scale_note(self) -> str:
-        scaler = self._scaler()
-        if scaler is None or not getattr(scaler, "is_enabled", lambda: False)():
-            return " Gradients seen here are multiplied by the loss scale, if a GradScaler is used."
-        return f" Gradients seen here are multiplied by the GradScaler's scale ({scaler.get_scale():g} now)."
+    def _report(self, code: str, i: int, severity: Severity, step: int, detail: str,
+                where: str | None = None) -> Finding | None:
+        if (code, i) in self._reported:
+            return None
+        self._reported.add((code, i))
+        self._findings.append(Finding(code, severity, where or self._label(i), detail, step))
+        return self._findings[-1]
 
     def _require_model(self) -> nn.Module:
         model = self._model()
