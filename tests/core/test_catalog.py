@@ -44,8 +44,32 @@ SECTION_0 = [
     ("UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`.", {"AMP409"}),
     ("RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, so it cannot be "
      "clipped.", {"AMP608"}),
-    ("RuntimeError: Function 'SoftmaxBackward0' returned nan values in its 0th output.", {"AMP602", "AMP601"}),
+    ("RuntimeError: Function 'SoftmaxBackward0' returned nan values in its 0th output.", {"AMP602"}),   # backward
 ]
+
+# Texts users pasted into `ampdoctor explain`, each with the one rule whose fix applies.
+REPORTED = [
+    ('RuntimeError: "addmm_impl_cpu_" not implemented for \'Half\'', {"AMP504"}),
+    ('NotImplementedError: "LayerNormKernelImpl" not implemented for \'BFloat16\'', {"AMP504"}),
+    ('NotImplementedError: "_amp_foreach_non_finite_check_and_unscale_cpu" not implemented for \'BFloat16\'',
+     {"AMP102"}),
+    ("RuntimeError: mixed dtype (CPU): expect parameter to have scalar type of Float", {"AMP501"}),
+    ("RuntimeError: Function 'MmBackward0' returned nan values in its 0th output.", {"AMP602"}),
+]
+
+
+@pytest.mark.parametrize("text,codes", REPORTED, ids=[t[:40] for t, _ in REPORTED])
+def test_reported_error_texts_get_the_rule_whose_fix_applies(text, codes):
+    assert {r.code for r in rules_for_error(text)} == codes
+
+
+def test_rule_texts_say_what_the_explanations_say():
+    dtype_mismatch, step_twice = get_rule("AMP501"), get_rule("AMP404")
+    assert "outside torch.autocast" not in dtype_mismatch.title
+    assert "layer_norm" in dtype_mismatch.why and "model.float()" in dtype_mismatch.fix
+    assert "update()" in step_twice.title
+    code = [line.split("#")[0].strip() for line in step_twice.fix.splitlines()]
+    assert code[:3] == ["scaler.scale(loss).backward()", "scaler.step(opt)", "scaler.update()"]
 
 
 def test_codes_names_and_fields_are_well_formed():

@@ -108,14 +108,20 @@ def test_unscale_after_step():
     assert "optimizer[0]" in findings[0].where
 
 
-def test_step_twice():
+def test_step_twice_says_update_was_not_called_between():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
-    scaled_backward(model, scaler)
-    scaler.step(opt)
-    exc = raised(scaler.step, opt)
-    assert codes(explain_exception(exc, TrainingSetup(model, opt, scaler))) == ["AMP404"]
+    for _ in range(2):   # the loop forgot scaler.update()
+        scaled_backward(model, scaler)
+        try:
+            scaler.step(opt)
+        except RuntimeError as exc:
+            findings = explain_exception(exc, TrainingSetup(model, opt, scaler))
+    assert codes(findings) == ["AMP404"]
+    assert findings[0].where == "optimizer[0] (SGD)"
+    assert "no update() completed between the two steps" in findings[0].detail
+    assert "scaler.update() after every scaler.step()" in findings[0].detail
 
 
 def test_no_inf_checks_names_frozen_params():
@@ -261,6 +267,64 @@ def test_half_linear_with_float_input_names_the_module():
     f = findings[0]
     assert f.where == "encoder (Linear)"
     assert "weight float16" in f.detail and "input float32 [2, 8]" in f.detail
+    assert "no torch.autocast block was seen" in f.detail and "x.to(torch.float16)" in f.detail
+
+
+class Block(nn.Module):
+    """A transformer-like block: a projection and a LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(x))
+
+
+def test_fp16_model_under_cpu_bf16_autocast_is_explained_inside_autocast():
+    model = Block().half()   # an fp16 checkpoint trained with bf16=True on CPU
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match=re.escape("mixed dtype (CPU): expect parameter to have scalar type "
+                                                         "of Float")) as info:
+            model(torch.randn(2, 8))
+    findings = explain_exception(info.value, TrainingSetup(model))
+    assert codes(findings) == ["AMP501"]
+    f = findings[0]
+    assert f.where == "norm (LayerNorm)"
+    assert "weight float16" in f.detail and "input bfloat16 [2, 8]" in f.detail
+    assert "inside torch.autocast('cpu', dtype=torch.bfloat16) at test_crash.py:" in f.detail
+    assert "CPU autocast does not cast layer_norm" in f.detail
+    assert "keep the parameters fp32 (model.float()" in f.detail
+    assert "no torch.autocast block" not in f.detail and "outside" not in f.detail
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model.float()(torch.randn(2, 8))   # the fix it gives works
+
+
+def test_fp16_layer_norm_without_autocast_gets_the_cpu_norm_reason():
+    norm = nn.LayerNorm(8).half()
+    exc = raised(norm, torch.randn(2, 8))
+    findings = explain_exception(exc)
+    assert codes(findings) == ["AMP501"]
+    assert "half parameters only with an input of their own dtype" in findings[0].detail
+    assert "CPU autocast" not in findings[0].detail   # nothing says it ran under autocast
+
+
+def test_an_autocast_decorator_on_forward_counts_as_inside_autocast():
+    model = Block().half()
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)   # what accelerate does
+    findings = explain_exception(raised(model, torch.randn(2, 8)), TrainingSetup(model))
+    assert codes(findings) == ["AMP501"]
+    assert "torch.autocast('cpu', dtype=torch.bfloat16) decorator" in findings[0].detail
+
+
+def test_a_disabled_autocast_block_is_not_inside_autocast():
+    model = Encoder()
+    model.encoder.half()
+    with torch.autocast("cpu", enabled=False):
+        with pytest.raises(RuntimeError) as info:
+            model(torch.randn(2, 8))
+    assert "no torch.autocast block was seen" in explain_exception(info.value)[0].detail
 
 
 def test_half_conv_names_the_module_without_a_setup():
@@ -408,6 +472,43 @@ def test_missing_scaler_kernel_text_is_explained():
 ])
 def test_error_texts_of_public_reports_get_their_rule(text, code):
     assert [r.code for r in explain_text(text)] == [code]
+
+
+def test_a_half_loss_against_a_float_target_is_amp501_on_the_real_error():
+    out = torch.randn(3, requires_grad=True)
+    exc = raised(lambda: nn.functional.huber_loss(out.half(), torch.randn(3)).backward())
+    assert "Found dtype Float but expected Half" in str(exc)
+    assert codes(explain_exception(exc)) == ["AMP501"]
+
+
+def test_a_real_op_without_a_bf16_kernel_is_amp504_not_amp102():
+    exc = raised(torch.linalg.cholesky_ex, torch.eye(2, dtype=torch.bfloat16))
+    assert "not implemented for 'BFloat16'" in str(exc)
+    assert codes(explain_exception(exc)) == ["AMP504"]
+    assert [r.code for r in explain_text(f"{type(exc).__name__}: {exc}")] == ["AMP504"]
+
+
+def test_the_real_scaler_unscale_kernel_text_stays_amp102():
+    # torch 2.13's CPU unscale kernel accepts bfloat16, so the bf16 error is only raised on CUDA (see the cuda test
+    # above); a complex parameter makes the real kernel raise the same message with another dtype name.
+    model = nn.Linear(2, 2, dtype=torch.complex64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.ones(1, 2, dtype=torch.complex64)).abs().sum()).backward()
+    exc = raised(scaler.unscale_, opt)
+    text = f"{type(exc).__name__}: {exc}"
+    assert "_amp_foreach_non_finite_check_and_unscale_cpu\" not implemented for 'ComplexFloat'" in text
+    assert [r.code for r in explain_text(text.replace("ComplexFloat", "BFloat16"))] == ["AMP102"]
+
+
+def test_an_anomaly_mode_nan_is_a_backward_nonfinite():
+    x = torch.zeros(3, requires_grad=True)
+    with pytest.warns(UserWarning), torch.autograd.detect_anomaly():   # its own and "Error detected in"
+        exc = raised(lambda: (x.sqrt() * 0).sum().backward())   # forward 0, backward 0/0
+    assert "Function 'SqrtBackward0' returned nan values in its 0th output." in str(exc)
+    assert codes(explain_exception(exc)) == ["AMP602"]
+    assert [r.code for r in explain_text("RuntimeError: Function 'MmBackward0' returned nan values in its 0th "
+                                         "output.")] == ["AMP602"]
 
 
 def test_a_constant_that_overflows_fp16_is_explained_on_the_real_error():

@@ -115,6 +115,24 @@ def test_second_step_names_the_optimizer_and_both_sites():
     assert codes(findings) == ["AMP404"]
     assert findings[0].where == "optimizer[1] (SGD)"
     assert findings[0].detail.count("test_scaler_guard.py:") == 2
+    assert "no scaler.update() completed since the first" in findings[0].detail
+    assert "no scaler.scale() ran between them, so the second step reuses the same gradients" in findings[0].detail
+
+
+def test_a_loop_without_update_is_amp404_saying_update_is_missing():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard, pytest.raises(RuntimeError, match="already been called") as info:
+        for i in range(3):
+            opt.zero_grad()
+            scaler.scale(loss_of(model, i)).backward()
+            scaler.step(opt)                                      # scaler.update() forgotten
+    findings = guard.explain(info.value)
+    assert codes(findings) == ["AMP404"]
+    f = findings[0]
+    assert f.where == "optimizer[0] (SGD)" and f.step == 0
+    assert "no scaler.update() completed since the first" in f.detail
+    assert "1 scaler.scale() call(s) ran between the two steps" in f.detail
+    assert "call scaler.update() after every scaler.step()" in f.detail
 
 
 def test_backward_without_scale_on_a_fresh_scaler_is_amp405():

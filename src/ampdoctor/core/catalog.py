@@ -237,9 +237,11 @@ RULES: tuple[Rule, ...] = (
         E, "runtime", (r"unscale_\(\) is being called after step\(\)",), (),
     ),
     Rule(
-        "AMP404", "step-twice", "scaler.step() was called twice for one optimizer before update()",
-        "Each optimizer may step once per iteration; several losses must be summed, or update() called between.",
-        "scaler.scale(loss_a + loss_b).backward()\nscaler.step(opt)\nscaler.update()",
+        "AMP404", "step-twice", "scaler.step() was called twice for one optimizer with no scaler.update() between",
+        "update() closes an iteration: it reads the inf checks, adjusts the scale and resets each optimizer to READY. "
+        "A second step() before it raises: update() is missing after a step, or two losses were each stepped.",
+        "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()   # after every step(opt), before the next\n"
+        "# two losses, one optimizer: scaler.scale(loss_a + loss_b).backward(); then step and update once",
         E, "runtime", (r"step\(\) has already been called since the last update\(\)",), (20,),
     ),
     Rule(
@@ -254,8 +256,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP406", "no-inf-checks", "The optimizer's parameters got no gradients (No inf checks were recorded)",
-        "GradScaler found no .grad in any of the optimizer's parameters: they are frozen, unused in forward, cut "
-        "off by reentrant checkpointing, or are not the tensors the model trains.",
+        "GradScaler found no .grad in any of the optimizer's parameters: the optimizer holds none, they are frozen "
+        "(a loaded adapter is, by default), unused in forward, cut off by reentrant checkpointing, or are not the "
+        "tensors the model trains.",
         "opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])\n"
         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})\n"
         "# peft + reentrant checkpointing: model.enable_input_require_grads()",
@@ -293,13 +296,15 @@ RULES: tuple[Rule, ...] = (
          r"A GradScaler instance may only be pickled at the beginning of an iteration"),
         (36,),
     ),
-    # ---- AMP5xx: half/float mismatches outside autocast ---------------------------------------------------------
+    # ---- AMP5xx: dtype mismatches --------------------------------------------------------------------------------
     Rule(
-        "AMP501", "dtype-mismatch", "Half and float tensors meet outside torch.autocast",
-        "A module was cast with .half()/.to(dtype) while its inputs (or other modules) stayed in another dtype. "
-        "Ops outside autocast require matching dtypes.",
-        "with torch.autocast(device_type, dtype=torch.float16):   # let autocast pick op dtypes\n"
-        "    out = model(x)\n# or cast the input: model(x.to(next(model.parameters()).dtype))",
+        "AMP501", "dtype-mismatch", "Tensors of two dtypes meet in one op (half parameters, float inputs)",
+        "A module was cast with .half()/.to(dtype) (or loaded in half) while its inputs or other modules kept another "
+        "dtype. Outside autocast every op needs matching dtypes; inside it, ops autocast does not cast still do: CPU "
+        "autocast leaves layer_norm alone (CUDA autocast runs it in fp32), so fp16/bf16 LayerNorm weights fail there.",
+        "model.float()   # keep parameters fp32 (transformers: from_pretrained(..., torch_dtype=torch.float32))\n"
+        "with torch.autocast(device_type, dtype=torch.bfloat16):   # autocast picks each op's dtype\n"
+        "    out = model(x)\n# or cast the input to the weights' dtype: model(x.to(next(model.parameters()).dtype))",
         E, "crash", _HALF_FLOAT, (31, 32, 35),
     ),
     Rule(
@@ -332,13 +337,13 @@ RULES: tuple[Rule, ...] = (
         "# upcast the module that overflows, e.g. run it outside autocast:\n"
         "with torch.autocast(device_type, enabled=False):\n    y = module(x.float())\n"
         "# or train in bf16, clamp activations, softmax(..., dtype=torch.float32)",
-        E, "watch", (r"returned (nan|inf) values", r"inf/nan detected"), (25, 28, 29),
+        E, "watch", (r"inf/nan detected",), (25, 28, 29),
     ),
     Rule(
         "AMP602", "nonfinite-backward", "A module's gradient became inf/NaN in the backward pass",
         "Gradients overflow the scaled fp16 range, or the forward produced values whose derivative is infinite.",
         "# the GradScaler skips such steps; if it keeps happening, see AMP603 and upcast the module named here",
-        W, "watch", (r"Function '\w+' returned nan values",), (28, 30),
+        W, "watch", (r"Function '\w+' returned (nan|inf) values",), (28, 30),
     ),
     Rule(
         "AMP603", "loss-scale-collapse", "The loss scale keeps falling",

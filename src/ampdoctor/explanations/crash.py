@@ -19,10 +19,12 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import _from_check
 from ampdoctor.explanations.explainers import _EXPLAINERS, _generic
+from ampdoctor.explanations.families import Family, closest_family
 from ampdoctor.explanations.naming import with_scaler
 from ampdoctor.explanations.reader import _Crash
 
-__all__ = ["GuardHistory", "explain", "explain_exception", "explain_text"]
+__all__ = ["Family", "GuardHistory", "closest_family", "explain", "explain_exception", "explain_text",
+           "unknown_answer"]
 
 _STATE_MACHINE = {"AMP401", "AMP402", "AMP403", "AMP404", "AMP405", "AMP406", "AMP407"}
 _SAME_TEXT = {"AMP401": "AMP402", "AMP402": "AMP401"}   # one torch message, two causes
@@ -81,6 +83,20 @@ def explain_text(text: str) -> list[Rule]:
         raise TypeError(f"explain_text() takes a str, got {type(text).__name__}: {text!r:.80}")
     named = _rules_named(text)
     return named if named is not None else match_rules(text)
+
+
+def unknown_answer(text: str) -> str:
+    """Return what to say when no rule explains ``text``: that it is unknown, and its closest family if one fits.
+
+    >>> "closest family: dtype mismatch (AMP5xx)" in unknown_answer("expected tensor of dtype BFloat16 but got Half")
+    True
+    """
+    answer = "unknown error: no rule in the catalog explains this text"
+    family = closest_family(text)
+    if family is not None:
+        answer += (f"; closest family: {family.label}: {', '.join(family.codes)} "
+                   f"(`ampdoctor rules --select {family.prefix}`)")
+    return answer + ". Run the script under `ampdoctor run` for a diagnosis on the real objects."
 
 
 def _rules_named(text: str) -> list[Rule] | None:

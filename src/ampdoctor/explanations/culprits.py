@@ -88,10 +88,19 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
                 (unused if p.requires_grad else frozen).append(frozen_or_unknown)
             else:
                 (unused if p.requires_grad else frozen).append(info)
+    held = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
+    if not held:
+        return [finding("AMP406", label, f"{label} holds no parameters: its param groups are empty (e.g. a "
+                        "requires_grad filter that matched nothing), so it has nothing to step", step)]
+    trainable = sum(p.requires_grad for p in held)   # python bools: no device work
     findings = []
     for module, params in group_by_module(frozen).items():
-        findings.append(finding("AMP406", module, f"{_names([p.name for p in params])}: frozen "
-                                f"(requires_grad=False), so no gradient reaches {label}", step))
+        why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
+        if not trainable:
+            why = (f"{label} holds {len(held)} parameter(s), none of which requires grad; {why}; make them "
+                   "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
+                   "over the trainable ones")
+        findings.append(finding("AMP406", module, why, step))
     for module, params in group_by_module(unused).items():
         why = ("requires_grad=True but .grad is None after backward: not used in the forward pass, or cut off by "
                "reentrant gradient checkpointing (use_reentrant=False)")

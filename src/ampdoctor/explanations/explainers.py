@@ -17,6 +17,7 @@ from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
 from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
 from ampdoctor.explanations.reader import _Crash
@@ -55,6 +56,14 @@ def _unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | 
             for code in ("AMP401", "AMP402") if code == rule.code]
 
 
+def _amp404(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    label = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else "the optimizer"
+    where = label if crash.optimizer is not None else crash.site
+    return [finding(rule.code, where, f"scaler.step({label}) at {crash.site} is its second step since the last "
+                    "scaler.update(): no update() completed between the two steps; call scaler.update() after "
+                    "every scaler.step(), or sum the losses and step once", step)]
+
+
 def _amp405(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     m = re.search(r"Attempted (\w+) but", str(crash.exc))
     call = m.group(1) if m else "a GradScaler method"
@@ -85,8 +94,12 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         prefix = "" if len(setup.models) == 1 else f"model{index}."
         for name, module in model.named_modules():
             names.setdefault(id(module), f"{prefix}{name}" if name else (prefix.rstrip(".") or "(root)"))
+    scope = autocast_scope(crash.exc.__traceback__)
     if crash.modules:
         module, frame = crash.modules[0]
+        if scope is None and setup.autocast_dtype is not None and any(
+                module is sub for m in setup.models for sub in m.modules()):   # the Doctor saw its forward
+            scope = f"under torch.autocast(dtype=torch.{dtype_name(setup.autocast_dtype)}) (its model's forward)"
         name = names.get(id(module)) or crash.variable_name(module) or type(module).__name__
         params = {n: dtype_name(p) for n, p in module.named_parameters(recurse=False)}
         own = {id(p) for p in module.parameters(recurse=False)}
@@ -96,15 +109,36 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
                   f"{', '.join(f'{n} {d}' for n, d in params.items()) or '(none)'}"
                   f" got {', '.join(inputs) or 'inputs of another dtype'}")
         cast = param_dtypes[0] if len(param_dtypes) == 1 else None
-        detail += ("; run the forward under torch.autocast(device_type, dtype=torch.float16)"
-                   + (f" or cast the input: x.to(torch.{cast})" if cast else ""))
-        return [finding(rule.code, f"{name} ({type(module).__name__})", detail, step)]
+        return [finding(rule.code, f"{name} ({type(module).__name__})", detail + _why_and_fix(crash, scope, cast),
+                        step)]
     frame = crash.user_frames[0] if crash.user_frames else None
     tensors = [f"{k} {dtype_name(v)} {list(v.shape)}" for k, v in _frame_tensors(frame)] if frame else []
-    detail = "tensors of different dtypes met outside torch.autocast"
+    if scope is not None:
+        detail = f"tensors of different dtypes met in an op that autocast does not cast, {scope}"
+    else:
+        detail = "tensors of different dtypes met in one op (no torch.autocast block was seen around it)"
     if tensors:
         detail += f"; tensors in that frame: {_names(tensors)}"
     return [finding(rule.code, crash.site, detail, step)]
+
+
+def _why_and_fix(crash: _Crash, scope: str | None, cast: str | None) -> str:
+    """Say why a module's half parameters met another dtype, and the fix that applies there."""
+    into_input = f", or cast its input to them: x.to(torch.{cast})" if cast else ""
+    keep_fp32 = ("keep the parameters fp32 (model.float(); transformers: from_pretrained(..., "
+                 "torch_dtype=torch.float32)) and let autocast pick each op's dtype")
+    why = ""
+    if "mixed dtype (CPU)" in str(crash.exc):   # ATen's CPU norm kernels: half input + fp32 params only
+        why = ("; on CPU this norm takes a half input with float32 parameters, but half parameters only with an "
+               "input of their own dtype")
+    if scope is not None:
+        if why:
+            why += " (CPU autocast does not cast layer_norm; CUDA autocast runs it in fp32)"
+        else:
+            why = ", and autocast does not cast this op's inputs"
+        return f"; the call ran {scope}{why}; {keep_fp32}{into_input}"
+    return (f"{why}; no torch.autocast block was seen around the call: run the forward under "
+            f"torch.autocast(device_type, dtype=torch.float16) with fp32 parameters (model.float()){into_input}")
 
 
 def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
@@ -142,6 +176,7 @@ _EXPLAINERS = {
     "AMP204": _amp204,
     "AMP401": _unscale_twice,
     "AMP402": _unscale_twice,
+    "AMP404": _amp404,
     "AMP405": _amp405,
     "AMP406": _amp406,
     "AMP410": _amp410,

@@ -29,6 +29,7 @@ from ampdoctor.guard.checks import (_infer_failure, _keep_found_inf, _no_scale, 
                                     _scheduler_finding, _split_pending, _sum_flags, _unscale_twice)
 from ampdoctor.guard.clipping import _ClipOwners
 from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
+from ampdoctor.guard.steps import _second_step
 
 __all__ = ["ScalerGuard"]
 
@@ -298,10 +299,7 @@ class ScalerGuard:
         elif live_scale(self.scaler) is None:
             call.predicted = [_no_scale("step", label, site, cur.index)]
         elif stage is OptState.STEPPED:
-            first = cur.stepped.get(id(optimizer))
-            call.predicted = [finding("AMP404", label, f"scaler.step({label}) at {site} is the second step of "
-                                      f"{label} since the last update(); the first was at "
-                                      f"{first.site if first else '<unknown>'}", cur.index)]
+            call.predicted = [_second_step(cur.stepped.get(id(optimizer)), label, site, cur.scale_calls, cur.index)]
         else:
             if args and callable(args[0]):
                 self._once("AMP204", label, f"scaler.step({label}, closure) at {site}: the closure is passed "
