@@ -50,6 +50,8 @@ def test_explain_unknown_text_is_answered_and_exits_0(capsys):
     # It used to exit 1: explain is a lookup, and "unknown" is an answer (EXIT_STATUS); 2 stays for bad input.
     assert main(["explain", "everything is fine"]) == 0
     assert "no rule in the catalog explains this text" in capsys.readouterr().out
+    assert main(["explain", "RuntimeError: Half and BFloat16 inputs do not match in my_custom_op"]) == 0
+    assert "closest family: dtype mismatch (AMP5xx)" in capsys.readouterr().out
 
 
 def test_one_exit_status_rule_for_run_and_report_and_strict_fails_on_errors(tmp_path, capsys):

@@ -212,9 +212,10 @@ def _explain(args: argparse.Namespace) -> int:
     except KeyError:
         rules = explain_text(text)
     if not rules:
-        out.print("ampdoctor: no rule in the catalog explains this text. `ampdoctor rules` lists what is "
-                  "known; run the script under `ampdoctor run` for a diagnosis on the real objects.", markup=False, soft_wrap=True)
-        return 0  # an answer, not a failure (EXIT_STATUS)
+        from ampdoctor.explanations.crash import unknown_answer
+
+        out.print(f"ampdoctor: {unknown_answer(text)}", markup=False, soft_wrap=True)
+        return 0  # "unknown" is an answer, not a failure (EXIT_STATUS)
     for rule in rules:
         out.print(rule_panel(rule))
     return 0
