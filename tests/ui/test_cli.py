@@ -66,6 +66,10 @@ def test_one_exit_status_rule_for_run_and_report_and_strict_fails_on_errors(tmp_
     log = logs / "ampdoctor.jsonl"
     assert [main(["report", str(report)]), main(["report", str(log)])] == [0, 0]
     assert [main(["report", "--strict", str(report)]), main(["report", "--strict", str(log)])] == [1, 1]
+    # the log with the JSON report of the same run, as a page and as PNG figures
+    html, pngs = tmp_path / "r.html", tmp_path / "figures"
+    assert main(["report", str(log), "--with-report", str(report), "--html", str(html), "--png", str(pngs)]) == 0
+    assert "1.wo (Linear)" in html.read_text() and sorted(p.suffix for p in pngs.iterdir())[:1] == [".png"]
     exits = os.path.join(os.path.dirname(__file__), "..", "scripts", "exit_status.py")
     assert main(["run", "--strict", exits, "0"]) == 0  # a clean fp32 run passes --strict
     assert main(["run", "--strict", exits, "3"]) == 3  # the script's own failure status is passed on

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--strict", action="store_true", help="exit 1 when the report has a finding at error "
                         "severity, a crash, or saw nothing trained")
     report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
+    report.add_argument("--png", metavar="DIR", help="also write the report's figures as PNG files into DIR (needs "
+                        'matplotlib: pip install "ampdoctor[report]")')
+    report.add_argument("--with-report", metavar="JSON", help="the JSON report (run --json) of the same run as a "
+                        "flight recorder, for its findings")
 
     demo = sub.add_parser("demo", help="reproduce the seed error on a tiny model, diagnose it, repair it")
     demo.add_argument("--no-fix", action="store_true", help="stop after the diagnosis")
@@ -241,6 +245,10 @@ def _report(args: argparse.Namespace) -> int:
     out = Console(highlight=False)
     try:
         loaded = load_any(args.path)
+        if args.with_report:
+            from ampdoctor.ui.report_files import combine
+
+            loaded = combine(loaded, load_any(args.with_report))
     except (OSError, ValueError) as exc:
         raise _UsageError(str(exc)) from None
     except RecursionError:
@@ -251,9 +259,17 @@ def _report(args: argparse.Namespace) -> int:
     if args.html:
         try:
             write_html(loaded, args.html)
-        except OSError as exc:
-            raise _UsageError(f"cannot write --html {args.html!r}: {exc.strerror}") from None
+        except (OSError, ValueError) as exc:
+            raise _UsageError(f"cannot write --html {args.html!r}: {getattr(exc, 'strerror', None) or exc}") from None
         out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
+    if args.png:
+        from ampdoctor.ui.figures import write_pngs
+
+        try:
+            paths = write_pngs(loaded, args.png)
+        except (OSError, ValueError) as exc:
+            raise _UsageError(f"--png {args.png!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        out.print(f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}", markup=False, soft_wrap=True)
     return _strict_status(loaded.report, out) if args.strict else 0
 
 

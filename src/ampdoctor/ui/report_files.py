@@ -5,9 +5,6 @@ Reading uses ``json.loads`` only: nothing is unpickled or evaluated, and every v
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 import math
 import os
@@ -20,6 +17,7 @@ from rich.text import Text
 
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
+from ampdoctor.ui.run_data import RunData, read_run
 
 MAX_BYTES = 512 * 1024 * 1024  # refuse to load more than this; a flight recorder of a long run stays far below
 
@@ -111,46 +109,60 @@ def _log_report(header: dict[str, Any] | None, records: list[dict[str, Any]]) ->
 
 def _finding(item: Any) -> Finding | None:
     try:
+        step, process, cause = item.get("step"), item.get("process"), item.get("cause")
         return Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]), str(item["detail"]),
-                       item.get("step") if isinstance(item.get("step"), int) else None)
-    except (KeyError, TypeError, ValueError):
+                       step if isinstance(step, int) else None, process if isinstance(process, str) else None,
+                       cause if isinstance(cause, str) else None)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
+
+
+def combine(log: Loaded, report: Loaded) -> Loaded:
+    """Return the flight recorder ``log`` with the findings of the JSON ``report`` of the same run.
+
+    >>> a, b = Loaded("a.jsonl", Report(), {"type": "header"}), Loaded("r.json", Report(changes=["x"]))
+    >>> combine(a, b).report.changes, combine(a, b).path
+    (['x'], 'a.jsonl + r.json')
+    """
+    return Loaded(f"{log.path} + {report.path}", report.report, log.header, log.records,
+                  log.problems + report.problems)
+
+
+def run_data(loaded: Loaded) -> RunData:
+    """Return the numbers the page and the figures show (``ampdoctor.ui.run_data.read_run``)."""
+    return read_run(loaded.header, loaded.records, loaded.report.extra) if loaded.is_log or loaded.report.extra \
+        else RunData()
 
 
 # ---- series extracted from the step records --------------------------------------------------------------------
 def series(loaded: Loaded) -> dict[str, list[tuple[int, float]]]:
-    """Return named ``[(step, value)]`` series found in the log: loss scale, global norm, skips, underflow."""
-    columns = list((loaded.header or {}).get("grad_columns") or [])
+    """Return named ``[(step, value)]`` series: loss scale, skips, global norm, worst underflow, lost updates.
+
+    Underflow is the largest per-module share of examined entries that would flush to 0 in that format.
+    """
+    data = run_data(loaded)
     out: dict[str, list[tuple[int, float]]] = {}
-
-    def add(name: str, step: int, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.setdefault(name, []).append((step, float(value)))
-
-    for record in loaded.records:
-        step = record.get("step")
-        if record.get("type") != "step" or not isinstance(step, int):
-            continue
-        scale = record.get("scale") if isinstance(record.get("scale"), dict) else {}
-        add("loss scale", step, scale.get("scale"))
-        add("skipped steps (total)", step, scale.get("skipped_total"))
-        grads = record.get("gradients") if isinstance(record.get("gradients"), dict) else {}
-        add("global grad norm", step, grads.get("global_norm"))
-        rows = grads.get("rows") if isinstance(grads.get("rows"), list) else []
-        for name in ("fp16_underflow", "bf16_underflow", "e4m3_underflow", "e5m2_underflow"):
-            if name in columns:
-                col = columns.index(name)
-                values = [r[col] for r in rows if isinstance(r, list) and len(r) > col
-                          and isinstance(r[col], (int, float))]
-                if values:
-                    add(f"worst {name.replace('_', ' ')}", step, max(values))
-        lost = record.get("lost_updates") if isinstance(record.get("lost_updates"), dict) else {}
-        add("lost updates (fraction)", step, lost.get("fraction"))
+    if data.scale:
+        out["loss scale"] = data.scale
+        skipped = sorted(set(data.skipped))
+        out["skipped steps (total)"] = [(s, float(i + 1)) for i, s in enumerate(skipped)]
+    if data.global_norm:
+        out["global grad norm"] = data.global_norm
+    for fmt in data.formats:
+        modules = data.cast.get(f"{fmt}_underflow", {})
+        if modules:
+            worst = [(step, max((v[i] or 0.0) for v in modules.values() if len(v) > i))
+                     for i, step in enumerate(data.cast_steps)]
+            out[f"worst {fmt} underflow"] = worst
+    if data.lost:
+        out["lost updates (fraction)"] = data.lost
     return out
 
 
 def render_loaded(loaded: Loaded) -> RenderableType:
-    """Return a console view: reading problems, the sampled steps, then the findings."""
+    """Return a console view: the sampled steps, reading problems, then the findings (tables only, no plots)."""
+    from ampdoctor.ui.figures import INSTALL_HINT, have_matplotlib
+
     if not loaded.is_log:
         return loaded.report
     parts: list[RenderableType] = []
@@ -160,19 +172,21 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     if header.get("ampdoctor"):
         title += f", ampdoctor {header.get('ampdoctor')}"
     table = Table(title=title)
-    data = series(loaded)
-    names = [n for n in ("loss scale", "skipped steps (total)", "global grad norm", "worst fp16 underflow",
-                         "lost updates (fraction)") if n in data]
+    data = run_data(loaded)
+    by_step = {name: dict(values) for name, values in series(loaded).items()}
+    names = [n for n in ("global grad norm", "worst fp16 underflow", "worst bf16 underflow",
+                         "lost updates (fraction)") if n in by_step]
+    columns = (["loss scale", "skipped so far"] if data.scale else []) + names
     table.add_column("step", justify="right")
-    for name in names:
+    for name in columns:
         table.add_column(name, justify="right")
-    by_step = {name: dict(values) for name, values in data.items()}
     shown = steps if len(steps) <= 20 else steps[:5] + steps[-15:]
     for index, record in enumerate(shown):
         if len(steps) > 20 and index == 5:
-            table.add_row("…", *["…"] * len(names))
+            table.add_row("…", *["…"] * len(columns))
         step = record["step"]
-        table.add_row(str(step), *[_fmt(by_step[n].get(step)) for n in names])
+        cells = [_fmt(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] if data.scale else []
+        table.add_row(str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names])
     parts.append(table)
     if loaded.problems:
         problems = Text("reading problems:\n", style="yellow")
@@ -183,9 +197,24 @@ def render_loaded(loaded: Loaded) -> RenderableType:
         parts.append(problems)
     if steps:
         parts.append(Text(f"last completed sampled step: {steps[-1]['step']}"))
+    if data.first_nonfinite:
+        parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.get('module')} at step "
+                          f"{data.first_nonfinite.get('step')}", style="red"))
+    if not have_matplotlib():
+        parts.append(Text(f"plots: {INSTALL_HINT}, then ampdoctor report {loaded.path} --html report.html",
+                          style="dim"))
     if loaded.report.findings:
         parts.append(loaded.report)
     return Group(*parts)
+
+
+def _scale_at(points: list[tuple[int, float]], step: int) -> float | None:
+    value = None
+    for s, v in points:
+        if s > step:
+            break
+        value = v
+    return value
 
 
 def _fmt(value: Any) -> str:
@@ -197,90 +226,27 @@ def _fmt(value: Any) -> str:
 
 
 # ---- HTML ------------------------------------------------------------------------------------------------------
+def render_html(loaded: Loaded) -> str:
+    """Return the self-contained HTML page of ``loaded``: plots when matplotlib is installed, tables always."""
+    from ampdoctor.ui.figures import INSTALL_HINT, draw_figures, have_matplotlib
+    from ampdoctor.ui.html_page import render_page
+
+    data = run_data(loaded)
+    figures = draw_figures(data) if have_matplotlib() else None
+    return render_page(loaded, data, figures, INSTALL_HINT)
+
+
 def write_html(loaded: Loaded, out: str) -> None:
-    """Write a self-contained HTML report with plots (matplotlib, if installed) to ``out``.
+    """Write the self-contained HTML report of ``loaded`` to ``out`` (no JavaScript, no network; inline SVG).
 
     Every string from the file is escaped: module names such as ``<script>`` are shown, never run.
-    """
-    esc = html.escape
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>ampdoctor report</title>{_CSS}</head><body>",
-             f"<h1>ampdoctor report</h1><p class='src'>{esc(str(loaded.path))}</p>"]
-    report = loaded.report
-    if report.exception:
-        parts.append(f"<h2>Exception</h2><pre>{esc(str(report.exception.get('type')))}: "
-                     f"{esc(str(report.exception.get('message')))}</pre>")
-    if report.changes:
-        parts.append("<h2>Changes</h2><ul>" + "".join(f"<li>{esc(str(c))}</li>" for c in report.changes) + "</ul>")
-    parts.append("<h2>Findings</h2>")
-    if report.findings:
-        from ampdoctor.core.catalog import get_rule
 
-        rows = []
-        for f in report.findings:
-            try:
-                rule = get_rule(f.code)
-                title, fix = rule.title, rule.fix
-            except KeyError:
-                title, fix = "", ""
-            rows.append(f"<tr class='{esc(f.severity.value)}'><td>{esc(f.code)}</td><td>{esc(f.severity.value)}</td>"
-                        f"<td>{esc(f.where)}</td><td><b>{esc(title)}</b><br>{esc(f.detail)}"
-                        f"<pre>{esc(fix)}</pre></td></tr>")
-        parts.append("<table><tr><th>code</th><th>severity</th><th>where</th><th>what and fix</th></tr>"
-                     + "".join(rows) + "</table>")
-    else:
-        parts.append("<p>No findings.</p>")
-    if loaded.is_log:
-        parts.append(f"<h2>Numerics over {sum(1 for r in loaded.records if r.get('type') == 'step')} sampled "
-                     "steps</h2>")
-        parts.extend(_plots(series(loaded)))
-    if loaded.problems:
-        parts.append("<h2>Reading problems</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in loaded.problems[:200])
-                     + "</ul>")
-    env = report.environment or {}
-    if env:
-        parts.append("<h2>Environment</h2><table>" + "".join(
-            f"<tr><td>{esc(str(k))}</td><td>{esc(str(v))}</td></tr>" for k, v in env.items()) + "</table>")
-    parts.append("</body></html>")
+    Raises:
+        ValueError: ``out`` cannot be written.
+    """
+    page = render_html(loaded)
     try:
         with open(out, "w", encoding="utf-8") as f:
-            f.write("\n".join(parts))
+            f.write(page)
     except OSError as exc:
         raise ValueError(f"cannot write {out!r}: {exc.strerror}") from None
-
-
-def _plots(data: dict[str, list[tuple[int, float]]]) -> list[str]:
-    if not data:
-        return ["<p>No numeric series in this log.</p>"]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return ["<p>Install matplotlib (<code>pip install 'ampdoctor[report]'</code>) for plots.</p>"]
-    images = []
-    for name, values in data.items():
-        finite = [(s, v) for s, v in values if math.isfinite(v)]
-        if not finite:
-            continue
-        fig, ax = plt.subplots(figsize=(6.4, 2.6), dpi=100)
-        ax.plot([s for s, _ in finite], [v for _, v in finite], marker="." if len(finite) < 50 else None)
-        if name in ("loss scale", "global grad norm") and all(v > 0 for _, v in finite):
-            ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_title(name)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        images.append(f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,"
-                      f"{base64.b64encode(buf.getvalue()).decode()}'></figure>")
-    return images or ["<p>All values in this log are non-finite.</p>"]
-
-
-_CSS = """<style>
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}pre{white-space:pre-wrap;margin:4px 0}
-tr.error td:first-child{color:#b00}tr.warning td:first-child{color:#a60}.src{color:#666}
-</style>"""

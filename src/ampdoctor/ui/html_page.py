@@ -1,0 +1,305 @@
+"""One self-contained HTML page of a run: verdict, grouped findings, figures, the first inf/NaN, the environment.
+
+No JavaScript and nothing fetched: figures are inline SVG (matplotlib, when installed), collapsible parts are
+``<details>``. Every string from the file is escaped: a module named ``<script>`` is shown, never run. The page
+stays short: findings of one rule and cause are one row (``core.grouping``), tables and heatmaps are capped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Severity
+from ampdoctor.core.grouping import FindingGroup, group_findings
+from ampdoctor.core.report import NOTHING_OBSERVED
+from ampdoctor.ui.run_data import RunData
+
+__all__ = ["render_page", "verdict"]
+
+MAX_PLACES = 8  # places listed in a findings row before the rest fold into <details>
+MAX_TABLE_ROWS = 20
+esc = html.escape
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "" if value is None else esc(str(value))
+    if not math.isfinite(value):
+        return "inf" if value > 0 else "-inf" if value < 0 else "NaN"
+    return f"{value:.3g}"
+
+
+def _pct(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return ""
+    return "0" if not value else f"{100 * value:.1f}%" if value >= 0.001 else "<0.1%"
+
+
+def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
+    """Return the verdict's class (``ok``, ``bad``, ``partial``) and its lines, as plain text.
+
+    >>> from ampdoctor.core.report import Report
+    >>> from types import SimpleNamespace
+    >>> verdict(SimpleNamespace(report=Report(), problems=[]), RunData())[1][0]
+    'ok: no errors or warnings'
+    """
+    report = loaded.report
+    errors = sum(f.severity is Severity.ERROR for f in report.findings)
+    warnings = sum(f.severity is Severity.WARNING for f in report.findings)
+    lines: list[str] = []
+    if report.exception:
+        lines.append(f"the script crashed: {report.exception.get('type')}: {report.exception.get('message')}")
+    if report.saw_nothing:
+        lines.append(f"nothing was trained: {NOTHING_OBSERVED}")
+    if errors or warnings:
+        groups = len(group_findings(report.findings))
+        lines.insert(0, f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
+                        + (f" (shown in {_plural(groups, 'row')})" if groups < errors + warnings else ""))
+    elif getattr(loaded, "header", None) is not None and not _has_report(loaded):
+        lines.insert(0, "no findings in this log: a watch keeps its findings in its report, not in the flight "
+                        "recorder (`ampdoctor run --log-dir` appends the report to it)")
+    elif not report.exception and not report.saw_nothing:
+        lines.insert(0, "ok: no errors or warnings")
+    collapsed = bool(data.scale) and data.scale[-1][1] < data.scale[0][1] / 16
+    if collapsed:
+        lines.append(f"the loss scale fell from {data.scale[0][1]:g} to {data.scale[-1][1]:g}; "
+                     f"{_plural(len(data.skipped), 'skipped step')}")
+    if data.first_nonfinite:
+        first = data.first_nonfinite
+        label = f"{first.get('module')}" + (f" ({first.get('class')})" if first.get("class") else "")
+        lines.append(f"first inf/NaN in the forward pass: {label} at step {first.get('step')}")
+    partial = data.closed is False and not _has_report(loaded)
+    if partial:
+        lines.append(f"the flight recorder ends at sampled step {data.last_step} without its end line: the run was "
+                     "killed or is still running; findings are those recorded so far")
+    if errors or report.exception or report.saw_nothing or collapsed or data.first_nonfinite:
+        return "bad", lines
+    return ("partial" if partial or warnings or lines[0].startswith("no findings") else "ok"), lines
+
+
+def _has_report(loaded: Any) -> bool:
+    return any(r.get("type") == "report" for r in getattr(loaded, "records", []))
+
+
+def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_hint: str) -> str:
+    """Return the page's HTML; ``figures`` None means matplotlib is missing (tables only, with ``install_hint``)."""
+    report = loaded.report
+    header = loaded.header or {}
+    kind, lines = verdict(loaded, data)
+    meta = [f"source {loaded.path}"]
+    if header.get("created"):
+        meta.append(f"started {header['created']}")
+    if data.source == "log":
+        meta.append(f"{_plural(data.sampled_steps, 'sampled step')}")
+    if data.formats:
+        meta.append("formats " + ", ".join(data.formats))
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ampdoctor report: "
+             f"{esc(lines[0] if lines else kind)}</title>{_CSS}</head><body>",
+             "<h1>ampdoctor report</h1>", f"<p class='src'>{esc(' · '.join(str(m) for m in meta))}</p>",
+             f"<section id='verdict' class='verdict {kind}'>"
+             + "".join(f"<p>{esc(line)}</p>" for line in lines) + "</section>"]
+    if report.exception and report.exception.get("traceback"):
+        parts.append(f"<details><summary>traceback</summary><pre>{esc(report.exception['traceback'])}</pre>"
+                     "</details>")
+    parts.append(_findings(report.findings))
+    if report.changes:
+        parts.append("<h2>Changes made</h2><ul>" + "".join(f"<li>{esc(str(c))}</li>" for c in report.changes)
+                     + "</ul>")
+    parts.append(_numerics(data, figures, install_hint))
+    parts.append(_first_nonfinite(data))
+    if loaded.problems:
+        shown = loaded.problems[:50]
+        parts.append(f"<h2>Reading problems</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in shown)
+                     + (f"<li>… and {len(loaded.problems) - 50} more</li>" if len(loaded.problems) > 50 else "")
+                     + "</ul>")
+    env = dict(report.environment or {}) or _log_environment(loaded)
+    if env:
+        parts.append("<h2>Environment</h2><table id='environment'>" + "".join(
+            f"<tr><td>{esc(str(k))}</td><td>{esc(str(v))}</td></tr>" for k, v in env.items()) + "</table>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _log_environment(loaded: Any) -> dict[str, Any]:
+    end = next((r for r in reversed(loaded.records) if r.get("type") == "end"), {})
+    env = end.get("environment") or (loaded.header or {}).get("environment")
+    return env if isinstance(env, dict) else {}
+
+
+def _findings(findings: list[Any]) -> str:
+    if not findings:
+        return "<h2>Findings</h2><p>No findings.</p>"
+    groups = sorted(group_findings(findings), key=lambda g: g.severity.rank)
+    rows = [_finding_row(g) for g in groups]
+    return (f"<h2>Findings</h2><table id='findings'><thead><tr><th>code</th><th>where</th>"
+            f"<th>what, why and the fix</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _finding_row(group: FindingGroup) -> str:
+    try:
+        rule = get_rule(group.code)
+        name, title, why, fix = rule.name, rule.title, rule.why, rule.fix
+    except KeyError:
+        name = title = why = fix = ""
+    places = group.places
+    where = "<br>".join(esc(p) for p in places[:MAX_PLACES])
+    if len(places) > MAX_PLACES:
+        where += (f"<details><summary>and {len(places) - MAX_PLACES} more</summary>"
+                  + "<br>".join(esc(p) for p in places[MAX_PLACES:]) + "</details>")
+    when = [f"step {group.step}"] if group.step is not None else []
+    if group.process:
+        when.append(group.process)
+    return (f"<tr class='{esc(group.severity.value)}'><td><b>{esc(group.code)}</b><br>{esc(group.severity.value)}"
+            f"<br><small>{esc(name)}</small></td><td class='where'>{where}</td><td><b>{esc(title)}</b>"
+            + _detail(group.detail) + (f"<p class='when'>{esc(', '.join(when))}</p>" if when else "")
+            + (f"<p class='why'>{esc(why)}</p>" if why else "") + (f"<pre>{esc(fix)}</pre>" if fix else "")
+            + "</td></tr>")
+
+
+def _detail(text: str) -> str:
+    """Return a finding's detail: its first line as text, the rest (frame tables, op lines) preformatted."""
+    first, _, rest = text.partition("\n")
+    return f"<p class='detail'>{esc(first)}</p>" + (f"<pre class='detail'>{esc(rest)}</pre>" if rest.strip() else "")
+
+
+def _numerics(data: RunData, figures: list[Any] | None, install_hint: str) -> str:
+    if data.source == "none":
+        return "<h2>Numerics</h2><p>This report has no watch data: run with <code>ampdoctor run --log-dir DIR" \
+               "</code> for a flight recorder of the loss scale, gradients and activations.</p>"
+    out = ["<h2>Numerics</h2>"] + [f"<p class='note'>{esc(n)}</p>" for n in data.notes]
+    if figures is None:
+        out.append(f"<p class='hint'>Tables only: plots need matplotlib, <code>{esc(install_hint)}</code>.</p>")
+    else:
+        for figure in figures:
+            out.append(f"<figure id='fig-{esc(figure.key)}'>{figure.svg()}<figcaption>{esc(figure.caption)}"
+                       "</figcaption></figure>")
+    out.append(_scale_table(data))
+    out.append(_gradient_table(data))
+    out.append(_activation_table(data))
+    return "\n".join(p for p in out if p)
+
+
+def _scale_table(data: RunData) -> str:
+    if not data.scale:
+        return ""
+    changes = data.scale if len(data.scale) <= MAX_TABLE_ROWS else data.scale[:5] + data.scale[-15:]
+    skipped = data.skipped[:40]
+    return ("<h3>Loss scale</h3><table class='num'><tr><th>from step</th><th>scale</th></tr>"
+            + "".join(f"<tr><td>{s}</td><td>{_num(v)}</td></tr>" for s, v in changes) + "</table>"
+            + f"<p>{_plural(len(data.skipped), 'skipped step')}"
+            + (": " + ", ".join(map(str, skipped)) + (" …" if len(data.skipped) > 40 else "") if skipped else "")
+            + "</p>")
+
+
+def _last(values: Iterable[Any]) -> Any:
+    return next((v for v in reversed(list(values)) if v is not None), None)
+
+
+def _gradient_table(data: RunData) -> str:
+    if not data.module_norms:
+        return ""
+    kinds = [f"{f}_{k}" for f in data.formats for k in ("underflow", "overflow") if f"{f}_{k}" in data.cast]
+    if "nonfinite" in data.cast:
+        kinds.append("nonfinite")
+    step = data.cast_steps[-1] if data.cast_steps else None
+
+    def worst(module: str) -> float:
+        shares = [_last(data.cast[k].get(module, [])) or 0.0 for k in kinds]
+        norm = data.module_norms[module][-1][1]
+        return max(shares, default=0.0) * 1e6 + (norm if math.isfinite(norm) else 1e5)
+
+    modules = sorted(data.module_norms, key=lambda m: -worst(m))
+    head = "".join(f"<th>{esc(k.replace('_', ' ').replace('nonfinite', 'inf/NaN'))}</th>" for k in kinds)
+    rows = "".join(f"<tr><td>{esc(m)}</td><td>{_num(data.module_norms[m][-1][1])}</td>"
+                   + "".join(f"<td>{_pct(_last(data.cast[k].get(m, [])))}</td>" for k in kinds) + "</tr>"
+                   for m in modules[:MAX_TABLE_ROWS])
+    more = f"<p>… and {len(modules) - MAX_TABLE_ROWS} more modules</p>" if len(modules) > MAX_TABLE_ROWS else ""
+    return (f"<h3>Gradients per module at step {step}</h3><p class='note'>L2 norm of the unscaled gradient; "
+            "underflow/overflow: share of the finite non-zero entries examined that the format would flush to 0 "
+            "or turn to inf; inf/NaN: share of all entries.</p>"
+            f"<table class='num' id='gradients'><tr><th>module</th><th>L2</th>{head}</tr>{rows}</table>{more}")
+
+
+def _activation_table(data: RunData) -> str:
+    modules = {m: s for m, s in data.activation_modules.items() if m != "(root)"}
+    if not modules:
+        return ""
+
+    def order(item: tuple[str, dict[str, Any]]) -> float:
+        s = item[1]
+        return -(2.0 if s.get("nonfinite_forward_steps") else s.get("headroom_ratio") or 0.0)
+
+    rows = "".join(
+        f"<tr{' class=bad' if s.get('nonfinite_forward_steps') else ''}><td>{esc(m)}</td>"
+        f"<td>{esc(str(s.get('class') or ''))}</td><td>{_num(s.get('max_abs'))}</td><td>{_num(s.get('limit'))}</td>"
+        f"<td>{_pct(s.get('headroom_ratio'))}</td><td>{_num(s.get('nonfinite_forward_steps'))}</td>"
+        f"<td>{_num(s.get('nonfinite_backward_steps'))}</td></tr>"
+        for m, s in sorted(modules.items(), key=order)[:MAX_TABLE_ROWS])
+    return ("<h3>Activation headroom</h3><table class='num' id='activations'><tr><th>module</th><th>class</th>"
+            "<th>max |output|</th><th>dtype max</th><th>used</th><th>steps with inf/NaN output</th>"
+            f"<th>steps with inf/NaN gradient</th></tr>{rows}</table>")
+
+
+def _first_nonfinite(data: RunData) -> str:
+    first = data.first_nonfinite
+    if not first:
+        back = data.first_nonfinite_backward
+        if back:
+            return (f"<h2>First non-finite gradient</h2><p>{esc(str(back.get('kind')))} in the gradient of "
+                    f"<b>{esc(str(back.get('module')))}</b> ({esc(str(back.get('class')))}) at step "
+                    f"{esc(str(back.get('step')))}, with a finite forward pass.</p>")
+        return ""
+    out = [f"<h2>First non-finite forward</h2><p id='first-nonfinite'>{esc(str(first.get('kind')))} in the output of "
+           f"<b>{esc(str(first.get('module')))}</b>"
+           + (f" ({esc(str(first.get('class')))})" if first.get("class") else "")
+           + f" at step {esc(str(first.get('step')))}: the first module, in call order, whose output is not finite."
+           + "</p>"]
+    op = first.get("op") if isinstance(first.get("op"), dict) else None
+    if op:
+        stack = " → ".join(str(m) for m in op.get("module_stack") or [])
+        tensors = (op.get("inputs") or []) + (op.get("outputs") or [])
+        out.append(f"<p>op <code>{esc(str(op.get('op')))}</code> made {esc(str(op.get('kind')))} from finite inputs; "
+                   f"call path {esc(stack)}</p><table class='num'><tr><th>tensor</th><th>dtype</th><th>shape</th>"
+                   "<th>abs max</th></tr>" + "".join(
+                       f"<tr><td>{esc(str(t.get('role')))}</td><td>{esc(str(t.get('dtype')))}</td>"
+                       f"<td>{esc(str(t.get('shape')))}</td><td>{_num(t.get('abs_max'))}</td></tr>"
+                       for t in tensors[:12] if isinstance(t, dict)) + "</table>")
+    frames = [f for f in first.get("frames") or [] if isinstance(f, dict)]
+    if frames:
+        rows = []
+        for frame in frames[-8:]:
+            for r in (frame.get("rows") or [])[:12]:
+                r = r if isinstance(r, dict) else {}
+                bad = str(r.get("abs_max")) in ("inf", "nan")
+                rows.append(f"<tr{' class=bad' if bad else ''}><td>{esc(str(frame.get('module')))}</td>"
+                            f"<td>{esc(str(frame.get('class')))}</td><td>{esc(str(r.get('role')))}</td>"
+                            f"<td>{_num(r.get('abs_min'))}</td><td>{_num(r.get('abs_max'))}</td></tr>")
+        out.append("<h3>Frames: the modules that ran last, in call order</h3><table class='num' id='frames'><tr>"
+                   "<th>module</th><th>class</th><th>tensor</th><th>abs min (non-zero)</th><th>abs max</th></tr>"
+                   + "".join(rows) + "</table>")
+    elif data.source == "log":
+        out.append("<p class='note'>No frames recorded for this event (the activation monitor re-runs the forward "
+                   "to dump them when it watches that step).</p>")
+    return "\n".join(out)
+
+
+_CSS = """<style>
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1100px;padding:0 1em;color:#222}
+h1{margin-bottom:0}h2{margin-top:1.6em;border-bottom:1px solid #ddd}.src{color:#666;margin-top:.2em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;vertical-align:top;
+text-align:left}table.num td{font-variant-numeric:tabular-nums}pre{white-space:pre-wrap;margin:4px 0;
+background:#f6f6f6;padding:4px}.verdict{padding:.6em 1em;border-radius:6px;font-size:1.1em}
+.verdict p{margin:.25em 0}.verdict.ok{background:#e8f5e9}.verdict.bad{background:#ffebee}
+.verdict.partial{background:#fff8e1}tr.error td:first-child{color:#b71c1c}tr.warning td:first-child{color:#e65100}
+tr.bad td{background:#ffebee}td.where{min-width:7em;max-width:22em;overflow-wrap:anywhere}
+.why{color:#444}.note,.when{color:#666}.hint{background:#fff8e1;padding:.4em}
+figure{margin:1em 0}figure svg{max-width:100%;height:auto}
+figcaption{color:#555;font-size:.9em}
+</style>"""

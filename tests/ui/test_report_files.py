@@ -1,0 +1,218 @@
+"""ui/report_files.py, ui/run_data.py, ui/figures.py and ui/html_page.py: the report page from real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+import ampdoctor
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.report import Report
+from ampdoctor.ui.figures import have_matplotlib, write_pngs
+from ampdoctor.ui.report_files import combine, load_any, render_html, render_loaded, run_data, series, write_html
+
+needs_matplotlib = pytest.mark.skipif(not have_matplotlib(), reason="matplotlib is not installed")
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wi, self.wo = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.wo(torch.relu(self.wi(x)))
+
+
+def overflow_run(log_dir: Path, steps: int = 6, name: str = "ffn") -> ampdoctor.Watch:
+    """Train a model whose `<name>.wo` output overflows fp16 under CPU autocast; keep a flight recorder."""
+    torch.manual_seed(0)
+    model = nn.Sequential()
+    model.add_module("inp", nn.Linear(8, 16))
+    model.add_module(name, Block())
+    model.add_module("out", nn.Linear(16, 1))
+    with torch.no_grad():
+        model.get_submodule(name).wo.weight.mul_(3e5)  # fine in fp32, above 65504 in fp16
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdoctor.watch(model, opt, scaler, every=1, log_dir=str(log_dir), activations=True) as w:
+        for _ in range(steps):
+            x, y = torch.randn(4, 8), torch.randn(4, 1)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    return w
+
+
+@pytest.fixture(scope="module")
+def overflow_log(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("overflow")
+    overflow_run(folder)
+    return folder / "ampdoctor.jsonl"
+
+
+def test_run_data_of_a_forward_overflow(overflow_log):
+    data = run_data(load_any(str(overflow_log)))
+    assert data.source == "log" and data.closed and data.sampled_steps == 6 and data.formats == ["fp16"]
+    assert [s for s, _ in data.scale] == list(range(7)) and data.scale[0][1] == 65536.0
+    assert data.scale[-1][1] == 65536.0 / 2 ** 6 and data.skipped == list(range(6))
+    assert data.first_nonfinite["module"] == "ffn.wo" and data.first_nonfinite["frames"]
+    assert set(data.module_norms) == {"inp", "ffn.wi", "ffn.wo", "out"}
+    assert data.cast_steps == list(range(6)) and set(data.cast) >= {"fp16_underflow", "fp16_overflow", "nonfinite"}
+    assert data.cast["nonfinite"]["ffn.wo"] == [1.0] * 6  # every gradient entry is inf/NaN
+    assert [a["nonfinite_module"] for a in data.activations] == ["ffn.wo"] * 6
+
+
+@needs_matplotlib
+def test_page_of_a_forward_overflow(overflow_log, tmp_path):
+    out = tmp_path / "report.html"
+    write_html(load_any(str(overflow_log)), str(out))
+    page = out.read_text(encoding="utf-8")
+    verdict = page[page.index("id='verdict'"):page.index("</section>")]
+    assert "65536 to 1024" in verdict and "ffn.wo (Linear) at step 0" in verdict
+    for key in ("loss_scale", "cast_fp16", "nonfinite_grads", "activations"):
+        assert f"id='fig-{key}'><svg" in page
+    assert "id='frames'" in page and "aten.addmm" in page and "id='environment'" in page
+    assert "<script" not in page and not re.search(r"(src|href)=[\"']?(https?:|//)", page)  # no JS, nothing fetched
+
+
+def test_underflow_series_is_a_share_of_entries_not_a_count(tmp_path):
+    model = nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdoctor.watch(model, opt, every=1, log_dir=str(tmp_path)):
+        for _ in range(3):
+            (model(torch.randn(4, 32)).sum() * 1e-12).backward()  # every gradient is below fp16's 6e-8
+            opt.step()
+            opt.zero_grad()
+    data = run_data(load_any(str(tmp_path)))
+    assert data.cast["fp16_underflow"]["(root)"] == [1.0, 1.0, 1.0]
+    assert data.cast["bf16_underflow"]["(root)"] == [0.0, 0.0, 0.0]
+    assert series(load_any(str(tmp_path)))["worst fp16 underflow"] == [(0, 1.0), (1, 1.0), (2, 1.0)]
+
+
+def test_log_findings_keep_process_and_cause(tmp_path):
+    log = tmp_path / "ampdoctor.jsonl"
+    finding = {"code": "AMP101", "severity": "error", "where": "fc", "detail": "fc.w is half", "step": 3,
+               "process": "pid 7: python train.py", "cause": "half"}
+    log.write_text(json.dumps({"type": "header", "schema": "ampdoctor.watch/1"}) + "\n"
+                   + json.dumps({"type": "step", "step": 3, "findings": [finding]}) + "\n")
+    [got] = load_any(str(log)).report.findings
+    assert (got.process, got.cause, got.step) == ("pid 7: python train.py", "half", 3)
+
+
+def test_fifty_one_modules_with_one_cause_are_one_row(tmp_path):
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(51)]).half()  # a stray .half() on the whole model
+    report = ampdoctor.check(model, torch.optim.AdamW(model.parameters()), torch.amp.GradScaler("cpu"))
+    assert sum(f.code == "AMP101" for f in report.findings) == 51
+    path = tmp_path / "report.json"
+    path.write_text(report.to_json())
+    page = render_html(load_any(str(path)))
+    table = page[page.index("id='findings'"):page.index("</table>", page.index("id='findings'"))]
+    rows = re.findall(r"<tr class='(\w+)'><td><b>(AMP\d+)</b>", table)
+    assert rows == [("error", "AMP101"), ("error", "AMP104")]
+    assert "Parameters in these 51 modules" in table and "and 43 more</summary>" in table
+    assert "52 errors, 0 warnings (shown in 2 rows)" in page
+    assert len(page) < 30_000  # the old page had one row per module: 51 rows
+
+
+def test_truncated_log_still_renders(overflow_log, tmp_path):
+    data = overflow_log.read_bytes()
+    cut = data.rindex(b'{"type":"step"')
+    torn = tmp_path / "ampdoctor.jsonl"
+    torn.write_bytes(data[:cut + 300])  # killed while writing the last step's line: no end line
+    loaded = load_any(str(torn))
+    assert loaded.problems and "torn last line" in loaded.problems[-1]
+    page = render_html(loaded)
+    assert "without its end line: the run was killed" in page and "Reading problems" in page
+    assert "verdict bad" in page and "ffn.wo" in page  # the overflow seen in the step records
+    text = _console(render_loaded(loaded))
+    assert "torn last line" in text and "first inf/NaN in the forward pass: ffn.wo at step 0" in text
+
+
+def test_json_report_alone_and_combined_with_its_log(tmp_path):
+    w = overflow_run(tmp_path / "log", steps=4)
+    path = tmp_path / "report.json"
+    path.write_text(w.report().to_json())
+    alone = load_any(str(path))
+    data = run_data(alone)
+    assert data.source == "report" and data.scale[0] == (0, 65536.0) and data.skipped == [0, 1, 2, 3]
+    assert data.first_nonfinite["module"] == "ffn.wo" and "ffn.wo" in data.activation_modules
+    page = render_html(alone)
+    assert "watch summary" in page and "verdict bad" in page and "<b>AMP601</b>" in page and "id='activations'" in page
+    both = combine(load_any(str(tmp_path / "log")), alone)
+    assert both.report.findings == alone.report.findings and run_data(both).sampled_steps == 4
+    assert "verdict bad" in render_html(both)
+
+
+def test_verdicts_nothing_trained_and_crash():
+    from types import SimpleNamespace
+
+    from ampdoctor.ui.html_page import verdict
+    from ampdoctor.ui.run_data import RunData
+
+    idle = SimpleNamespace(report=Report(observed={"models": 0, "optimizers": 0, "scalers": 0}), problems=[])
+    assert verdict(idle, RunData())[0] == "bad" and verdict(idle, RunData())[1][0].startswith("nothing was trained")
+    crash = Report(exception={"type": "ValueError", "message": "Attempting to unscale FP16 gradients."},
+                   findings=[Finding("AMP101", Severity.ERROR, "fc", "half")])
+    kind, lines = verdict(SimpleNamespace(report=crash, problems=[]), RunData())
+    assert kind == "bad" and lines == ["1 error, 0 warnings",
+                                       "the script crashed: ValueError: Attempting to unscale FP16 gradients."]
+
+
+def test_module_names_are_escaped_in_the_page(tmp_path):
+    overflow_run(tmp_path, steps=2, name="<b>$x$</b>")
+    page = render_html(load_any(str(tmp_path)))
+    assert "<b>$x$</b>" not in page and "&lt;b&gt;$x$&lt;/b&gt;.wo" in page
+
+
+@needs_matplotlib
+def test_write_pngs(overflow_log, tmp_path):
+    paths = write_pngs(load_any(str(overflow_log)), str(tmp_path / "png"))
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ["activations.png", "cast_fp16.png", "grad_norms.png", "loss_scale.png", "nonfinite_grads.png"]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_without_matplotlib_tables_and_how_to_get_plots(overflow_log, tmp_path):
+    # a child python where `import matplotlib` fails, as when the `report` extra is not installed
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["matplotlib"] = None
+        from rich.console import Console
+        from ampdoctor.ui.report_files import load_any, render_loaded, write_html
+        from ampdoctor.ui.figures import write_pngs
+        loaded = load_any({str(overflow_log)!r})
+        write_html(loaded, {str(tmp_path / 'page.html')!r})
+        Console(width=200).print(render_loaded(loaded))
+        try:
+            write_pngs(loaded, {str(tmp_path / 'png')!r})
+        except ValueError as exc:
+            print("PNG:", exc)
+        print("matplotlib loaded:", any(m.startswith("matplotlib.") for m in sys.modules))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "<svg" not in page and "plots need matplotlib, <code>pip install &quot;ampdoctor[report]&quot;" in page
+    assert "id='findings'" not in page and "id='gradients'" in page and "id='frames'" in page
+    assert 'plots: pip install "ampdoctor[report]"' in done.stdout
+    assert 'PNG: PNG figures need matplotlib: pip install "ampdoctor[report]"' in done.stdout
+    assert "matplotlib loaded: False" in done.stdout
+
+
+def _console(renderable) -> str:
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(renderable)
+    return console.export_text()
