@@ -134,3 +134,29 @@ def test_sigkill_mid_training_leaves_a_readable_log(tmp_path: Path) -> None:
     assert all(p.startswith(f"line {len(records) + 2}: torn last line") for p in problems)  # at most the last
     assert records[-1]["gradients"]["read"] == "scaled"
     assert os.path.getsize(log) > 0
+
+
+def test_a_watch_only_log_ends_with_the_watch_findings(tmp_path: Path) -> None:
+    # `ampdoctor report` on a log written by watch() alone (no `ampdoctor run` to append a report) used to find
+    # no findings: the end line had the numbers but not AMP603/AMP604.
+    from ampdoctor.ui.report_files import load_any
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.fill_(1e5)  # fp16 output overflows at every step: every step skipped
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, opt, scaler, log_dir=str(tmp_path)) as w:
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.ones(2, 4)).float().sum()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    end = read_log(tmp_path / LOG_NAME)[1][-1]
+    assert end["type"] == "end"
+    codes = {f["code"] for f in end["findings"]}
+    assert codes == {f.code for f in w.findings()} and "AMP601" in codes  # the overflowing Linear is named
+    assert {f.code for f in load_any(str(tmp_path / LOG_NAME)).report.findings} == codes

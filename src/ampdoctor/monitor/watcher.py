@@ -14,9 +14,8 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
 The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
-copies all monitors' device tensors to the host with one ``.tolist()`` (``Watch.host_syncs`` counts them), plus one
-at ``detach()`` for the loss scales after the last sampled step; the activation monitor syncs once more in its
-``step_record()``. Other steps cost a few O(1) Python calls and two device copies of 0-dim tensors.
+copies all monitors' device tensors to the host with one ``.tolist()`` (``Watch.host_syncs``; one more at ``detach()``,
+one in the activation monitor's ``step_record()``); other steps cost a few O(1) calls and two 0-dim device copies.
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -190,8 +189,9 @@ class Watch:
             self._activation_result = call_safely(lambda: (activations.summary(), activations.findings()))
             self._activations = None
         if self._recorder is not None:
-            self._guard("recorder", lambda: self._recorder.close({"steps": self.steps, "summary": self.summary_data(),
-                                                                  "environment": environment()}))
+            self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
+                "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
+                "findings": [f.to_dict() for f in self.findings()]}))
         self._model = self._optimizer = self._scaler = None
         self._chain, self._params = [], []
         self._grads.release()
