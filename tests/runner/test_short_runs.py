@@ -26,7 +26,7 @@ def test_a_ten_step_forward_overflow_is_named_and_every_output_agrees(tmp_path, 
     assert "skipped 10 of 10 steps" in " ".join(err.split())
     assert "no numerical problems seen" not in err and "no mixed-precision problems found" not in err
     # each finding is printed once: in the one findings table
-    assert err.count("AMP601 │") == 1 and "watch findings" not in err
+    assert len(re.findall(r"^AMP601 (?:error|warning|info)\b", err, re.MULTILINE)) == 1 and "watch findings" not in err
     # the flight recorder ends with the same report, and `ampdoctor report` shows it
     _, records, problems = read_log(log)
     assert problems == []
@@ -34,7 +34,7 @@ def test_a_ten_step_forward_overflow_is_named_and_every_output_agrees(tmp_path, 
     assert (end["steps"], end["summary"]["scale"]["skipped"]) == (10, 10)
     final = next(r for r in records if r["type"] == "report")["report"]
     assert [f["code"] for f in final["findings"]] == [f["code"] for f in report["findings"]]
-    assert main(["report", str(log), "--html", str(html)]) == 1
+    assert main(["report", str(log), "--html", str(html)]) == 0  # findings alone never fail a command
     shown = capsys.readouterr().out
     page = html.read_text()
     assert "AMP601" in shown and "No findings." not in page

@@ -120,7 +120,8 @@ class RunRepairs:
         for line in lines[:_SHOWN_CHANGES]:
             self.on_event(f"  {line}")
         if len(lines) > _SHOWN_CHANGES:
-            self.on_event(f"  … and {len(lines) - _SHOWN_CHANGES} more (every change is in the JSON report: --json PATH)")
+            self.on_event(f"  and {len(lines) - _SHOWN_CHANGES} more (every change is in the JSON report written with "
+                          "--json PATH)")
 
 
 def owns_any(optimizer: Any, model: nn.Module) -> bool:

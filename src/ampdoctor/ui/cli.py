@@ -175,9 +175,9 @@ def _run(args: argparse.Namespace) -> int:
     if left or result.exit_code or report.saw_nothing:
         err.print(render_report(report, show_exception=False))   # the traceback above ends with the same line
     elif report.changes:
+        listed = f", and listed as info in {args.json}" if args.json else ""
         err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
-                  f"({', '.join(sorted(repaired))}) is still in the script, and listed as info in the JSON report",
-                  markup=False, soft_wrap=True)
+                  f"({', '.join(sorted(repaired))}) is still in the script{listed}", markup=False)
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         err.print(render_report(report, show_exception=False))
     if result.exit_code and report.exception and not result.explained:

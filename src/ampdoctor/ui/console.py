@@ -1,9 +1,16 @@
-"""Rich renderables for reports, findings and the rule catalog. Data never imports this module."""
+"""Rich renderables for reports, findings and the rule catalog. Data never imports this module.
+
+Each renderable picks its layout when it is drawn, from ``console.is_terminal``: a terminal gets tables; a pipe,
+``tee``, a CI log or a file (rich says "not a terminal" and draws 80 columns) gets plain lines without box
+drawing, one record per line (``AMP101 error fc1: <title>``) with the details indented below it. Module names and
+numbers are never cut: lines break between words only.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.panel import Panel
@@ -13,45 +20,142 @@ from rich.text import Text
 
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.report import NOTHING_OBSERVED
+from ampdoctor.ui.plain import INDENT, PlainLines, wrap
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+_WHERE_ALL = "all are in the JSON report written with --json PATH"
+
+MAX_ROWS_PER_CODE = 4  # the JSON report keeps every finding; the console shows the first few groups of each code
+MAX_PLACES = 8  # places named in a group's row; the JSON report names all
 
 
-MAX_ROWS_PER_CODE = 4  # the JSON report keeps every finding; the console shows the first few of each code
+class FindingsView(PlainLines):
+    """The findings, one row per group (``core.grouping``): a table on a terminal, plain lines elsewhere."""
+
+    def __init__(self, findings: Iterable[Finding], title: str, max_per_code: int) -> None:
+        self.title = title
+        self.rows: list[FindingGroup | tuple[str, Severity, int]] = []
+        groups = group_findings(findings)
+        shown: dict[str, int] = {}
+        for group in groups:
+            shown[group.code] = shown.get(group.code, 0) + 1
+            if shown[group.code] <= max_per_code:
+                self.rows.append(group)
+            elif shown[group.code] == max_per_code + 1:
+                rest = sum(len(g.findings) for g in groups if g.code == group.code) - sum(
+                    len(r.findings) for r in self.rows if isinstance(r, FindingGroup) and r.code == group.code)
+                self.rows.append((group.code, group.severity, rest))
+
+    def lines(self, width: int) -> Iterator[Text]:
+        yield Text(self.title, style="bold")
+        for row in self.rows:
+            if not isinstance(row, FindingGroup):
+                code, severity, rest = row
+                yield from _styled(wrap(f"{code} {severity.value} and {rest} more {code} finding(s) like the above "
+                                        f"({_WHERE_ALL})", width), code, severity)
+                continue
+            places = row.places
+            where = places[0] if len(places) == 1 else f"{len(places)} {_noun(row)}"
+            title = _title(row.code)
+            head = f"{row.code} {row.severity.value}{_step(row)} {where}" + (f": {title}" if title else "")
+            yield from _styled(wrap(head, width), row.code, row.severity)
+            for text in _place_lines(places) + ([f"in {row.process}"] if row.process else []) + [row.detail]:
+                yield from map(Text, wrap(text, width, INDENT, INDENT))
+
+    def table(self, width: int) -> RenderableType:
+        table = Table(title=self.title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, leading=1)
+        table.add_column("code", no_wrap=True)
+        table.add_column("finding", overflow="fold")
+        for row in self.rows:
+            if not isinstance(row, FindingGroup):
+                code, severity, rest = row
+                table.add_row(Text(f"{code}\n") + Text(severity.value, style=_STYLE[severity]), Text(
+                    f"and {rest} more {code} finding(s) like the above ({_WHERE_ALL})", style="italic"))
+                continue
+            code = Text(f"{row.code}\n") + Text(row.severity.value, style=_STYLE[row.severity])
+            if row.step is not None:
+                code.append(f"\nstep {row.step}")
+            what = Text("\n".join(_place_lines(row.places) or row.places), style="bold")
+            if row.process:
+                what.append(f"\nin {row.process}", style="italic")
+            if _title(row.code):
+                what.append("\n" + _title(row.code), style="bold")
+            what.append("\n" + row.detail)
+            table.add_row(code, what)
+        return table
+
+
+def _noun(group: FindingGroup) -> str:
+    # a cause is shared by findings made one per module (core.grouping); other groups share a whole sentence
+    return "modules" if group.first.cause is not None else "places"
+
+
+def _step(group: FindingGroup) -> str:
+    return "" if group.step is None else f" (step {group.step})"
+
+
+def _title(code: str) -> str:
+    try:
+        return get_rule(code).title
+    except KeyError:
+        return ""
+
+
+def _place_lines(places: list[str]) -> list[str]:
+    """Return the places to list: all of them when few, else the first ``MAX_PLACES`` and how many more."""
+    if len(places) == 1:
+        return []  # named in the row's head
+    if len(places) <= MAX_PLACES + 1:
+        return list(places)
+    return places[:MAX_PLACES] + [f"and {len(places) - MAX_PLACES} more ({_WHERE_ALL})"]
+
+
+def _styled(lines: list[str], code: str, severity: Severity | None) -> Iterator[Text]:
+    """Yield the lines of a record, its code in bold and the severity after it in the severity's colour."""
+    for i, line in enumerate(lines):
+        text = Text(line)
+        if i == 0:
+            text.stylize("bold", 0, len(code))
+            if severity is not None:
+                text.stylize(_STYLE[severity], len(code) + 1, len(code) + 1 + len(severity.value))
+        yield text
 
 
 def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings",
-                   max_per_code: int = MAX_ROWS_PER_CODE) -> Table:
-    """Return a table with one row per finding (at most ``max_per_code`` rows of one code, then a count)."""
-    table = Table(title=title, show_lines=True, expand=False)
-    table.add_column("code", no_wrap=True)
-    table.add_column("severity", no_wrap=True)
-    table.add_column("where", overflow="fold")
-    table.add_column("what", overflow="fold")
-    findings = list(findings)
-    shown: dict[str, int] = {}
-    for f in findings:
-        shown[f.code] = shown.get(f.code, 0) + 1
-        if shown[f.code] > max_per_code:
-            if shown[f.code] == max_per_code + 1:
-                rest = sum(1 for g in findings if g.code == f.code) - max_per_code
-                table.add_row(f.code, Text(f.severity.value, style=_STYLE[f.severity]), Text("…"),
-                              Text(f"and {rest} more {f.code} finding(s) like the above (all are in the JSON "
-                                   "report written with --json PATH)", style="italic"))
-            continue
-        try:
-            title_text = get_rule(f.code).title
-        except KeyError:
-            title_text = ""
-        what = Text(title_text + "\n", style="bold") if title_text else Text()
-        what.append(f.detail)
-        step = "" if f.step is None else f" (step {f.step})"
-        where = Text(f.where)
-        if f.process is not None:
-            where.append(f"\nin {f.process}", style="italic")
-        table.add_row(f.code, Text(f.severity.value + step, style=_STYLE[f.severity]), where, what)
-    return table
+                   max_per_code: int = MAX_ROWS_PER_CODE) -> FindingsView:
+    """Return the findings, one row per group of one code and cause (at most ``max_per_code`` groups of a code).
+
+    >>> from rich.console import Console
+    >>> console = Console(width=60, color_system=None)   # not a terminal here: plain lines
+    >>> console.print(findings_table([Finding("AMP104", Severity.ERROR, "optimizer[0] group 0", "eps=1e-08 is 0.")]))
+    ampdoctor findings
+    AMP104 error optimizer[0] group 0: Adam eps is below what
+        the parameter or state dtype can represent
+        eps=1e-08 is 0.
+    """
+    return FindingsView(findings, title, max_per_code)
+
+
+class RuleView(PlainLines):
+    """One rule: why it hurts, then the fix as code; a panel on a terminal, plain lines elsewhere."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+
+    def lines(self, width: int) -> Iterator[Text]:
+        rule = self.rule
+        yield from _styled(wrap(f"{rule.code} {rule.name}: {rule.title}", width), rule.code, None)
+        yield from map(Text, wrap(rule.why, width, INDENT, INDENT))
+        for line in rule.fix.splitlines():  # code: a wrapped line goes on deeper, so it still reads as one
+            yield from map(Text, wrap(line, width, INDENT, INDENT * 2))
+
+    def table(self, width: int) -> RenderableType:
+        rule = self.rule
+        body = Group(Text(rule.title, style="bold"), Text(rule.why), Text(""),
+                     Syntax(rule.fix, "python", theme="ansi_dark", word_wrap=True))
+        return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]", title_align="left")
 
 
 def fixes_panel(findings: Iterable[Finding]) -> RenderableType | None:
@@ -63,13 +167,40 @@ def fixes_panel(findings: Iterable[Finding]) -> RenderableType | None:
         except KeyError:
             continue
         parts.append(rule_panel(rule))
-    return Group(*parts) if parts else None
+    return Group(_FixesHeading(), *parts) if parts else None
 
 
-def rule_panel(rule: Rule) -> Panel:
+class _FixesHeading(PlainLines):
+    """A heading between the findings and the fixes in plain lines; on a terminal the panels' frames do that."""
+
+    def lines(self, width: int) -> Iterator[Text]:
+        yield Text("how to fix", style="bold")
+
+    def table(self, width: int) -> RenderableType:
+        return Group()
+
+
+def rule_panel(rule: Rule) -> RuleView:
     """Return a panel explaining one rule: why, then the fix as code."""
-    body = Group(Text(rule.why), Text(""), Syntax(rule.fix, "python", theme="ansi_dark", word_wrap=True))
-    return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]: {escape(rule.title)}", title_align="left")
+    return RuleView(rule)
+
+
+class _Changes(PlainLines):
+    """What ``--fix`` changed, one change a line (wrapped with a hanging indent), the same on any console."""
+
+    def __init__(self, changes: list[str], shown: int = 20) -> None:
+        self.changes, self.shown = changes, shown
+
+    def lines(self, width: int) -> Iterator[Text]:
+        yield Text("ampdoctor changed", style="bold")
+        for change in self.changes[:self.shown]:
+            yield from map(Text, wrap(change, width, "- ", "  "))
+        if len(self.changes) > self.shown:
+            yield from map(Text, wrap(f"and {len(self.changes) - self.shown} more (every change is in the JSON "
+                                      "report written with --json PATH)", width, "  ", "  "))
+
+    def table(self, width: int) -> RenderableType:
+        return Group(*self.lines(width))
 
 
 def render_report(report: Any, show_exception: bool = True) -> RenderableType:
@@ -81,13 +212,7 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
     if report.exception and show_exception:
         parts.append(Text(f"{report.exception.get('type')}: {report.exception.get('message')}", style="bold red"))
     if report.changes:
-        changes = Table(title="ampdoctor changed", show_header=False)
-        changes.add_column("change", overflow="fold")
-        for change in report.changes[:20]:
-            changes.add_row(Text(str(change)))
-        if len(report.changes) > 20:
-            changes.add_row(Text(f"… and {len(report.changes) - 20} more (every change is in the JSON report: --json PATH)", style="italic"))
-        parts.append(changes)
+        parts.append(_Changes(list(report.changes)))
     if report.findings:
         ordered = sorted(report.findings, key=lambda f: f.severity.rank)
         parts.append(findings_table(ordered))
@@ -103,14 +228,27 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
     return Group(*parts)
 
 
-def rules_table(rules: Iterable[Rule] = RULES) -> Table:
-    """Return the catalog as a table."""
-    table = Table(title="ampdoctor rules")
-    for name in ("code", "name", "severity", "phase", "title"):
-        table.add_column(name, overflow="fold")
-    for r in rules:
-        table.add_row(r.code, r.name, Text(r.severity.value, style=_STYLE[r.severity]), r.phase, r.title)
-    return table
+class _RulesView(PlainLines):
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules = list(rules)
+
+    def lines(self, width: int) -> Iterator[Text]:
+        for r in self.rules:
+            yield from _styled(wrap(f"{r.code} {r.severity.value} {r.phase} {r.name}: {r.title}", width), r.code,
+                               r.severity)
+
+    def table(self, width: int) -> RenderableType:
+        table = Table(title="ampdoctor rules")
+        for name in ("code", "name", "severity", "phase", "title"):
+            table.add_column(name, overflow="fold")
+        for r in self.rules:
+            table.add_row(r.code, r.name, Text(r.severity.value, style=_STYLE[r.severity]), r.phase, r.title)
+        return table
+
+
+def rules_table(rules: Iterable[Rule] = RULES) -> RenderableType:
+    """Return the catalog: a table on a terminal, one ``code severity phase name: title`` line per rule elsewhere."""
+    return _RulesView(rules)
 
 
 def rules_markdown(rules: Iterable[Rule] = RULES) -> str:

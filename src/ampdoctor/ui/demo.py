@@ -17,7 +17,7 @@ from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 1))
-model.half()                                        # <- the bug: trainable weights in float16
+model.half()                   # <- the bug: trainable weights in float16
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scaler = torch.amp.GradScaler("cpu")
 x = torch.randn(256, 32)
@@ -28,7 +28,7 @@ for step in range(40):
         loss = nn.functional.mse_loss(model(x).float(), y)
     opt.zero_grad()
     scaler.scale(loss).backward()
-    scaler.unscale_(opt)                            # ValueError: Attempting to unscale FP16 gradients.
+    scaler.unscale_(opt)                # <- raises the ValueError
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     scaler.step(opt)
     scaler.update()
@@ -45,15 +45,20 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import run_script
     from ampdoctor.ui.console import render_report
+    from ampdoctor.ui.plain import wrap
 
     console = console or Console(highlight=False)
-    events = lambda line: console.print(line, markup=False)  # noqa: E731
+
+    def events(line: str) -> None:  # wrapped between words, so that a piped demo stays within 80 columns
+        for part in wrap(line, console.width):
+            console.print(part, markup=False, highlight=False, soft_wrap=True)
+
     with tempfile.TemporaryDirectory(prefix="ampdoctor-demo-") as tmp:
         path = os.path.join(tmp, "train.py")
         with open(path, "w", encoding="utf-8") as f:
             f.write(DEMO_SCRIPT)
         console.print(Heading("the training script (train.py)"))
-        console.print(Syntax(DEMO_SCRIPT, "python", theme="ansi_dark", line_numbers=True))
+        console.print(Syntax(DEMO_SCRIPT, "python", theme="ansi_dark", line_numbers=True, word_wrap=True))
         console.print(Heading("1. ampdoctor run train.py"))
         first = run_script(path, [], Doctor(watch=False, on_event=events))
         console.print(render_report(first.report, show_exception=False))  # the traceback above ends with it
