@@ -1,4 +1,8 @@
-"""GradStats against an independent float64 NumPy computation on the same gradients."""
+"""GradStats against an independent float64 NumPy computation on the same gradients.
+
+fp16/bf16 are simulated at the loss scale; e4m3/e5m2 with per-tensor amax scaling (``|g| * fp8_max / amax``). The
+format counts leave out negligible entries (at most ``floor`` times the largest finite |g| of the call).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, GradStats, rows_to_dicts
+from ampdoctor.monitor.grad_stats import COL, COLUMNS, FLOOR, FORMATS, GradStats
+from ampdoctor.monitor.gradients import rows_to_dicts
 
 # Formats described only by their bit layout, independently of ampdoctor's constants:
 # (mantissa bits, exponent of the largest binade, mantissa of the largest finite value, smallest normal exponent)
 LAYOUT = {"fp16": (10, 15, 1023, -14), "bf16": (7, 127, 127, -126), "e4m3": (3, 8, 6, -6), "e5m2": (2, 15, 3, -14)}
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the per-tensor scale is fp8_max / amax
 
 
 def np_rounds_to_zero(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -30,34 +36,46 @@ def np_overflows(x: np.ndarray, fmt: str) -> np.ndarray:
     return np.abs(x) >= midpoint if top % 2 else np.abs(x) > midpoint
 
 
-def np_stats(g: torch.Tensor, scale: float, scaled: bool) -> dict[str, float]:
-    """The reference: float64 NumPy on the stored gradient; np.float16 casting for fp16 as a second opinion."""
+def np_stats(g: torch.Tensor, scale: float, scaled: bool, top: float | None = None,
+             floor: float = 0.0) -> dict[str, float]:
+    """The reference: float64 NumPy on the stored gradient; np.float16 casting for fp16 as a second opinion.
+
+    ``top`` is the largest finite unscaled |g| of the whole call (this gradient's when None); entries at most
+    ``floor * top`` are negligible and left out of the format fractions.
+    """
     stored = g.detach().double().numpy().reshape(-1)
     unscaled = stored / scale if scaled else stored
     finite = np.isfinite(unscaled)
+    if top is None:
+        top = float(np.max(np.abs(unscaled[finite]), initial=0.0))
     nonzero = finite & (unscaled != 0)
+    signal = finite & (np.abs(unscaled) > floor * top)
     x = np.abs(unscaled) * scale  # exact in float64 for float32/16 values and power-of-two scales
+    amax = float(np.max(np.abs(unscaled))) if np.all(finite) else math.inf
     out = {
         "absmax": float(np.max(np.abs(unscaled))),
         "min_nonzero": float(np.nanmin(np.abs(unscaled[unscaled != 0]))) if np.any(unscaled != 0) else math.inf,
         "l2": float(np.sqrt(np.sum(unscaled.astype(np.float64) ** 2))),
         "nonfinite": int(np.sum(~finite)),
         "zero_frac": float(np.mean(unscaled == 0)),
+        "negligible_frac": float(np.mean(nonzero & ~signal)),
     }
-    denominator = max(int(nonzero.sum()), 1)
+    denominator = max(int(signal.sum()), 1)
     for fmt in LAYOUT:
-        out[f"{fmt}_underflow"] = float(np.sum(np_rounds_to_zero(x, fmt) & nonzero)) / denominator
-        out[f"{fmt}_overflow"] = float(np.sum(np_overflows(x, fmt) & nonzero)) / denominator
-        out[f"{fmt}_subnormal"] = float(np.sum((x < 2.0 ** LAYOUT[fmt][3]) & nonzero)) / denominator
+        y = np.abs(unscaled) / amax * FP8_MAX[fmt] if fmt in FP8_MAX else x
+        out[f"{fmt}_underflow"] = float(np.sum(np_rounds_to_zero(y, fmt) & signal)) / denominator
+        out[f"{fmt}_overflow"] = float(np.sum(np_overflows(y, fmt) & signal)) / denominator
+        out[f"{fmt}_subnormal"] = float(np.sum((y < 2.0 ** LAYOUT[fmt][3]) & signal)) / denominator
     with np.errstate(over="ignore"):
-        half = x[nonzero].astype(np.float16)
+        half = x[signal].astype(np.float16)
     assert out["fp16_underflow"] == float(np.sum(half == 0)) / denominator
     assert out["fp16_overflow"] == float(np.sum(np.isinf(half))) / denominator
     return out
 
 
-def ours(grads: list[torch.Tensor], scale: float, scaled: bool, sample: int | None = None) -> list[dict]:
-    stats = GradStats([g.numel() for g in grads], sample=sample)
+def ours(grads: list[torch.Tensor], scale: float, scaled: bool, sample: int | None = None,
+         floor: float = 0.0) -> list[dict]:
+    stats = GradStats([g.numel() for g in grads], sample=sample, floor=floor)
     matrix = stats.compute(grads, torch.tensor(scale), scaled=scaled).tolist()
     names = [str(i) for i in range(len(grads))]
     found = rows_to_dicts(matrix, names)
@@ -85,24 +103,101 @@ def test_known_underflow_three_of_ten_at_scale_1_and_none_at_2_pow_10() -> None:
 
 
 def test_known_thresholds_of_each_format_exactly() -> None:
-    # Values on and just around each format's rounding boundaries, at scale 1.
+    # Values on and just around fp16's and bf16's rounding boundaries, at scale 1.
     below = lambda v: float(np.nextafter(np.float32(v), np.float32(0)))  # noqa: E731
-    above = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
-    g = torch.tensor([464.0, above(464.0), 65520.0, below(65520.0), 61440.0, below(61440.0),
-                      2.0**-10, above(2.0**-10), 2.0**-17, above(2.0**-17), 1.0])
+    g = torch.tensor([65520.0, below(65520.0), 2.0**-25, 2.0**-24, 2.0**-134, 2.0**-133, 1.0])
     got = ours([g], 1.0, False)[0]
-    want = np_stats(g, 1.0, False)
-    assert_matches(got, want)
-    n = 11
-    assert got["e4m3_overflow"] == pytest.approx(5 / n)  # above(464), 65520, below(65520), 61440, below(61440)
+    assert_matches(got, np_stats(g, 1.0, False))
+    n = 7
     assert got["fp16_overflow"] == pytest.approx(1 / n)  # 65520 only
-    assert got["e5m2_overflow"] == pytest.approx(3 / n)  # 61440, 65520, below(65520)
-    assert got["e4m3_underflow"] == pytest.approx(3 / n)  # 2**-10 ties to 0; 2**-17 and above(2**-17) too
-    assert got["e5m2_underflow"] == pytest.approx(1 / n)  # 2**-17 only
+    assert got["fp16_underflow"] == pytest.approx(3 / n)  # 2**-25 ties to 0; 2**-134 and 2**-133 too
+    assert got["bf16_underflow"] == pytest.approx(1 / n)  # 2**-134 ties to 0; 2**-133 is bf16's smallest
 
 
+def test_fp8_uses_per_tensor_amax_scaling_and_cannot_overflow() -> None:
+    # amax 448: e4m3's scale 448 / amax is 1, so e4m3 sees the values themselves. 2**-10 ties to 0; 2**-9 is
+    # e4m3's smallest subnormal, 2**-6 its smallest normal.
+    above = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
+    g = torch.tensor([448.0, 2.0**-10, above(2.0**-10), 2.0**-9, 2.0**-7, 2.0**-6, 1.0, 0.0])
+    got = ours([g], 1.0, False)[0]
+    assert_matches(got, np_stats(g, 1.0, False))
+    n = 7
+    assert got["e4m3_underflow"] == pytest.approx(1 / n)
+    assert got["e4m3_subnormal"] == pytest.approx(4 / n)  # 2**-10 .. 2**-7
+    assert got["e4m3_overflow"] == 0.0 and got["e5m2_overflow"] == 0.0  # the largest entry lands on fp8 max
+    # The loss scale moves fp16, never fp8: per-tensor scaling divides it out again.
+    big = ours([g], 2.0**20, False)[0]
+    assert big["fp16_overflow"] > 0 and big["e4m3_underflow"] == got["e4m3_underflow"]
+    # The same shape at any magnitude gives the same fp8 counts (the old loss-scale simulation overflowed e4m3
+    # above 464 and flushed everything below 2**-10).
+    for factor in (2.0**-30, 2.0**30):
+        scaled_copy = ours([g * factor], 1.0, False)[0]
+        for key in ("e4m3_underflow", "e4m3_subnormal", "e5m2_underflow", "e5m2_subnormal"):
+            assert scaled_copy[key] == pytest.approx(got[key]), key
+
+
+def test_fp8_of_a_tensor_with_inf_flushes_every_finite_entry() -> None:
+    # current scaling: scale = 448 / inf = 0, so every finite entry becomes 0
+    g = torch.tensor([1.0, 2.0, math.inf, 3.0])
+    got = ours([g], 1.0, False)[0]
+    assert got["e4m3_underflow"] == 1.0 and got["e5m2_underflow"] == 1.0 and got["e4m3_overflow"] == 0.0
+
+
+def test_negligible_entries_are_left_out_of_the_format_counts() -> None:
+    # 7.0 is the largest entry: 7 * 2**-24 ≈ 4.2e-7 is the floor. 1e-9 .. 3e-8 are below it (rounding-level next
+    # to 7.0), so they are negligible, not underflow; 1e-6 is signal and an fp16 subnormal at scale 1.
+    g = torch.tensor([1e-9, -2e-8, 2.0**-25, 3.0e-8, 1e-6, 0.5, -1.0, 7.0, 0.0])
+    got = ours([g], 1.0, False, floor=FLOOR)[0]
+    assert_matches(got, np_stats(g, 1.0, False, floor=FLOOR))
+    assert got["fp16_underflow"] == 0.0
+    assert got["fp16_subnormal"] == pytest.approx(1 / 4)  # 1e-6 of 1e-6, 0.5, 1.0, 7.0
+    assert got["negligible_frac"] == pytest.approx(4 / 9) and got["zero_frac"] == pytest.approx(1 / 9)
+    assert got["min_nonzero"] == pytest.approx(1e-9)  # still the smallest non-zero entry
+    # Without the floor the same entries count as underflow.
+    assert ours([g], 1.0, False, floor=0.0)[0]["fp16_underflow"] == pytest.approx(3 / 8)
+
+
+def test_the_floor_is_relative_to_the_largest_gradient_of_the_call() -> None:
+    # A whole tensor of rounding residue (a conv bias before BatchNorm, an attention key bias) next to real
+    # gradients: every entry is below 2**-24 of the largest, so none counts, whatever the loss scale.
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(64, 64, generator=gen) * 1e-2
+    residue = torch.randn(64, generator=gen) * 1e-11
+    for scale, scaled in ((2.0**16, True), (1.0, False)):
+        stored = [weight * scale, residue * scale] if scaled else [weight, residue]
+        w, b = ours(stored, scale, scaled, floor=FLOOR)
+        assert b["fp16_subnormal"] == 0.0 and b["fp16_underflow"] == 0.0 and b["negligible_frac"] == 1.0
+        top = float(weight.abs().max())
+        assert_matches(b, np_stats(stored[1], scale, scaled, top=top, floor=FLOOR))
+        assert_matches(w, np_stats(stored[0], scale, scaled, top=top, floor=FLOOR))
+    # Alone, the same tensor is its own reference: at scale 1 it is all signal, and all of it flushes in fp16.
+    alone = ours([residue], 1.0, False, floor=FLOOR)[0]
+    assert alone["fp16_underflow"] == 1.0 and alone["negligible_frac"] == 0.0
+
+
+@pytest.mark.parametrize("sample", [None, 4])
+def test_l2_does_not_overflow_float32_when_every_entry_is_finite(sample: int | None) -> None:
+    # 1e3 * 2**60 ≈ 1.2e21 per entry is finite in float32, but its square (1.3e42) is not: the float32 sum of
+    # squares is inf. The norm is taken over g / abs-max instead.
+    g = torch.tensor([1e3, -2e3, 5e2, 0.0, 1e3, 3e3])
+    s = 2.0**60
+    want = float(g.double().norm())
+    for counts in (True, False):
+        stats = GradStats([6], sample=sample, counts=counts)
+        row = stats.compute([g * s], torch.tensor(s), scaled=True).tolist()[0]
+        assert math.isfinite(row[COL["l2"]])
+        if sample is None:  # examined whole: exact
+            assert row[COL["l2"]] == pytest.approx(want, rel=1e-6)
+        else:  # estimated from 4 of 6 entries: between abs-max and sqrt(numel) * abs-max
+            assert 3e3 <= row[COL["l2"]] <= 3e3 * math.sqrt(6)
+    # an inf entry still makes it inf
+    g[2] = math.inf
+    assert math.isinf(GradStats([6]).compute([g], None).tolist()[0][COL["l2"]])
+
+
+@pytest.mark.parametrize("floor", [0.0, FLOOR])
 @pytest.mark.parametrize("scaled", [False, True])
-def test_random_gradients_match_numpy(scaled: bool) -> None:
+def test_random_gradients_match_numpy(scaled: bool, floor: float) -> None:
     gen = torch.Generator().manual_seed(1)
     scale = 2.0**12
     grads = [
@@ -113,9 +208,11 @@ def test_random_gradients_match_numpy(scaled: bool) -> None:
     grads[0][2] = 0.0
     grads[2][0, 0, 0] = math.inf
     grads[2][1, 1, 1] = math.nan
+    top = max(float(g[torch.isfinite(g)].abs().max()) for g in grads)
     stored = [g * scale if scaled else g for g in grads]
-    for got, g in zip(ours(stored, scale, scaled), stored):
-        want = np_stats(g, scale, scaled)
+    for got, g in zip(ours(stored, scale, scaled, floor=floor), stored):
+        with np.errstate(invalid="ignore"):  # fp8 of the tensor with inf/NaN: |g| / inf
+            want = np_stats(g, scale, scaled, top=top, floor=floor)
         if not math.isfinite(want["absmax"]):  # NaN present: abs-max and L2 are NaN
             assert math.isnan(got["absmax"]) and math.isnan(got["l2"])
             want = {k: v for k, v in want.items() if k not in ("absmax", "l2")}

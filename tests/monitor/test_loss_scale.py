@@ -133,3 +133,32 @@ def test_a_failing_update_is_not_counted() -> None:
 def test_rejects_something_that_is_not_a_scaler() -> None:
     with pytest.raises(TypeError, match="must be a torch.amp.GradScaler"):
         ScaleMonitor(object())
+
+
+def test_calibration_from_a_high_init_scale_then_a_settled_scale_is_no_collapse() -> None:
+    # 2**40 overflows the fp16 backward until the scale is down to about 2**19: 21 skips from step 0, then clean
+    # steps at a stable scale. The old rule (peak / current >= 2**8) called that a collapse at the first sync.
+    monitor, records, scaler = train("foreach", 60, set(), monitor_every=10, init_scale=2.0**40)
+    assert monitor.longest_run[1] == 0 and monitor.longest_run[0] >= 15  # calibration from step 0
+    assert monitor.peak[1] / monitor.current_scale >= 2.0**8
+    assert monitor.run == 0 and monitor.skipped == monitor.longest_run[0]  # settled: nothing skipped since
+    assert "AMP603" not in [f.code for f in monitor.findings()]
+    assert monitor.reference == monitor.succeeded and monitor.succeeded[1] == monitor.current_scale
+
+
+def test_growth_and_backoff_at_a_settled_scale_is_no_collapse() -> None:
+    # growth_interval=1: the scale doubles after every clean step and halves on the overflow that follows, so a
+    # sync often lands right after a skip, far below the 2**40 peak; the scale is not falling.
+    monitor, _, _ = train("for-loop", 80, set(), monitor_every=3, init_scale=2.0**40, growth_interval=1)
+    assert monitor.skipped > monitor.longest_run[0] + 10  # skips after the calibration, one at a time
+    assert "AMP603" not in [f.code for f in monitor.findings()]
+
+
+def test_an_intermittent_collapse_after_clean_steps_is_amp603() -> None:
+    # 20 clean steps at 2**16, then every step but one in four has an inf gradient: the scale keeps halving.
+    inf_at = {s for s in range(20, 60) if s % 4}
+    monitor, _, _ = train("foreach", 60, inf_at, monitor_every=5)
+    assert monitor.succeeded[1] == 2.0**16
+    finding = next(f for f in monitor.findings() if f.code == "AMP603")
+    assert "65536 (step 0, the highest a step succeeded with)" in finding.detail
+    assert monitor.current_scale < 2.0**8

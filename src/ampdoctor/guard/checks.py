@@ -14,13 +14,19 @@ import torch
 from torch.optim import lr_scheduler
 
 from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
-from ampdoctor.core.findings import Finding
+from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
 from ampdoctor.explanations.naming import finding, with_scaler
 from ampdoctor.guard.history import _Call, _grads_reset, _Iteration
 
-_Pending = tuple[_Iteration, int, str, str]   # (iteration, id(optimizer), scheduler class, site) of a scheduler step
+_Pending = tuple[_Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
+
+# AMP409 is info for a few calibration skips; a warning when the schedule advanced on skipped optimizer steps in at
+# least half of the iterations (and at least 2), or when those scheduler steps moved the learning rate by a factor of
+# 2 or more either way (StepLR(gamma=0.5) on one skipped step already halves every later LR).
+SCHEDULE_SKIPPED_SHARE = 0.5
+SCHEDULE_LR_DRIFT = 2.0
 
 
 def _infer_failure(scaler: Any, setup: TrainingSetup, call: _Call, step: int) -> list[Finding]:
@@ -134,10 +140,71 @@ def _split_pending(pending: list[_Pending], cur: _Iteration, scaler: Any,
     return keep, batch
 
 
-def _scheduler_finding(cls: str, label: str, site: str, index: int) -> Finding:
-    """Return AMP409: a scheduler stepped after iteration ``index``, whose optimizer step was skipped."""
-    return finding("AMP409", f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
-                   f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
+def _scheduler_finding(cls: str, label: str, site: str, index: int, *, skipped: int = 1,
+                       iterations: int | None = None, lr_factor: float = 1.0) -> Finding:
+    """Return AMP409: a scheduler stepped after iteration ``index``, whose optimizer step was skipped.
+
+    Args:
+        skipped: iterations so far in which this scheduler advanced on a skipped optimizer step (this one included).
+        iterations: iterations so far (``index + 1`` when not given).
+        lr_factor: the product of the learning-rate changes those scheduler steps made (see ``_lr_factor``).
+    """
+    f = finding("AMP409", f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
+                f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
+    return _escalated(f, skipped, index + 1 if iterations is None else iterations, lr_factor)
+
+
+def _scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0) -> Severity:
+    """Return AMP409's severity: a warning when most iterations were skipped with the schedule advancing, or when
+    those scheduler steps moved the learning rate by ``SCHEDULE_LR_DRIFT`` or more; else info.
+
+    >>> _scheduler_severity(2, 60).value, _scheduler_severity(6, 6).value, _scheduler_severity(1, 60, 0.5).value
+    ('info', 'warning', 'warning')
+    """
+    drift = lr_factor if lr_factor >= 1 else (1 / lr_factor if lr_factor > 0 else float("inf"))
+    if (skipped >= 2 and skipped >= SCHEDULE_SKIPPED_SHARE * iterations) or drift >= SCHEDULE_LR_DRIFT:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def _escalated(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0) -> Finding:
+    """Return the AMP409 finding ``f`` with the severity its counts earn, and the counts in its detail when they
+    make it a warning (for the guard to apply to its counted finding when it reports)."""
+    severity = _scheduler_severity(skipped, iterations, lr_factor)
+    if severity is f.severity or f.code != "AMP409":
+        return f
+    return Finding(f.code, severity, f.where, f"{f.detail}; the schedule advanced on skipped optimizer steps in "
+                   f"{skipped} of {iterations} iterations, changing the learning rate by x{lr_factor:.3g}",
+                   f.step, f.process, f.cause)
+
+
+def _lr_values(optimizer: Any) -> list[float] | None:
+    """Return the learning rate of each param group as host floats; None when one is a tensor off the CPU
+    (reading it would wait for the device) or the optimizer has no param groups."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not groups:
+        return None
+    lrs = [g.get("lr") for g in groups]
+    if any(isinstance(lr, torch.Tensor) and (lr.device.type != "cpu" or lr.numel() != 1) for lr in lrs):
+        return None
+    try:
+        return [float(lr) for lr in lrs]
+    except (TypeError, ValueError):
+        return None
+
+
+def _lr_factor(before: list[float] | None, after: list[float] | None) -> float:
+    """Return ``after / before`` of the param group whose learning rate moved most (as a factor either way); 1 when
+    unknown. For multiplicative schedules (StepLR, ExponentialLR, MultiStepLR) the product of these factors over
+    the skipped steps is exactly how far the learning rate is from its schedule.
+
+    >>> _lr_factor([0.1, 0.01], [0.05, 0.01]), _lr_factor(None, [0.1])
+    (0.5, 1.0)
+    """
+    if not before or not after or len(before) != len(after):
+        return 1.0
+    ratios = [a / b if b else (1.0 if a == b else float("inf")) for b, a in zip(before, after)]
+    return max(ratios, key=lambda r: r if r >= 1 else (1 / r if r > 0 else float("inf")))
 
 
 def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
@@ -180,3 +247,36 @@ def _optimizer_step(optimizer: Any) -> float:
         if step is not None:
             return float(step)
     return 0.0
+
+
+class ScheduleDrift:
+    """How far LR schedulers advanced on skipped optimizer steps, per AMP409 place, to set AMP409's severity.
+
+    ``before``/``after`` bracket each ``scheduler.step()`` whose optimizer step may have been skipped and keep the
+    factor it moved the learning rate by; ``add`` counts a decided AMP409 with that factor; ``escalate`` applies
+    ``_escalated`` to the guard's findings.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[int, list[Any]] = {}
+        self._places: dict[str, tuple[int, float]] = {}
+
+    def before(self, scheduler: Any) -> list[Any]:
+        """Return ``[lr values before, factor]`` for this scheduler step (the factor is set by ``after``)."""
+        lr = [_lr_values(getattr(scheduler, "optimizer", None)), 1.0]
+        self._open[id(scheduler)] = lr
+        return lr
+
+    def after(self, scheduler: Any) -> None:
+        lr = self._open.pop(id(scheduler), None)
+        if lr is not None:
+            lr[1] = _lr_factor(lr[0], _lr_values(getattr(scheduler, "optimizer", None)))
+
+    def add(self, f: Finding, lr: list[Any]) -> None:
+        count, factor = self._places.get(f.where, (0, 1.0))
+        self._places[f.where] = (count + 1, factor * lr[1])
+
+    def escalate(self, findings: list[Finding], iterations: int) -> list[Finding]:
+        """Return ``findings`` with each AMP409 at the severity its counts earn."""
+        return [_escalated(f, self._places[f.where][0], iterations, self._places[f.where][1])
+                if f.code == "AMP409" and f.where in self._places else f for f in findings]

@@ -1,9 +1,8 @@
 """Runtime guards for the GradScaler state machine: what the loop did, in which order, and why it failed.
 
-``ScalerGuard`` observes ``scale``, ``unscale_``, ``step`` and ``update`` on one GradScaler instance, plus
-``clip_grad_norm_`` and LR scheduler steps, with pass-through wrappers that detach exactly. Each observed call
-costs O(1) Python and no host sync (found-inf flags stay on the device, read in one batch when a finding needs
-them). Records: `ampdoctor.guard.history`; decisions: `.checks`; ``clip_grad_norm_`` arguments: `.clipping`.
+``ScalerGuard`` observes ``scale``, ``unscale_``, ``step`` and ``update`` on one GradScaler, ``clip_grad_norm_`` and
+LR scheduler steps, with pass-through wrappers that detach exactly. Each call costs O(1) Python and no host sync
+(found-inf flags stay on the device, read in one batch). Records: `.history`; decisions: `.checks`; clips: `.clipping`.
 """
 
 from __future__ import annotations
@@ -25,8 +24,8 @@ from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.explanations.culprits import no_grad_findings
 from ampdoctor.explanations.naming import finding
-from ampdoctor.guard.checks import (_infer_failure, _keep_found_inf, _no_scale, _resume_finding, _scheduler_classes,
-                                    _scheduler_finding, _split_pending, _sum_flags, _unscale_twice)
+from ampdoctor.guard.checks import (ScheduleDrift, _infer_failure, _keep_found_inf, _no_scale, _resume_finding,
+                                    _scheduler_classes, _scheduler_finding, _split_pending, _sum_flags, _unscale_twice)
 from ampdoctor.guard.clipping import _ClipOwners
 from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
 from ampdoctor.guard.steps import _second_step
@@ -72,7 +71,8 @@ class ScalerGuard:
         self._expect_implicit: int | None = None
         self._optimizers = _Optimizers()
         self._last_stepped: dict[int, _Iteration] = {}
-        self._pending: list[tuple[_Iteration, int, str, str]] = []
+        self._pending: list[tuple[_Iteration, int, str, str, list[Any]]] = []
+        self._drift = ScheduleDrift()  # AMP409's counts and learning-rate factor, for its severity
         self._clip_owners = _ClipOwners()
         self._on = False
         self._calls = 0
@@ -95,7 +95,8 @@ class ScalerGuard:
             self._handles.append(observe(owner, "clip_grad_norm_", before=self._before_clip,
                                          after=self._after_clip, on_error=err))
         for cls in _scheduler_classes():
-            self._handles.append(observe(cls, "step", before=self._before_scheduler, on_error=err))
+            self._handles.append(observe(cls, "step", before=self._before_scheduler, on_error=err,
+                                         after=lambda _, sched, *a, **k: self._live() and self._drift.after(sched)))
         self._window_complete = live_scale(s) is None   # a fresh scaler: this iteration is whole
         self._on = is_enabled(s)   # a disabled scaler's methods are no-ops
         return self
@@ -141,7 +142,8 @@ class ScalerGuard:
     def findings(self) -> list[Finding]:
         """Return what went wrong so far; repeated findings are reported once with their count."""
         self._catch_up()
-        return self._ledger.findings()
+        cur = self._cur
+        return self._drift.escalate(self._ledger.findings(), cur.index + bool(cur.stepped) if cur else 0)
 
     def crash_findings(self) -> list[Finding]:
         """Return the findings explaining the last observed scaler call that raised."""
@@ -384,14 +386,15 @@ class ScalerGuard:
             return
         site = user_call_site()
         record.scheduler_steps.append((key, type(scheduler).__name__, site))
-        self._pending.append((record, key, type(scheduler).__name__, site))
+        self._pending.append((record, key, type(scheduler).__name__, site, self._drift.before(scheduler)))
 
     def _resolve(self, force: bool = False) -> None:
         """Decide pending AMP409 checks: read their found-inf flags in one batch."""
         if not self._pending:
             return
         self._pending, batch = _split_pending(self._pending, self._cur, self.scaler, force)
-        for ((record, key, cls, site), _), total in zip(batch, _sum_flags([f for _, f in batch])):
+        for ((record, key, cls, site, lr), _), total in zip(batch, _sum_flags([f for _, f in batch])):
             if total > 0:
-                label = self._optimizers.label_of(key, self.setup)
-                self._record(_scheduler_finding(cls, label, site, record.index))
+                f = _scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, record.index)
+                self._drift.add(f, lr)
+                self._record(f)

@@ -4,8 +4,20 @@
 (``.tolist()``) is the only host sync, and the caller decides when that happens.
 
 The statistics are always of the *unscaled* gradient. When the grads still carry the loss scale ``S`` (GradScaler
-stage READY, or a fused optimizer that unscales inside its kernel) magnitudes are multiplied by ``1/S``. The
-simulated casts always look at ``|g_unscaled| * S``: the value the low-precision format would have to hold.
+stage READY, or a fused optimizer that unscales inside its kernel) magnitudes are multiplied by ``1/S``. fp16 and
+bf16 casts are simulated at ``|g_unscaled| * S``, the value the format holds under the loss scale. e4m3 and e5m2
+casts are simulated at ``|g| * fp8_max / amax`` with the tensor's own abs-max: per-tensor current scaling, as in
+TransformerEngine and torchao's float8 tensorwise (delayed scaling takes the amax of a history, at least as large,
+so it underflows at least as much). The largest entry lands on fp8_max (448, 57344): no tensor overflows its own
+cast, the fp8 overflow counts are 0 by construction and underflow is what matters. A tensor with inf/NaN has no
+usable amax: ``fp8_max / inf`` turns every finite entry into 0, counted as underflow.
+
+The format counts are over the *signal*: finite entries above ``floor`` (2**-24) times the largest finite |g| of
+the call. fp32 carries 24 significant bits: a smaller entry is at the rounding level of an fp32 computation of
+that size, not a value that fp32 would have kept (the gradient of a conv bias before BatchNorm, or of an
+attention key bias, is 0 mathematically and comes out at 1e-9 to 1e-7 of the largest entry). And since the
+GradScaler keeps ``amax * S`` below 65504, a signal entry can be an fp16 subnormal only while ``amax * S < 2**10``
+(2**-14 / 2**-24): while the scale could still grow 64-fold.
 
 Cost. A pass over the gradients of a 10M-parameter model takes a few ms on 2 CPU cores, a fresh buffer of that
 size costs page faults on top, and every torch call has a fixed cost (more when other processes keep the second
@@ -14,7 +26,9 @@ core busy and a parallel call waits for its thread). So the work is split in two
 * over *all* entries, two reading passes and no large allocation: the L2 norm (BLAS ``torch.dot(g, g)``, or
   ``torch._foreach_norm`` for half-precision grads) and the abs-max (``torch.aminmax`` per tensor). abs-max is
   inf/NaN exactly when some entry is, and it proves a count of overflows to be exactly 0 when even the largest
-  entry does not overflow;
+  entry does not overflow. The float32 sum of squares overflows above a stored norm of 2**64 ≈ 1.8e19 (a loss
+  scale of 2**60 on gradients of 10) with every entry finite: such a row takes its L2 from the examined entries
+  divided by the abs-max before squaring (exact when the parameter is examined whole, else sample-estimated);
 * over a fixed sample of up to ``sample`` entries per parameter, gathered into one vector and counted with one
   histogram per parameter (a constant number of torch calls): zeros, non-finite entries, the smallest non-zero
   |g|, and the simulated underflow, overflow and subnormal counts. A parameter with at most ``sample`` entries is
@@ -31,7 +45,8 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["FloatFormat", "FORMATS", "KINDS", "COLUMNS", "COL", "GradStats", "rows_to_dicts", "sample_index"]
+__all__ = ["FloatFormat", "FORMATS", "LOSS_SCALED", "FLOOR", "KINDS", "COLUMNS", "COL", "GradStats",
+           "sample_index"]
 
 
 @dataclass(frozen=True)
@@ -78,15 +93,18 @@ E4M3 = FloatFormat("e4m3", 448.0, 2.0**-9, 464.0, 2.0**-6)
 E5M2 = FloatFormat("e5m2", 57344.0, 2.0**-16, _float32_below(61440.0), 2.0**-14)
 
 FORMATS: tuple[FloatFormat, ...] = (FP16, BF16, E4M3, E5M2)
+LOSS_SCALED: tuple[FloatFormat, ...] = (FP16, BF16)  # simulated at the loss scale; the others at their own amax
+FLOOR = 2.0**-24  # negligible below this times the largest finite |g| (fp32's 24 significant bits)
 
-# One row per parameter. absmax and l2 are over all entries. min_nonzero is over the examined entries; zeros and
-# nonfinite are counts scaled up from them (exact when sampled == numel; nonfinite is exactly 0 when absmax is
-# finite, and at least 1 when it is not).
-# <fmt>_underflow/_overflow/_subnormal count entries among the sampled_nonzero finite non-zero sampled entries;
-# _subnormal (below the smallest normal after scaling) includes those that underflow.
+# One row per parameter. absmax and l2 are over all entries. min_nonzero is over the examined entries; zeros,
+# negligible (finite, non-zero, at most the floor) and nonfinite are counts scaled up from them (exact when
+# sampled == numel; nonfinite is exactly 0 when absmax is finite, and at least 1 when it is not).
+# sampled_nonzero counts the examined signal entries (finite, above the floor); <fmt>_underflow/_overflow/_subnormal
+# count entries among them; _subnormal (below the smallest normal after scaling) includes those that underflow.
 KINDS = ("underflow", "overflow", "subnormal")
 COLUMNS: tuple[str, ...] = (
-    "has_grad", "numel", "absmax", "min_nonzero", "l2", "nonfinite", "zeros", "sampled", "sampled_nonzero",
+    "has_grad", "numel", "absmax", "min_nonzero", "l2", "nonfinite", "zeros", "negligible", "sampled",
+    "sampled_nonzero",
     *(f"{f.name}_{kind}" for kind in KINDS for f in FORMATS),
 )
 COL = {name: i for i, name in enumerate(COLUMNS)}
@@ -102,23 +120,24 @@ class GradStats:
         sample: entries per parameter examined for the counts; ``None`` examines all of them.
         seed: seed of the private generator that picks the sampled entries (the global RNG is never touched).
         counts: compute the count columns; ``False`` leaves them NaN and computes only the extremes.
+        floor: entries at most ``floor`` times the largest finite |g| of the call are negligible, left out of the
+            format counts (see the module docstring); 0 counts every finite non-zero entry.
 
-    >>> g = torch.tensor([0.0, 2.0**-26, 3.0])
+    >>> g = torch.tensor([0.0, 2.0**-26, 2.0**-20])
     >>> row = GradStats([3]).compute([g]).tolist()[0]
     >>> row[COL["zeros"]], row[COL["fp16_underflow"]], row[COL["min_nonzero"]] == 2**-26
     (1.0, 1.0, True)
     """
 
     def __init__(self, numels: Sequence[int], *, sample: int | None = 4096, seed: int = 0,
-                 counts: bool = True) -> None:
+                 counts: bool = True, floor: float = FLOOR) -> None:
         if sample is not None and (not isinstance(sample, int) or sample < 1):
             raise ValueError(f"sample must be a positive number of entries or None, got {sample!r}")
+        if not 0.0 <= floor < 1.0:
+            raise ValueError(f"floor must be a fraction of the largest |g| in [0, 1), got {floor!r}")
         self.numels = [int(n) for n in numels]
-        self.sample = sample
-        self.counts = counts
-        self._seed = seed
+        self.sample, self.counts, self.floor, self._seed = sample, counts, floor, seed
         self._gather: dict[tuple[tuple[int, ...], torch.device], _Plan] = {}  # per (rows, device), built once
-        self._thresholds: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._constants: dict[tuple[object, torch.device], torch.Tensor] = {}
 
     def _constant(self, key: tuple[object, ...], device: torch.device, values: Sequence[float],
@@ -158,18 +177,26 @@ class GradStats:
             groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
             for i, g in present:
                 groups.setdefault((g.device, g.dtype), []).append((i, g))
+            work = []  # (rows, magnitudes, abs-max, L2) per group, all in stored units
             for (gdev, dtype), items in groups.items():
-                rows = tuple(i for i, _ in items)
-                # complex: the magnitudes |g| (same L2 and abs-max as g; g.float() would drop the imaginary part
-                # and warn)
+                # complex: the magnitudes |g| (same L2 and abs-max; g.float() would drop the imaginary part, warning)
                 gs = [g.abs() if g.is_complex() else g if dtype in _NATIVE else g.float() for _, g in items]
-                absmax, l2 = self._extremes(gs)
+                work.append((tuple(i for i, _ in items), gs, *self._extremes(gs)))
+            # the floor, in stored units: a fraction of the largest finite |g| of every group
+            top = torch.stack([torch.where(torch.isfinite(a), a, 0.0).max().to(device) for *_, a, _ in work])
+            floor = (top.max() * self.floor).float()
+            for rows, gs, absmax, l2 in work:
+                gdev = gs[0].device
                 if self.counts:
-                    counts = self._counts(rows, gs, gdev, simulate.to(gdev, non_blocking=True), absmax)
-                    min_nonzero, counts = counts[:, -1], counts[:, :-1]
+                    counts = self._counts(rows, gs, gdev, simulate.to(gdev, non_blocking=True),
+                                          floor.to(gdev, non_blocking=True), absmax)
+                    min_nonzero, sumsq, counts = counts[:, -2], counts[:, -1], counts[:, :-2]
                 else:
                     counts = torch.full((len(rows), len(COLUMNS) - 5), math.nan, dtype=torch.float64, device=gdev)
                     min_nonzero = torch.full_like(absmax, math.nan)
+                    sumsq = self._sum_squares(rows, gs, gdev, absmax)
+                # float32 squares overflowed though every entry is finite: L2 = abs-max * |g / abs-max|
+                l2 = torch.where(torch.isinf(l2) & torch.isfinite(absmax), absmax * sumsq.sqrt(), l2)
                 block = torch.cat([torch.stack([absmax, min_nonzero, l2], 1).to(device, non_blocking=True),
                                    counts.to(device, non_blocking=True)], 1)
                 block[:, 0:3] *= unscale
@@ -183,7 +210,8 @@ class GradStats:
         """Return float64 abs-max (NaN if any NaN) and L2 norm per gradient, over all entries, in stored units.
 
         Two reading passes and no allocation the size of the gradients: on CPU a fresh buffer of that size costs
-        page faults on every step, which made an abs() copy slower than the reductions themselves.
+        page faults on every step, which made an abs() copy slower than the reductions themselves. The L2 is inf
+        when the float32 sum of squares overflows; ``compute`` replaces it.
         """
         dtype = gs[0].dtype
         if dtype.itemsize >= 4 and all(g.is_contiguous() for g in gs):
@@ -197,28 +225,46 @@ class GradStats:
         highs = torch.stack([mm.max for mm in lo_hi]).double()
         return torch.maximum(highs, -lows), l2
 
-    def _counts(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device,
-                simulate: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
-        """Return ``[P, 5 + 3*len(FORMATS)]``: nonfinite, zeros, sampled, sampled_nonzero, the format counts, and
-        the smallest non-zero |g| examined."""
+    def _values(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor,
+                                                                                                      _Plan]:
+        """Return the examined entries of every gradient, concatenated, and the plan that says whose they are."""
         plan = self._plan(rows, device)
         values = torch.cat([g.reshape(-1) if idx is None else g.reshape(-1).index_select(0, idx)
                             for g, idx in zip(gs, plan.index)])
-        block = _count(values, plan, simulate, *self._limits(device))
-        numel = self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64)
-        # Scale the examined zero/non-finite counts up to the whole parameter (exact when all were examined).
-        block[:, 0:2] *= (numel / block[:, 2])[:, None]
-        # abs-max is exact over all entries: it says exactly whether any entry is non-finite, and proves that no
-        # entry can overflow a format when even the largest does not.
+        return values, plan
+
+    def _sum_squares(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device,
+                     absmax: torch.Tensor) -> torch.Tensor:
+        """Return each row's sum of ``(g / abs-max)**2`` over all entries, from the examined ones (float64)."""
+        values, plan = self._values(rows, gs, device)
+        unit = torch.where(torch.isfinite(absmax) & (absmax > 0), absmax, 1.0).float()
+        r = values.abs().float() / unit.index_select(0, plan.segment)
+        sums = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(
+            0, plan.segment, torch.where(torch.isfinite(r), r, 0.0).double().square())
+        return sums * self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64) \
+            / plan.lengths
+
+    def _counts(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device,
+                simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+        """Return ``[P, 6 + 3*len(FORMATS)]``: nonfinite, zeros, negligible, sampled, sampled_nonzero, the format
+        counts, the smallest non-zero |g| examined, and the sum of ``(g / abs-max)**2`` (see ``_sum_squares``)."""
+        values, plan = self._values(rows, gs, device)
         absmax = absmax.to(device)
+        block = _count(values, plan, simulate, floor, absmax, _limits(device, False), _limits(device, True))
+        numel = self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64)
+        up = numel / block[:, 3]  # examined -> whole parameter (exact when all were examined)
+        block[:, 0:3] *= up[:, None]
+        block[:, -1] *= up
+        # abs-max is exact over all entries: it says exactly whether any entry is non-finite, and proves that no
+        # entry can overflow a loss-scaled format when even the largest does not.
         block[:, 0] = torch.where(torch.isfinite(absmax), 0.0, block[:, 0].clamp_min(1.0))
-        n = len(FORMATS)
-        over = self._constant(("over",), device, [f.overflow_above for f in FORMATS], torch.float64)
+        n, k = len(FORMATS), len(LOSS_SCALED)
+        over = self._constant(("over",), device, [f.overflow_above for f in LOSS_SCALED], torch.float64)
         none_over = ~(absmax[:, None] * simulate.double() > over[None]) & torch.isfinite(absmax)[:, None]
-        block[:, 4 + n:4 + 2 * n] = torch.where(none_over, 0.0, block[:, 4 + n:4 + 2 * n])
+        block[:, 5 + n:5 + n + k] = torch.where(none_over, 0.0, block[:, 5 + n:5 + n + k])
         return block
 
-    def _plan(self, rows: tuple[int, ...], device: torch.device) -> "_Plan":
+    def _plan(self, rows: tuple[int, ...], device: torch.device) -> _Plan:
         """Return (built once per rows and device) which entries of each parameter are examined, and the segment
         id of every examined entry in their concatenation."""
         key = (rows, device)
@@ -235,29 +281,37 @@ class GradStats:
                     index.append(sample_index(n, self.sample, self._seed * 1_000_003 + i).to(device))
                     lengths.append(self.sample)
             segment = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))
-            nb = self._limits(device)[0].numel() + 1
+            nb = len(_CODES) + 3 * len(LOSS_SCALED) + 1  # bins per row, the same for both histograms
             plan = self._gather[key] = _Plan(index, segment.to(device), (segment * nb).to(device),
                                              torch.tensor(lengths, dtype=torch.float64).to(device))
         return plan
 
-    def _limits(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the sorted float32 limits ``t`` of ``count(y < t)`` and the order that restores this list:
-        -1.5 (non-finite), the smallest positive float32 (``y <= 0``), then per format just above the underflow
-        limit, the smallest normal, and just above the overflow limit (the overflow count is the non-zero count
-        minus the last)."""
-        cached = self._thresholds.get(device)
-        if cached is None:
-            limits = torch.tensor([[f.underflow_at_most for f in FORMATS], [f.min_normal for f in FORMATS],
-                                   [f.overflow_above for f in FORMATS]], dtype=torch.float32)
-            inf = torch.tensor(math.inf)
-            limits[0] = torch.nextafter(limits[0], inf)  # y <= u  <=>  y < next float32 above u
-            limits[2] = torch.nextafter(limits[2], inf)
-            listed = torch.cat([torch.tensor([-1.5, _TINY], dtype=torch.float32), limits.reshape(-1)])
-            bounds, perm = listed.sort()
-            order = torch.empty_like(perm)
-            order[perm] = torch.arange(perm.numel())
-            cached = self._thresholds[device] = (bounds.to(device), order.to(device))
-        return cached
+
+_CODES = (-2.5, -1.5, -0.5)  # y < these: non-finite (-3), negligible (-2), zero (-1); signal entries are >= 0
+_LIMITS: dict[tuple[torch.device, bool], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _limits(device: torch.device, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the sorted float32 limits ``t`` of ``count(y < t)`` and the order that restores this list: the
+    codes, then per format just above the underflow limit, the smallest normal, and just above the overflow limit
+    (the overflow count is the signal count minus the last). fp8 limits are divided by the format's max: their
+    ``y`` is ``|g| / amax``."""
+    cached = _LIMITS.get((device, fp8))
+    if cached is None:
+        formats = [f for f in FORMATS if (f in LOSS_SCALED) != fp8]
+        unit = [f.max if fp8 else 1.0 for f in formats]
+        limits = torch.tensor([[f.underflow_at_most / u for f, u in zip(formats, unit)],
+                               [f.min_normal / u for f, u in zip(formats, unit)],
+                               [f.overflow_above / u for f, u in zip(formats, unit)]], dtype=torch.float32)
+        inf = torch.tensor(math.inf)
+        limits[0] = torch.nextafter(limits[0], inf)  # y <= u  <=>  y < next float32 above u
+        limits[2] = torch.nextafter(limits[2], inf)
+        listed = torch.cat([torch.tensor(_CODES, dtype=torch.float32), limits.reshape(-1)])
+        bounds, perm = listed.sort()
+        order = torch.empty_like(perm)
+        order[perm] = torch.arange(perm.numel())
+        cached = _LIMITS[(device, fp8)] = (bounds.to(device), order.to(device))
+    return cached
 
 
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -290,69 +344,56 @@ def sample_index(n: int, k: int, seed: int) -> torch.Tensor:
 class _Plan:
     index: list[torch.Tensor | None]  # entries examined per parameter (None: all)
     segment: torch.Tensor  # parameter (row) of each examined entry, in concatenation order
-    offset: torch.Tensor  # segment * (number of limits + 1): the first histogram bin of that row
+    offset: torch.Tensor  # segment * bins per row: the first histogram bin of that row
     lengths: torch.Tensor  # float64 entries examined per row
 
 
-def _count(values: torch.Tensor, plan: _Plan, simulate: torch.Tensor, bounds: torch.Tensor,
-           order: torch.Tensor) -> torch.Tensor:
+def _count(values: torch.Tensor, plan: _Plan, simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor,
+           limits: tuple[torch.Tensor, torch.Tensor], limits8: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Count per parameter, over the examined entries ``values`` concatenated (``plan.segment`` says whose):
-    nonfinite, zeros, examined, finite non-zero, then for each format the finite non-zero entries whose
-    ``|v| * simulate`` (as float32) rounds to 0, rounds past max, is below the smallest normal; last the smallest
-    finite non-zero ``|v|`` (inf if none).
+    nonfinite, zeros, negligible, examined, signal (finite, above ``floor``), then for each format the signal
+    entries that round to 0, round past max, are below the smallest normal; then the smallest finite non-zero
+    ``|v|`` (inf if none) and the sum of ``(v / amax)**2`` over the finite entries.
 
-    Every count is ``count(y < t)`` for ``y = |v| * simulate`` (-2 for a non-finite entry) and a limit ``t`` of
-    ``_limits``, read off one histogram per parameter: ``bucketize`` against the sorted limits, ``bincount`` of
-    ``segment * (limits + 1) + bucket``, ``cumsum``. That is ten torch calls whatever the number of parameters:
-    on CPU every call has a fixed cost, which grows to a scheduler slice (4-8 ms) when another process keeps the
-    second core busy, so few calls beat small ones. Exact mode (every entry) goes in chunks of 2**22 entries.
-    (``|v| * simulate`` underflows float32 only for a scale below 1 and |v| near 1e-45; that entry counts as 0.)
+    Every count is ``count(y < t)`` for a limit ``t`` of ``_limits``, read off one histogram per parameter
+    (``bucketize``, ``bincount`` of ``segment * bins + bucket``, ``cumsum``). ``y`` is a code (-3 non-finite, -2
+    negligible, -1 zero) or, for a signal entry, ``|v| * simulate`` (fp16, bf16) or ``|v| / amax`` (fp8). About
+    twenty torch calls whatever the number of parameters: on CPU every call has a fixed cost, up to a scheduler
+    slice (4-8 ms) when another process keeps the second core busy, so few calls beat small ones. Exact mode goes
+    in chunks of 2**22 entries. (``|v| * simulate`` underflows float32 only for a scale below 1; it counts as
+    underflow.)
     """
     rows = plan.lengths.numel()
-    nb = bounds.numel() + 1
-    hist = torch.zeros(rows * nb, dtype=torch.int64, device=values.device)
+    nb = limits[0].numel() + 1
+    hists = [torch.zeros(rows * nb, dtype=torch.int64, device=values.device) for _ in range(2)]
     smallest = torch.full((rows,), math.inf, dtype=torch.float32, device=values.device)
+    sumsq = torch.zeros(rows, dtype=torch.float64, device=values.device)
+    # inf/NaN amax: the scale fp8_max / amax is 0 (or NaN), and every finite entry becomes 0
+    amax = torch.where(torch.isfinite(absmax), absmax, math.inf).float()
     for start in range(0, values.numel(), _CHUNK):
         a = values[start:start + _CHUNK].abs().float()
-        y = torch.where(torch.isfinite(a), a * simulate, -2.0)
-        bins = torch.bucketize(y, bounds, right=True) + plan.offset[start:start + _CHUNK]
-        hist += torch.bincount(bins, minlength=rows * nb)
-        smallest.scatter_reduce_(0, plan.segment[start:start + _CHUNK], torch.where(y > 0, a, math.inf), "amin")
-    n = hist.view(rows, nb).cumsum(1)[:, :-1].index_select(1, order).double()  # count(y < t), _limits order
-    f = len(FORMATS)
-    bad, not_positive = n[:, 0], n[:, 1]
-    nonzero = plan.lengths - not_positive
-    under, normal, within = (n[:, k:k + f] - not_positive[:, None] for k in (2, 2 + f, 2 + 2 * f))
-    head = torch.stack([bad, not_positive - bad, plan.lengths, nonzero], 1)
-    return torch.cat([head, under, nonzero[:, None] - within, normal, smallest.double()[:, None]], 1)
+        segment = plan.segment[start:start + _CHUNK]
+        finite = torch.isfinite(a)
+        code = torch.where(finite, torch.where(a > floor, 0.0, torch.where(a > 0, -2.0, -1.0)), -3.0)
+        r = a / amax.index_select(0, segment)
+        for hist, y, (bounds, _) in zip(hists, (a * simulate, r), (limits, limits8)):
+            bins = torch.bucketize(torch.where(code == 0, y, code), bounds, right=True)
+            hist += torch.bincount(bins + plan.offset[start:start + _CHUNK], minlength=rows * nb)
+        smallest.scatter_reduce_(0, segment, torch.where(finite & (a > 0), a, math.inf), "amin")
+        sumsq.index_add_(0, segment, torch.where(r < math.inf, r, 0.0).double().square())  # NaN, inf: 0
+    parts = []
+    for hist, (_, order) in zip(hists, (limits, limits8)):
+        n = hist.view(rows, nb).cumsum(1)[:, :-1].index_select(1, order).double()  # count(y < t), listed order
+        k = (n.shape[1] - len(_CODES)) // 3
+        bad, not_negligible_yet, not_signal = n[:, 0], n[:, 1], n[:, 2]
+        signal = plan.lengths - not_signal
+        under, normal, within = (n[:, c:c + k] - not_signal[:, None] for c in (3, 3 + k, 3 + 2 * k))
+        parts.append((bad, not_signal - not_negligible_yet, not_negligible_yet - bad, signal, under,
+                      signal[:, None] - within, normal))
+    (bad, zeros, negligible, signal, *scaled), fp8 = parts[0], parts[1][4:]
+    head = torch.stack([bad, zeros, negligible, plan.lengths, signal], 1)
+    formats = [torch.cat([s, e], 1) for s, e in zip(scaled, fp8)]
+    return torch.cat([head, *formats, smallest.double()[:, None], sumsq[:, None]], 1)
 
 
 _CHUNK = 1 << 22  # entries per pass of _count: bounds its temporaries in exact mode
-_TINY = 2.0**-149  # the smallest positive float32: y < _TINY  <=>  y <= 0
-
-
-def rows_to_dicts(matrix: Sequence[Sequence[float]], names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Turn host rows of ``GradStats.compute`` into ``{name: {stat: value}}``, with fractions instead of counts.
-
-    ``zero_frac`` is of all entries; ``<fmt>_underflow`` / ``_overflow`` / ``_subnormal`` are of the finite
-    non-zero entries examined, ``min_nonzero`` the smallest of them. Parameters without a gradient are left out.
-
-    >>> rows_to_dicts([[1, 4, 3.0, 0.5, 3.1, 0, 1, 4, 3, 1] + [0] * 11], ["w"])["w"]["fp16_underflow"]
-    0.3333333333333333
-    """
-    out: dict[str, dict[str, float]] = {}
-    for name, row in zip(names, matrix):
-        if not row[COL["has_grad"]]:
-            continue
-        numel = row[COL["numel"]]
-        nonzero = row[COL["sampled_nonzero"]]
-        stats: dict[str, float] = {"absmax": row[COL["absmax"]], "l2": row[COL["l2"]]}
-        if not math.isnan(row[COL["sampled"]]):  # counts were computed
-            stats.update(min_nonzero=row[COL["min_nonzero"]], nonfinite=int(round(row[COL["nonfinite"]])),
-                         zero_frac=row[COL["zeros"]] / numel if numel else 0.0, sampled=int(row[COL["sampled"]]))
-            for kind in KINDS:
-                for f in FORMATS:
-                    key = f"{f.name}_{kind}"
-                    stats[key] = row[COL[key]] / nonzero if nonzero else 0.0
-        out[name] = stats
-    return out

@@ -4,11 +4,17 @@
 copies ``pending()`` to the host with everything else and hands the values to ``consume()``, which builds the
 step record's ``"gradients"`` entry. The alarms on it:
 
-* AMP608: the global gradient norm is not finite and no GradScaler skipped the step.
-* AMP605: with a GradScaler, at least ``UNDERFLOW_FRACTION`` of a parameter's non-zero gradients would flush to 0
-  in fp16 at the loss scale, or at least ``SUBNORMAL_FRACTION`` are fp16 subnormals (below 2**-14 after scaling).
-  Gradients an fp16 backward computed have already lost the values that rounded to 0 (they are zeros now), so for
-  them the subnormal share is the visible edge of the loss.
+* AMP608: some gradient entry is inf/NaN (its tensor's abs-max is not finite), so the global norm is too, and no
+  GradScaler skipped the step. A norm whose float32 sum of squares overflowed is not one: ``GradStats`` computes it
+  without overflow, and the abs-max says whether an entry is really non-finite.
+* AMP605: with a GradScaler, at least ``UNDERFLOW_FRACTION`` of a parameter's signal gradient entries would flush
+  to 0 in fp16 at the loss scale, or at least ``SUBNORMAL_FRACTION`` are fp16 subnormals (below 2**-14 after
+  scaling). Signal: finite entries above 2**-24 times the largest gradient entry (``grad_stats.FLOOR``), what fp32
+  resolves; below it an entry is rounding residue (a conv bias before BatchNorm, an attention key bias: 0 by
+  construction), and no loss scale could hold it next to the largest entry anyway. So the alarm can only fire while
+  the largest scaled entry is below 2**10, where raising the scale (its fix) is possible. Gradients an fp16
+  backward computed have already lost the values that rounded to 0 (they are zeros now), so for them the
+  subnormal share is the visible edge of the loss.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ampdoctor.core.findings import Severity
-from ampdoctor.monitor.grad_stats import COLUMNS, GradStats, rows_to_dicts
+from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats
 
-__all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_record", "gradient_alarms"]
+__all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_record", "gradient_alarms",
+           "rows_to_dicts"]
 
 UNDERFLOW_FRACTION = 0.01
 SUBNORMAL_FRACTION = 0.10
@@ -158,8 +165,8 @@ def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]],
     if not grads or grads["global_norm"] is None:
         return
     skipped = step in (record.get("scale") or {}).get("skipped", [])
-    if not math.isfinite(grads["global_norm"]) and not skipped:
-        bad = [n for n, s in params.items() if not math.isfinite(s["l2"])]
+    bad = [n for n, s in params.items() if not math.isfinite(s["absmax"])]  # abs-max is inf/NaN iff an entry is
+    if not math.isfinite(grads["global_norm"]) and bad and not skipped:
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
                f"global gradient norm {grads['global_norm']} at step {step} and the step was not skipped "
                f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")
@@ -169,9 +176,54 @@ def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]],
     flagged = [(s["fp16_underflow"], s["fp16_subnormal"], n) for n, s in params.items()
                if s.get("fp16_underflow", 0.0) >= UNDERFLOW_FRACTION
                or s.get("fp16_subnormal", 0.0) >= SUBNORMAL_FRACTION]
+    top = max((s["absmax"] for s in params.values() if math.isfinite(s["absmax"])), default=0.0)
     for under, subnormal, name in sorted(flagged, reverse=True)[:5]:
-        yield ("AMP605", Severity.WARNING, name,
-               f"{under:.1%} of the non-zero gradient entries would round to 0 in fp16 and {subnormal:.1%} "
-               f"are fp16 subnormals at loss scale {'?' if scale is None else f'{scale:g}'}; smallest "
-               f"non-zero |grad| {params[name]['min_nonzero']:.3g}. fp16's smallest subnormal is "
-               f"2**-24 ≈ 6e-8 and its smallest normal 2**-14 ≈ 6.1e-5, after scaling")
+        yield "AMP605", Severity.WARNING, name, _underflow_detail(params[name], under, subnormal, scale, top)
+
+
+def _underflow_detail(stats: dict[str, float], under: float, subnormal: float, scale: float | None,
+                      top: float) -> str:
+    """Describe AMP605 by the criterion that fired, with the headroom the loss scale has left."""
+    shown = "?" if scale is None else f"{scale:g}"
+    signal = (f"of the gradient entries that fp32 resolves (non-zero and above 2**-24 x the largest gradient entry "
+              f"{top:.3g})")
+    if under >= UNDERFLOW_FRACTION:
+        text = (f"{under:.1%} {signal} would round to 0 in fp16 at loss scale {shown} (below 2**-25 after scaling; "
+                f"{subnormal:.1%} are fp16 subnormals)")
+    else:
+        text = (f"{subnormal:.1%} {signal} are fp16 subnormals at loss scale {shown} (below 2**-14 ≈ 6.1e-5 after "
+                f"scaling: fewer significant bits, and the smaller ones round to 0; {stats['zero_frac']:.1%} of "
+                f"the entries are 0)")
+    if scale is not None and 0 < top * scale < 65504 / 2:  # always so when the alarm fires (module docstring)
+        text += (f"; the largest scaled gradient entry is {top * scale:.3g}, {65504 / (top * scale):.3g}x below "
+                 f"fp16's max 65504, so the scale has room to grow")
+    return text
+
+
+def rows_to_dicts(matrix: Sequence[Sequence[float]], names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Turn host rows of ``GradStats.compute`` into ``{name: {stat: value}}``, with fractions instead of counts.
+
+    ``zero_frac`` and ``negligible_frac`` are of all entries; ``<fmt>_underflow`` / ``_overflow`` / ``_subnormal``
+    are of the signal entries examined (finite, above the floor); ``min_nonzero`` is the smallest finite non-zero
+    |g| examined. Parameters without a gradient are left out.
+
+    >>> rows_to_dicts([[1, 4, 3.0, 0.5, 3.1, 0, 1, 0, 4, 3, 1] + [0] * 11], ["w"])["w"]["fp16_underflow"]
+    0.3333333333333333
+    """
+    out: dict[str, dict[str, float]] = {}
+    for name, row in zip(names, matrix):
+        if not row[COL["has_grad"]]:
+            continue
+        numel = row[COL["numel"]]
+        nonzero = row[COL["sampled_nonzero"]]
+        stats: dict[str, float] = {"absmax": row[COL["absmax"]], "l2": row[COL["l2"]]}
+        if not math.isnan(row[COL["sampled"]]):  # counts were computed
+            stats.update(min_nonzero=row[COL["min_nonzero"]], nonfinite=int(round(row[COL["nonfinite"]])),
+                         zero_frac=row[COL["zeros"]] / numel if numel else 0.0, sampled=int(row[COL["sampled"]]),
+                         negligible_frac=row[COL["negligible"]] / numel if numel else 0.0)
+            for kind in KINDS:
+                for f in FORMATS:
+                    key = f"{f.name}_{kind}"
+                    stats[key] = row[COL[key]] / nonzero if nonzero else 0.0
+        out[name] = stats
+    return out

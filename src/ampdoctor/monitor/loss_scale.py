@@ -13,11 +13,17 @@ Alarms (host side, at each consume):
 * AMP604 when a run of consecutive skipped steps reaches ``skip_run`` (3), or a run that starts at step 0 reaches
   ``warmup_skip_run`` (8; the scale often halves a few times from 2**16 while it calibrates), or more than
   ``skip_fraction`` (5%) of at least 100 steps were skipped.
-* AMP603 when the scale has fallen by ``collapse_factor`` (2**8) from its peak, or below 1.
+* AMP603 when the scale is below 1, or when it is still falling and has fallen far: at least ``collapse_factor``
+  (2**8) below the reference, the last step was skipped, and it fell at least ``falling_factor`` (2**3) over the
+  last ``window`` (32) steps. The reference is the highest scale a step succeeded with; before any did, the first
+  scale used but at most 2**16, GradScaler's default ``init_scale`` (halvings from a larger ``init_scale`` are
+  calibration). A scale that fell early and then held (calibration skips, then clean steps) is not a collapse,
+  and neither is a lone backoff after a growth, however far below the peak the settled scale is.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, Callable
 
@@ -29,6 +35,8 @@ from ampdoctor.core.patch import PatchHandle, observe
 
 __all__ = ["ScaleMonitor"]
 
+_DEFAULT_INIT_SCALE = 2.0**16  # GradScaler's default init_scale: halvings from above it are calibration
+
 
 class ScaleMonitor:
     """Record the loss scale and skipped steps of a ``torch.amp.GradScaler``, with no host sync per step.
@@ -36,7 +44,8 @@ class ScaleMonitor:
     Args:
         scaler: an enabled GradScaler (or subclass such as ``ShardedGradScaler``).
         capacity: steps buffered on the device between two ``consume()`` calls; the buffer doubles if needed.
-        skip_run, warmup_skip_run, skip_fraction, collapse_factor: alarm thresholds, see the module docstring.
+        skip_run, warmup_skip_run, skip_fraction, collapse_factor, falling_factor, window: alarm thresholds, see
+            the module docstring.
         on_error: called with an exception raised inside the observer (the caller's update still runs).
 
     >>> scaler = torch.amp.GradScaler("cpu")
@@ -47,13 +56,14 @@ class ScaleMonitor:
     """
 
     def __init__(self, scaler: Any, *, capacity: int = 64, skip_run: int = 3, warmup_skip_run: int = 8,
-                 skip_fraction: float = 0.05, collapse_factor: float = 2.0**8,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+                 skip_fraction: float = 0.05, collapse_factor: float = 2.0**8, falling_factor: float = 2.0**3,
+                 window: int = 32, on_error: Callable[[BaseException], None] | None = None) -> None:
         if not hasattr(scaler, "update") or not has_state_machine(scaler):
             raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}: {scaler!r:.80}")
         self._scaler: Any = scaler
         self.skip_run, self.warmup_skip_run = skip_run, warmup_skip_run
         self.skip_fraction, self.collapse_factor = skip_fraction, collapse_factor
+        self.falling_factor, self.window = falling_factor, max(int(window), 1)
         self.on_error = on_error
         self._capacity = max(int(capacity), 1)
         self._buffer: torch.Tensor | None = None  # [capacity, 2]: scale used, inf found (sum over optimizers)
@@ -68,7 +78,9 @@ class ScaleMonitor:
         self.skipped_steps: list[int] = []  # kept up to 10_000; counts stay exact beyond that
         self.current_scale: float | None = None  # the scale after the last consumed update
         self.peak: tuple[int, float] | None = None
+        self.reference: tuple[int, float] | None = None  # (step, scale) the fall is measured from: see AMP603
         self.lowest: tuple[int, float] | None = None
+        self.succeeded: tuple[int, float] | None = None  # the highest scale a step was not skipped with
         self.run = 0  # consecutive skipped steps up to the last consumed one
         self.run_start = 0
         self.longest_run: tuple[int, int] = (0, 0)  # (length, first step)
@@ -165,6 +177,10 @@ class ScaleMonitor:
                 changes.append([step, scale])
             if self.peak is None or scale > self.peak[1]:
                 self.peak = (step, scale)
+            if self.reference is None:
+                self.reference = (step, min(scale, _DEFAULT_INIT_SCALE))
+            if inf <= 0 and (self.succeeded is None or scale > self.succeeded[1]):
+                self.succeeded = self.reference = (step, scale)
             if self.lowest is None or scale < self.lowest[1]:
                 self.lowest = (step, scale)
             if inf > 0:
@@ -201,19 +217,35 @@ class ScaleMonitor:
             self._report("AMP604", Severity.WARNING, self.steps - 1,
                          f"{self.skipped} of {self.steps} optimizer steps skipped ({self.skipped / self.steps:.0%}), "
                          f"more than {self.skip_fraction:.0%}")
-        low = self.current_scale
-        if "AMP603" in self._reported or self.peak is None or low is None:
-            return
-        if low < 1 or self.peak[1] / max(low, 1e-45) >= self.collapse_factor:
+        if "AMP603" not in self._reported and self.collapsing():
             self._report("AMP603", Severity.ERROR, self.steps - 1, self.collapse_detail())
+
+    def collapsing(self) -> bool:
+        """Return whether the scale is below 1, or far below the reference and still falling (module docstring)."""
+        low = self.current_scale
+        if low is None or self.reference is None:
+            return False
+        if low < 1:
+            return True
+        fell = self.reference[1] / max(low, 1e-45) >= self.collapse_factor
+        return fell and self.run > 0 and self.scale_at(self.steps - self.window) / low >= self.falling_factor
+
+    def scale_at(self, step: int) -> float:
+        """Return the scale used at ``step`` (the first recorded one before the history starts)."""
+        if not self.history:
+            return math.nan
+        at = bisect.bisect_right(self.history, (step, math.inf)) - 1  # history is in step order
+        return self.history[max(at, 0)][1]
 
     def collapse_detail(self, first_nonfinite_module: str | None = None) -> str:
         """Describe the fall of the scale; name the first non-finite module when one is known."""
-        peak_step, peak = self.peak or (0, math.nan)
+        ref_step, ref = self.reference or (0, math.nan)
         low = self.current_scale if self.current_scale is not None else math.nan
-        text = (f"loss scale fell from {peak:g} (step {peak_step}) to {low:g} after step {self.steps - 1}, "
-                f"{self.skipped} of {self.steps} steps skipped. When the scale keeps halving, the inf/NaN come from "
-                f"the forward pass (an activation above 65504), not from the scaling: no smaller scale can fix them.")
+        since = "the highest a step succeeded with" if self.succeeded is not None else "its start, at most 65536"
+        text = (f"loss scale fell from {ref:g} (step {ref_step}, {since}) to {low:g} after step {self.steps - 1}, "
+                f"{self.skipped} of {self.steps} steps skipped, the last {self.run} in a row. When the scale keeps "
+                f"halving, the inf/NaN come from the forward pass (an activation above 65504), not from the scaling: "
+                f"no smaller scale can fix them.")
         if first_nonfinite_module:
             text += f" First module with a non-finite output: {first_nonfinite_module}."
         else:
