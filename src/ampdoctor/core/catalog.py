@@ -198,6 +198,17 @@ RULES: tuple[Rule, ...] = (
         "# or: torch.autocast(device_type, dtype=torch.bfloat16) and no scaler",
         W, "preflight", (), (33,),
     ),
+    Rule(
+        "AMP209", "trainer-flag-half-model",
+        "The Trainer's fp16/bf16 flag is set on a model loaded in half precision",
+        "fp16=True/bf16=True ask accelerate for fp32 weights with fp16/bf16 autocast. A model loaded with "
+        "dtype=torch.float16 (or .half()) has half weights instead: a GradScaler refuses their fp16 gradients, and a "
+        "plain optimizer updates them in half precision, where small updates round away.",
+        "model = AutoModel.from_pretrained(name)            # fp32 weights; fp16=True/bf16=True autocasts\n"
+        "# or: ampdoctor.fix(model) before Trainer(...); or AmpDoctorCallback(fix=True)\n"
+        "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)",
+        W, "runtime",
+    ),
     # ---- AMP3xx: model and optimizer wiring ----------------------------------------------------------------
     Rule(
         "AMP301", "optimizer-params-not-in-model", "The optimizer holds tensors that are not the model's parameters",
@@ -396,6 +407,22 @@ RULES: tuple[Rule, ...] = (
         "assert not bad.any(), f\"non-finite samples at {bad.nonzero().flatten().tolist()}\"\n"
         "# fix the data (or its normalisation: a std of 0 divides by zero), or drop those samples",
         E, "watch", (),
+    ),
+    Rule(
+        "AMP610", "nan-loss-hidden", "The logged loss hides NaN/inf losses (logging_nan_inf_filter)",
+        "With logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in place "
+        "of a NaN/inf micro-batch loss, so the logged loss stays finite while training has diverged.",
+        "TrainingArguments(..., logging_nan_inf_filter=False)   # see the NaN in the logs\n"
+        "# then find where it starts: AmpDoctorCallback(activations=True)",
+        W, "watch",
+    ),
+    Rule(
+        "AMP611", "grad-norm-clipped", "Gradient clipping was active: the logged and watched norms are after clipping",
+        "clip_grad_norm_ returns the norm before clipping; the optimizer and the gradient statistics see the clipped "
+        "gradients. A run that clips every step hides how large its gradients are.",
+        "# the pre-clip norms are in report['clipping'] (peak, last, clipped/calls)\n"
+        "TrainingArguments(max_grad_norm=...)  # or Trainer(gradient_clip_val=...): raise it, or find the spike",
+        I, "watch",
     ),
 )
 

@@ -1,0 +1,59 @@
+"""The pre-clip gradient norms of a run, kept on the device and read once at the end.
+
+``clip_grad_norm_`` returns the total norm *before* clipping. A loop that clips (``max_grad_norm``,
+``gradient_clip_val``) hands the optimizer, the watch and its own gradient logs the clipped gradients, so how large
+the gradients really were is only in that return value. Each clip costs a few 0-dim device ops, no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+
+class ClipNorms:
+    """Accumulate what ``clip_grad_norm_(parameters, max_norm)`` calls returned.
+
+    >>> norms = ClipNorms()
+    >>> for value in (0.5, 3.0, 2.0):
+    ...     norms.record(1.0, torch.tensor(value))
+    >>> norms.result()
+    {'max_norm': 1.0, 'calls': 3, 'clipped': 2, 'nonfinite': 0, 'peak': 3.0, 'last': 2.0}
+    """
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.max_norm: float | None = None
+        self._sums: torch.Tensor | None = None   # [clipped, nonfinite, peak of the finite norms]
+        self._last: torch.Tensor | None = None
+
+    def record(self, max_norm: Any, norm: Any) -> None:
+        """Record one call; calls that cannot clip (``max_norm=inf``: a norm computed for logging) are left out."""
+        if not isinstance(norm, torch.Tensor) or isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
+                or not math.isfinite(max_norm):
+            return
+        with torch.no_grad():
+            value = norm.detach().reshape(()).float()
+            finite = torch.isfinite(value)
+            row = torch.stack([(value > max_norm).float(), (~finite).float(),
+                               torch.where(finite, value, torch.zeros_like(value))])
+            if self._sums is None or self._sums.device != row.device:
+                self._sums = row
+            else:
+                self._sums = torch.cat([self._sums[:2] + row[:2], torch.maximum(self._sums[2:], row[2:])])
+            self._last = value
+        self.calls += 1
+        self.max_norm = float(max_norm)
+
+    def result(self) -> dict[str, Any] | None:
+        """Return the counts and norms (one host sync), or None when nothing was clipped against a finite bound."""
+        if self._sums is None or self._last is None:
+            return None
+        clipped, nonfinite, peak, last = torch.cat([self._sums, self._last.reshape(1).to(self._sums.device)]).tolist()
+        return {"max_norm": self.max_norm, "calls": self.calls, "clipped": int(clipped), "nonfinite": int(nonfinite),
+                "peak": peak, "last": last}
+
+    def release(self) -> None:
+        self._sums = self._last = None
