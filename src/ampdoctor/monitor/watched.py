@@ -6,7 +6,10 @@ the innermost torch optimizer: its ``step()`` runs whichever wrapper the loop st
 hook tables of its own. ``scaler.step`` given any optimizer of the chain (or any wrapper of the innermost one) is
 the watch's, and the scaler's stage is read for the object it was given. The gradients are the parameters'
 ``.grad`` at that point: what the innermost optimizer will apply (for ``MasterWeights``, the fp32 gradients of the
-masters).
+masters). Without a scaler given, the one a wrapper steps through is the watch's: accelerate's
+``AcceleratedOptimizer`` keeps ``accelerator.scaler`` in ``.scaler`` and runs ``scaler.step(optimizer)`` and
+``scaler.update()`` in its ``step()``; watching only the inner optimizer would miss every skipped step (it is never
+called on one).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
 
-__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through"]
+__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through", "scaler_of"]
 
 
 def watched_chain(model: Any, optimizer: Any) -> list[Any]:
@@ -36,6 +40,19 @@ def watched_chain(model: Any, optimizer: Any) -> list[Any]:
     if not isinstance(inner, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(inner).__name__}: {inner!r:.80}")
     return chain
+
+
+def scaler_of(chain: Sequence[Any], scaler: Any = None) -> Any:
+    """Return the enabled GradScaler the watch follows: ``scaler`` if given, else the first a wrapper in ``chain``
+    holds in ``.scaler`` (accelerate's ``AcceleratedOptimizer``); None when that one is missing or disabled.
+
+    >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    >>> scaler_of([opt]) is None, scaler_of([opt], torch.amp.GradScaler("cpu", enabled=False)) is None
+    (True, True)
+    """
+    if scaler is None:
+        scaler = next((o.scaler for o in chain if getattr(o, "scaler", None) is not None), None)
+    return scaler if scaler is not None and is_enabled(scaler) else None
 
 
 def steps_through(optimizer: Any, chain: Sequence[Any]) -> bool:

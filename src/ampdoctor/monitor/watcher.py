@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
+from ampdoctor._torch.scaler import OptState, live_scale, stage
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
@@ -44,7 +44,7 @@ from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, module_rollup, render_watch, run_formats
-from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, steps_through, watched_chain
+from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, scaler_of, steps_through, watched_chain
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
 
@@ -73,7 +73,7 @@ class Watch:
         model: the module being trained (used for parameter and module names, and activation hooks).
         optimizer: the optimizer stepping it, or a wrapper that delegates to one (accelerate's, ``MasterWeights``);
             the statistics cover its parameters.
-        scaler: the ``torch.amp.GradScaler``, if any. A disabled scaler counts as none.
+        scaler: the ``torch.amp.GradScaler``, if any (default: an ``AcceleratedOptimizer``'s). A disabled one is none.
         every: look closely at every ``every``-th optimizer step (step 0 first); 1 = every step.
         dense: also look closely at each of the first ``dense`` steps (see ``ampdoctor.monitor.sampling``).
         log_dir: write the JSON-lines flight recorder ``ampdoctor.jsonl`` there (or to this ``.jsonl`` file).
@@ -98,7 +98,7 @@ class Watch:
         self._model: nn.Module | None = model
         self._optimizer: torch.optim.Optimizer | None = optimizer
         self._chain: list[Any] = chain  # the optimizer as given, the ones it wraps, ..., self._optimizer
-        self._scaler = scaler if scaler is not None and is_enabled(scaler) else None
+        self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
         self._want_activations = activations
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params)

@@ -18,6 +18,7 @@ import torch.nn.utils.clip_grad
 
 from ampdoctor.core.facts import ProcessFacts
 from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.runner.frameworks import is_placement_reload
 
 CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grads_with_norm_")  # the public ones that clip given parameters
 
@@ -82,6 +83,8 @@ class GlobalObservers:
         self._before_clip(list(module.parameters()), *args, **kwargs)
 
     def _after_optimizer_load(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        if is_placement_reload(optimizer):
+            return  # accelerate.prepare() reloading the optimizer's own state onto its device: not a resume
         self.facts.record_optimizer_restored(optimizer)
         self.sink.optimizer_restored(optimizer)
 
