@@ -29,6 +29,8 @@ _LAZY = {
     "get_rule": "ampdoctor.core.catalog",
     "Report": "ampdoctor.core.report",
     "TrainingSetup": "ampdoctor.core.training",
+    "advise": "ampdoctor.advice",
+    "Advice": "ampdoctor.advice",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

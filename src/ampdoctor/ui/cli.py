@@ -24,6 +24,8 @@ examples:
   ampdoctor run --log-dir logs train.py         also keep a flight recorder: logs/ampdoctor.jsonl
   ampdoctor report logs/ampdoctor.jsonl --html report.html
   ampdoctor demo                               reproduce the classic error, diagnose it, fix it
+  ampdoctor advise ./llama-7b/config.json --batch-size 1 --seq-len 2048 --budget 24GiB
+                                               memory per strategy, and which one fits
 """
 
 
@@ -95,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-fix", action="store_true", help="stop after the diagnosis")
 
     sub.add_parser("env", help="print the environment report to paste into an issue")
+
+    from ampdoctor.advice.command import EXAMPLES as ADVISE_EXAMPLES, add_arguments as add_advise_arguments
+
+    advise = sub.add_parser("advise", help="memory per training strategy (fp32, AMP, master weights, LoRA, 8-bit, "
+                            "checkpointing, ZeRO/FSDP) and which one fits", epilog=ADVISE_EXAMPLES + "\n" + EXIT_STATUS,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_advise_arguments(advise)
     return parser
 
 
@@ -118,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().print_help()
         return 2
     handler = {"run": _run, "explain": _explain, "rules": _rules, "report": _report, "demo": _demo,
-               "env": _env}[args.command]
+               "env": _env, "advise": _advise}[args.command]
     try:
         return handler(args)
     except _UsageError as exc:
@@ -289,6 +298,12 @@ def _demo(args: argparse.Namespace) -> int:
     from ampdoctor.ui.demo import run_demo
 
     return run_demo(fix=not args.no_fix, console=Console(highlight=False))
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from ampdoctor.advice.command import advise_main
+
+    return advise_main(args)
 
 
 def _env(args: argparse.Namespace) -> int:
