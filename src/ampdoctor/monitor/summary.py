@@ -93,8 +93,8 @@ def run_formats(scaler: Any, param_dtypes: Sequence[str]) -> list[str]:
     """Return the simulated formats that describe this run, for the summary's columns.
 
     An fp16 GradScaler means fp16; bf16 parameters mean bf16; fp16 parameters fp16; fp32 parameters without a
-    scaler could be either (autocast is not known here). fp8 only when parameters are fp8: real fp8 recipes scale
-    each tensor, so the loss-scale simulation describes no fp8 run otherwise.
+    scaler could be either (autocast is not known here). fp8 columns (per-tensor amax scaling, TransformerEngine's
+    and torchao's tensorwise recipe) only when parameters are fp8; the JSON and the flight recorder have them always.
 
     >>> run_formats(None, ["float32"]), run_formats(None, ["bfloat16"]), run_formats(None, ["float8_e4m3fn"])
     (['fp16', 'bf16'], ['bf16'], ['fp16', 'bf16', 'e4m3', 'e5m2'])

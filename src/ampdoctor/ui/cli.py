@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
-        err.print(str(exc), markup=False, soft_wrap=True)
+        _say(err, str(exc))
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _UsageError as exc:
-        err.print(f"ampdoctor {args.command}: {exc}", markup=False, soft_wrap=True)
+        _say(err, f"ampdoctor {args.command}: {exc}")
         return 2
 
 
@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         _check_log_dir(args.log_dir)
     options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
                    activations=args.activations)
-    doctor = Doctor(**options, on_event=lambda line: err.print(line, markup=False, soft_wrap=True))
+    doctor = Doctor(**options, on_event=lambda line: _say(err, line))
     children = None if args.no_children else ChildProcesses(options)
     if args.module is not None:
         module, *module_args = args.module
@@ -185,13 +185,13 @@ def _run(args: argparse.Namespace) -> int:
         err.print(render_report(report, show_exception=False))   # the traceback above ends with the same line
     elif report.changes:
         listed = f", and listed as info in {args.json}" if args.json else ""
-        err.print(f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
-                  f"({', '.join(sorted(repaired))}) is still in the script{listed}", markup=False)
+        _say(err, f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
+                  f"({', '.join(sorted(repaired))}) is still in the script{listed}")
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         err.print(render_report(report, show_exception=False))
     if result.exit_code and report.exception and not result.explained:
-        err.print(f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
-                  "mixed-precision failure; its traceback is above, unchanged.", markup=False, soft_wrap=True)
+        _say(err, f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
+                  "mixed-precision failure; its traceback is above, unchanged.")
     log_path = (report.extra.get("watch") or {}).get("log_path")
     if log_path:
         from ampdoctor.monitor.recorder import append_report
@@ -199,10 +199,10 @@ def _run(args: argparse.Namespace) -> int:
         try:
             append_report(log_path, report.to_dict())
         except OSError as exc:
-            err.print(f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}", markup=False)
+            _say(err, f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}")
     if args.json:
         _write(args.json, report.to_json())
-        err.print(f"ampdoctor: report written to {args.json}", markup=False, soft_wrap=True)
+        _say(err, f"ampdoctor: report written to {args.json}")
     if result.exit_code:
         return result.exit_code
     return _strict_status(report, err) if args.strict else 0
@@ -227,7 +227,7 @@ def _explain(args: argparse.Namespace) -> int:
     if not rules:
         from ampdoctor.explanations.crash import unknown_answer
 
-        out.print(f"ampdoctor: {unknown_answer(text)}", markup=False, soft_wrap=True)
+        _say(out, f"ampdoctor: {unknown_answer(text)}")
         return 0  # "unknown" is an answer, not a failure (EXIT_STATUS)
     for rule in rules:
         out.print(rule_panel(rule))
@@ -270,7 +270,7 @@ def _report(args: argparse.Namespace) -> int:
             write_html(loaded, args.html)
         except (OSError, ValueError) as exc:
             raise _UsageError(f"cannot write --html {args.html!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        out.print(f"ampdoctor: HTML report written to {args.html}", markup=False, soft_wrap=True)
+        _say(out, f"ampdoctor: HTML report written to {args.html}")
     if args.png:
         from ampdoctor.ui.figures import write_pngs
 
@@ -278,7 +278,7 @@ def _report(args: argparse.Namespace) -> int:
             paths = write_pngs(loaded, args.png)
         except (OSError, ValueError) as exc:
             raise _UsageError(f"--png {args.png!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        out.print(f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}", markup=False, soft_wrap=True)
+        _say(out, f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}")
     return _strict_status(loaded.report, out) if args.strict else 0
 
 
@@ -290,7 +290,7 @@ def _strict_status(report: object, console: Console) -> int:
            else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False) else None)
     if why is None:
         return 0
-    console.print(f"ampdoctor: --strict: exit 1: {why}", markup=False, soft_wrap=True)
+    _say(console, f"ampdoctor: --strict: exit 1: {why}")
     return 1
 
 
@@ -311,6 +311,13 @@ def _env(args: argparse.Namespace) -> int:
 
     print(json.dumps(environment(), indent=2))
     return 0
+
+
+def _say(console: Console, text: str) -> None:
+    """Print ``text`` wrapped between words to the console's width, with a hanging indent (names stay whole)."""
+    from ampdoctor.ui.plain import wrap
+
+    console.print("\n".join(wrap(text, console.width)), markup=False, soft_wrap=True, highlight=False)
 
 
 def _check_writable(path: str, option: str) -> None:
