@@ -63,7 +63,7 @@ def test_fix_sees_the_autocast_accelerate_enters_inside_forward(tmp_path, capsys
     code = main(["run", "--fix", "--no-watch", "--json", str(out), script])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "upcast trainable parameters to float32 (forward runs under autocast)" in captured.err
+    assert "upcast trainable parameters to float32 (forward runs under autocast)" in " ".join(captured.err.split())
     assert "master weight" not in captured.err
     assert captured.out.count("weight dtype torch.float32") == 5
     report = json.loads(out.read_text())

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
-        _say(err, str(exc))
+        _say(err, str(exc), wrap=False)
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except _UsageError as exc:
-        _say(err, f"ampdoctor {args.command}: {exc}")
+        _say(err, f"ampdoctor {args.command}: {exc}", wrap=False)  # paths stay whole on one line
         return 2
 
 
@@ -202,7 +202,7 @@ def _run(args: argparse.Namespace) -> int:
             _say(err, f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}")
     if args.json:
         _write(args.json, report.to_json())
-        _say(err, f"ampdoctor: report written to {args.json}")
+        _say(err, f"ampdoctor: report written to {args.json}", wrap=False)
     if result.exit_code:
         return result.exit_code
     return _strict_status(report, err) if args.strict else 0
@@ -270,7 +270,7 @@ def _report(args: argparse.Namespace) -> int:
             write_html(loaded, args.html)
         except (OSError, ValueError) as exc:
             raise _UsageError(f"cannot write --html {args.html!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        _say(out, f"ampdoctor: HTML report written to {args.html}")
+        _say(out, f"ampdoctor: HTML report written to {args.html}", wrap=False)
     if args.png:
         from ampdoctor.ui.figures import write_pngs
 
@@ -278,7 +278,7 @@ def _report(args: argparse.Namespace) -> int:
             paths = write_pngs(loaded, args.png)
         except (OSError, ValueError) as exc:
             raise _UsageError(f"--png {args.png!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        _say(out, f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}")
+        _say(out, f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}", wrap=False)
     return _strict_status(loaded.report, out) if args.strict else 0
 
 
@@ -313,11 +313,13 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(console: Console, text: str) -> None:
-    """Print ``text`` wrapped between words to the console's width, with a hanging indent (names stay whole)."""
-    from ampdoctor.ui.plain import wrap
+def _say(console: Console, text: str, wrap: bool = True) -> None:
+    """Print ``text`` wrapped between words to the console's width, with a hanging indent (names stay whole);
+    ``wrap=False`` keeps it on one line (a message built around a path, to copy whole)."""
+    from ampdoctor.ui.plain import wrap as wrapped
 
-    console.print("\n".join(wrap(text, console.width)), markup=False, soft_wrap=True, highlight=False)
+    console.print("\n".join(wrapped(text, console.width)) if wrap else text, markup=False, soft_wrap=True,
+                  highlight=False)
 
 
 def _check_writable(path: str, option: str) -> None:
