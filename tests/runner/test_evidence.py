@@ -1,0 +1,46 @@
+"""AMP208 (fp16 autocast without a GradScaler) carries what the watch measured, not only the prediction."""
+
+import torch
+from torch import nn
+
+import ampdoctor
+from ampdoctor.runner.evidence import with_watch_evidence
+
+
+def _train(steps: int = 5):
+    # failures.md row 33: a small mean loss under fp16 autocast and no scaler; its per-element gradients (~3e-9)
+    # are below fp16's smallest subnormal, so the fp16 backward flushes most of them to 0.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 16))
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    x = torch.randn(4096, 16)
+    with torch.no_grad():
+        y = model(x) + 1e-4 * torch.randn(4096, 16)
+    with ampdoctor.watch(model, opt, every=1) as w:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model, opt, w.summary_data()
+
+
+def test_amp208_names_the_measured_fp16_floor_and_the_modules_it_flushes():
+    model, opt, watch = _train()
+    [amp208] = [f for f in ampdoctor.check(model, opt, autocast_dtype=torch.float16).findings if f.code == "AMP208"]
+    assert "measured" not in amp208.detail
+    assert amp208.severity is ampdoctor.Severity.WARNING  # the prediction: it can flush gradients
+    measured = with_watch_evidence(amp208, watch)
+    assert amp208.detail in measured.detail and "The watch measured, at step 4:" in measured.detail
+    assert "every gradient entry of 0, 2 is exactly 0 (the fp16 backward flushed them): nothing trains" \
+        in measured.detail
+    assert measured.severity is ampdoctor.Severity.ERROR  # nothing trains: broken
+
+
+def test_other_findings_and_a_run_without_gradient_data_are_left_alone():
+    model, opt, watch = _train(steps=1)
+    f = ampdoctor.check(model.half(), opt, scaler=torch.amp.GradScaler("cpu")).findings[0]
+    assert with_watch_evidence(f, watch) is f
+    amp208 = ampdoctor.Finding("AMP208", ampdoctor.Severity.WARNING, "torch.autocast", "x")
+    assert with_watch_evidence(amp208, None) is amp208 and with_watch_evidence(amp208, {"gradients": {}}) is amp208
