@@ -7,6 +7,7 @@ import re
 import pytest
 
 import ampdoctor.preflight.rules.config  # noqa: F401  (registers checks)
+import ampdoctor.preflight.rules.distributed  # noqa: F401
 import ampdoctor.preflight.rules.params  # noqa: F401
 import ampdoctor.preflight.rules.wiring  # noqa: F401
 from ampdoctor.core.catalog import PHASES, RULES, get_rule, rules_for_error, select

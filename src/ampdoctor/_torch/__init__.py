@@ -9,5 +9,7 @@ Tested with torch 2.13; the oldest torch the probes are written for is 2.4.
 - `optim`: `LRScheduler._step_count`.
 - `autograd`: `torch._C._current_graph_task_id`, `Variable._execution_engine.queue_callback`.
 - `distributed`: DTensor's `found_inf_reduce_handler`, FSDP2's `_get_fsdp_state()._mp_policy`.
+- `engines`: FSDP2's `_get_fsdp_state()._mp_policy` and `_fsdp_param_groups[0].mesh_info` (reduce dtype, ranks);
+  DDP wrappers of parameters and DeepSpeed / Megatron-LM / apex objects, found by a gc scan only when they can exist.
 - `frames`: a generator's frame locals (`gi_frame.f_locals`), to find the module behind `model.parameters()`.
 """

@@ -209,6 +209,36 @@ RULES: tuple[Rule, ...] = (
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)",
         W, "runtime",
     ),
+    Rule(
+        "AMP210", "fsdp-low-precision-reduce", "FSDP reduces gradients across ranks in fp16 or bf16",
+        "FSDP sums the gradients of N ranks in reduce_dtype, which defaults to param_dtype. In fp16 it divides by "
+        "about sqrt(N) before and after the sum to stay in range, so a gradient above 65504/sqrt(N) overflows to "
+        "inf (a skipped step) and one below 2**-24·sqrt(N) flushes to 0; both grow with N. In bf16 every partial "
+        "sum rounds to 8 significant bits, so small contributions of other ranks are lost.",
+        "from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy\n"
+        "FSDP(model, mixed_precision=MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32))\n"
+        "fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        W, "preflight", (), (),
+    ),
+    Rule(
+        "AMP211", "rank-local-skip", "Ranks decide alone whether to skip a step: sharded gradients, non-sharded scaler",
+        "FSDP (FSDP1) gives each rank one shard of every gradient. A plain GradScaler checks only the local shard for "
+        "inf/NaN, so one rank skips the step while the others apply it, and their loss scales drift apart; the next "
+        "reduce-scatter then sums gradients multiplied by different scales. ShardedGradScaler all-reduces found_inf "
+        "so every rank takes the same decision (FSDP2's DTensor gradients do this for a plain GradScaler).",
+        "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\nscaler = ShardedGradScaler()",
+        E, "preflight", (), (),
+    ),
+    Rule(
+        "AMP212", "engine-owns-precision", "DeepSpeed, Megatron-LM or apex owns mixed precision: not checked inside",
+        "These engines keep their own fp32 master copies (flat partitions), their own loss scaler and their own "
+        "overflow check, all-reduced across ranks. ampdoctor's parameter, optimizer and GradScaler rules "
+        "(AMP1xx-AMP3xx) would read those fp32 copies as tensors outside the model, so they leave the engine's "
+        "objects alone, and --fix neither upcasts nor wraps them.",
+        "# configure precision in the engine itself, e.g. DeepSpeed: {'fp16': {'enabled': True, 'loss_scale': 0}}\n"
+        "# or {'bf16': {'enabled': True}}; Megatron: --fp16/--bf16, --initial-loss-scale",
+        I, "preflight", (), (),
+    ),
     # ---- AMP3xx: model and optimizer wiring ----------------------------------------------------------------
     Rule(
         "AMP301", "optimizer-params-not-in-model", "The optimizer holds tensors that are not the model's parameters",
@@ -306,6 +336,15 @@ RULES: tuple[Rule, ...] = (
         (r"The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler",
          r"A GradScaler instance may only be pickled at the beginning of an iteration"),
         (36,),
+    ),
+    Rule(
+        "AMP411", "ranks-disagree-on-skip", "Ranks disagreed on skipping a step or on the loss scale",
+        "Every rank must take the same decision after unscale_(): skip the step or apply it, and back off or grow "
+        "the scale. When they differ, the replicas (or the shards of one model) are updated on some ranks only, and "
+        "the next gradient reduction mixes gradients multiplied by different loss scales.",
+        "# FSDP1: scaler = ShardedGradScaler()  (all-reduces found_inf)\n"
+        "# own sharding: dist.all_reduce(found_inf, op=dist.ReduceOp.MAX) before deciding to skip",
+        E, "runtime", (), (),
     ),
     # ---- AMP5xx: dtype mismatches --------------------------------------------------------------------------------
     Rule(

@@ -46,6 +46,8 @@ class TrainingSetup:
         autocast_dtype: the dtype of the forward pass's ``torch.autocast``, if known.
         accelerator: an ``accelerate.Accelerator``, if any.
         facts: what process-wide observers saw (``ampdoctor.core.facts.ProcessFacts``), under ``ampdoctor run``.
+        engines: engine objects that own mixed precision themselves (a DeepSpeed ZeRO optimizer, a Megatron-LM
+            ``MixedPrecisionOptimizer``, an apex ``FP16_Optimizer``), when they were handed over explicitly.
 
     >>> s = TrainingSetup(nn.Linear(2, 2))
     >>> [p.name for p in s.params]
@@ -58,6 +60,8 @@ class TrainingSetup:
     autocast_dtype: torch.dtype | None = None
     accelerator: Any = None
     facts: Any = None
+    engines: Any = ()
+    found_engines: Any = field(default=None, init=False, repr=False, compare=False)   # set by the pre-flight rules
     params: list[ParamInfo] = field(init=False)
     _by_id: dict[int, ParamInfo] = field(init=False, repr=False)
 

@@ -70,15 +70,28 @@ def half_param_findings(setup: TrainingSetup, dtype: torch.dtype, code: str, opt
     return findings
 
 
+def _rank() -> tuple[int, int] | None:
+    """Return (rank, world size) in a process group of two or more ranks, else None."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    return (dist.get_rank(), world) if world > 1 else None
+
+
 def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = None) -> list[Finding]:
     """Say, for each tensor of ``optimizer`` without a ``.grad``, why it got none (AMP406, AMP301)."""
     label = optimizer_label(optimizer, setup)
     frozen: list[ParamInfo] = []
     unused: list[ParamInfo] = []
     foreign: list[str] = []
+    unsharded: list[str] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             if not isinstance(p, torch.Tensor) or p.grad is not None:
+                continue
+            if p.requires_grad and p.numel() == 0 and _rank() is not None:
+                unsharded.append(_tensor_name(p, setup, optimizer))   # FSDP gave all its elements to other ranks
                 continue
             info = setup.info(p)
             if info is None and (p.requires_grad and setup.models):
@@ -89,11 +102,24 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
             else:
                 (unused if p.requires_grad else frozen).append(info)
     held = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
+    rank = _rank()
     if not held:
-        return [finding("AMP406", label, f"{label} holds no parameters: its param groups are empty (e.g. a "
-                        "requires_grad filter that matched nothing), so it has nothing to step", step)]
+        why = "e.g. a requires_grad filter that matched nothing"
+        if rank is not None:
+            why = (f"on rank {rank[0]} of {rank[1]}: a sharded or partitioned optimizer (ZeroRedundancyOptimizer, a "
+                   "per-rank parameter split) can leave a rank with nothing, or a requires_grad filter matched nothing "
+                   "here; the other ranks may be stepping, and only this one raised")
+        return [finding("AMP406", label, f"{label} holds no parameters: its param groups are empty ({why}), so it "
+                        "has nothing to step", step)]
     trainable = sum(p.requires_grad for p in held)   # python bools: no device work
     findings = []
+    if unsharded and rank is not None:
+        findings.append(finding(
+            "AMP406", label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
+            f"shard ({_names(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
+            f"other ranks, so they get no .grad on this rank, and a plain GradScaler records no inf check for "
+            f"{label} on this rank only. Use ShardedGradScaler, which creates a found_inf on every rank and "
+            "all-reduces it, so every rank takes the same skip decision (AMP211)", step))
     for module, params in group_by_module(frozen).items():
         why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
         if not trainable:

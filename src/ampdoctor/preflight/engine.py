@@ -9,12 +9,15 @@ import torch
 from torch import nn
 
 import ampdoctor.preflight.rules.config  # noqa: F401  (importing a rule module registers its checks)
+import ampdoctor.preflight.rules.distributed  # noqa: F401
 import ampdoctor.preflight.rules.params  # noqa: F401
 import ampdoctor.preflight.rules.wiring  # noqa: F401
+from ampdoctor._torch.engines import engine_family, unwrap_engine_optimizer
 from ampdoctor.core import catalog
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.preflight.rules import CHECKS
+from ampdoctor.preflight.rules.distributed import without_engines
 from ampdoctor.core.training import TrainingSetup
 
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -24,19 +27,25 @@ def run_preflight(setup: TrainingSetup, select: Iterable[str] = ("AMP",)) -> lis
     """Run the pre-flight checks whose codes start with one of ``select`` and return their findings.
 
     A check that raises is reported as one ``AMP001`` finding naming the rule; the other checks still run, and
-    nothing is raised to the caller.
+    nothing is raised to the caller. Models and optimizers that DeepSpeed, Megatron-LM or apex own are left out of
+    every rule but AMP212, which says so: their fp32 flat partitions are not the model's parameters.
 
     >>> setup = TrainingSetup(torch.nn.Linear(4, 4).half(), scaler=torch.amp.GradScaler("cpu"))
     >>> [f.code for f in run_preflight(setup, select=["AMP1"])]
     ['AMP101']
     """
     findings: list[Finding] = []
+    try:
+        checked = without_engines(setup)
+    except Exception as exc:  # looking for engines must not stop the rules
+        findings.append(Finding("AMP001", Severity.INFO, "rule AMP212", f"{type(exc).__name__}: {exc}"))
+        checked = setup
     for rule in catalog.select(select, phase="preflight"):
         fn = CHECKS.get(rule.code)
         if fn is None:
             continue
         try:
-            findings.extend(fn(setup))
+            findings.extend(fn(setup if rule.code == "AMP212" else checked))
         except Exception as exc:  # a broken check must not break the user's run
             findings.append(Finding("AMP001", Severity.INFO, f"rule {rule.code}", f"{type(exc).__name__}: {exc}"))
     return findings
@@ -59,7 +68,8 @@ def check(
     Args:
         model: the module that is trained, or a list of them.
         optimizer: its optimizer, or a list of them. Without one, the optimizer rules (AMP104, AMP105, AMP204,
-            AMP3xx) have nothing to look at.
+            AMP3xx) have nothing to look at. An engine's optimizer (DeepSpeed's ``DeepSpeedZeroOptimizer``,
+            Megatron-LM's ``MixedPrecisionOptimizer``, apex's ``FP16_Optimizer``) is accepted and reported as AMP212.
         scaler: the ``torch.amp.GradScaler`` (or ``ShardedGradScaler``); taken from ``accelerator.scaler`` when not
             given.
         autocast_dtype: the dtype of the forward's ``torch.autocast``; taken from an accelerator that autocasts when
@@ -81,6 +91,7 @@ def check(
     ['AMP101']
     """
     models = _models(model)
+    engines, optimizer = _engine_optimizers(optimizer)
     optimizers = _optimizers(optimizer)
     if accelerator is not None and not hasattr(accelerator, "mixed_precision"):
         raise TypeError(f"accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}: "
@@ -88,7 +99,8 @@ def check(
     scaler = _scaler(scaler if scaler is not None else getattr(accelerator, "scaler", None))
     autocast_dtype = _autocast_dtype(autocast_dtype, accelerator)
     prefixes = _select(select)
-    setup = TrainingSetup(models, optimizers, scaler, autocast_dtype, accelerator)
+    setup = TrainingSetup(models, optimizers, scaler, autocast_dtype, accelerator,
+                          engines=engines)
     if not setup.params:
         names = ", ".join(type(m).__name__ for m in models)
         raise ValueError(f"model has no parameters ({names}); pass the module that is trained, not an empty "
@@ -128,6 +140,16 @@ def _models(value: Any) -> list[nn.Module]:
         return list(value)
     raise TypeError(f"model must be an nn.Module or a list of them, got {type(value).__name__}: {value!r:.80}; "
                     "pass the module you train")
+
+
+def _engine_optimizers(value: Any) -> tuple[list[Any], Any]:
+    """Split engine optimizers (DeepSpeed, Megatron-LM, apex) off ``value``, each replaced by its torch optimizer."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    engines = [o for o in items if o is not None and not isinstance(o, torch.optim.Optimizer) and engine_family(o)]
+    if not engines:
+        return [], value
+    inner = [unwrap_engine_optimizer(o) if any(o is e for e in engines) else o for o in items]
+    return engines, [o for o in inner if o is not None]
 
 
 def _optimizers(value: Any) -> list[torch.optim.Optimizer]:

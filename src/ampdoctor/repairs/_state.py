@@ -11,6 +11,9 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampdoctor._torch.engines import ddp_wrappers, find_engines
+from ampdoctor.core.dtypes import HALF
+
 # Parameters with an attached MasterWeights. Keyed by identity: a WeakSet would compare tensors with ==.
 _MANAGED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
@@ -80,6 +83,48 @@ def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:
         return ValueError(
             f"parameter {name!r} is complex ({param.dtype}); ampdoctor upcasts real floating parameters only. "
             "Convert it yourself if that is what you want: p.data = p.data.to(torch.complex64)."
+        )
+    return None
+
+
+def master_refusal(name: str, param: torch.Tensor) -> Exception | None:
+    """Return the error explaining why ``MasterWeights`` cannot keep an fp32 master of ``param``, or None."""
+    refusal = upcast_refusal(name, param)
+    if refusal is None and param.dtype not in HALF:
+        refusal = ValueError(
+            f"parameter {name!r} is {param.dtype}; MasterWeights keeps fp16/bf16 compute copies, and fp8 training "
+            "needs scaled matmuls. Use torchao's float8 training, or upcast it first."
+        )
+    if refusal is None and is_managed(param):
+        refusal = ValueError(f"parameter {name!r} ({param.dtype}) already has a MasterWeights; detach that one first.")
+    return refusal
+
+
+def owner_refusal(params: list[torch.Tensor], repair: str, optimizers: list[Any] = ()) -> Exception | None:
+    """Return why ``repair`` must not change ``params``: a DDP reducer or a training engine owns them; else None.
+
+    DDP's reducer built flat per-dtype gradient buckets for these parameters when it was constructed
+    (``reducer.cpp``, ``check_grad_layout``: "Expected <T>, got <U>"), and DeepSpeed, Megatron-LM and apex keep
+    their own fp32 masters and loss scaler.
+    """
+    engines = find_engines([], optimizers, (), params)
+    if engines:
+        engine = engines[0]
+        return ValueError(
+            f"{repair} refused: these parameters belong to {engine.family} ({engine.label}), which keeps its own fp32 "
+            "master copies, loss scaler and overflow check. Set the precision in the engine's own config (DeepSpeed: "
+            "'fp16'/'bf16' sections; Megatron-LM: --fp16/--bf16) rather than upcasting or wrapping what it owns."
+        )
+    wrappers = ddp_wrappers(params)
+    if wrappers:
+        ddp = wrappers[0]
+        return ValueError(
+            f"{repair} refused: the model is wrapped in DistributedDataParallel (over {type(ddp.module).__name__}, "
+            f"gradient_as_bucket_view={getattr(ddp, 'gradient_as_bucket_view', '?')}), whose reducer built its "
+            "gradient buckets for the parameters' current dtype and reduces them during backward; changing their "
+            "dtype or swapping their .data/.grad breaks it ('Expected <T>, got <U>'). Either keep fp32 parameters "
+            "and run the forward under torch.autocast, or repair the bare model before wrapping it: "
+            "ampdoctor.fix(model, opt); model = DistributedDataParallel(model, ...)."
         )
     return None
 

@@ -25,9 +25,10 @@ from torch.utils.hooks import RemovableHandle
 
 from ampdoctor._torch.autograd import current_graph_task_id, queue_backward_callback
 from ampdoctor._torch.scaler import unscales_itself
-from ampdoctor.core.dtypes import HALF, LOW_PRECISION
+from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import optimizer_tensors
-from ampdoctor.repairs._state import check_master_state_dict, is_managed, migrate_state_, set_managed, upcast_refusal
+from ampdoctor.repairs._state import (check_master_state_dict, is_managed, master_refusal, migrate_state_,
+                                      owner_refusal, set_managed)
 
 __all__ = ["MasterWeights", "is_managed"]  # is_managed is re-exported from repairs._state
 
@@ -238,24 +239,15 @@ class MasterWeights(torch.optim.Optimizer):
     # ---- phases -----------------------------------------------------------------------------------------------
     def _select(self, params: list[torch.Tensor], start: int) -> list[tuple[int, torch.Tensor]]:
         """Return (position, parameter) for each trainable fp16/bf16 parameter; raise for any that cannot be."""
-        chosen = []
-        for offset, p in enumerate(params):
-            name = f"param[{start + offset}]"
-            if not p.requires_grad or p.dtype not in LOW_PRECISION:
-                continue
-            refusal = upcast_refusal(name, p)
+        chosen = [(start + i, p) for i, p in enumerate(params) if p.requires_grad and p.dtype in LOW_PRECISION]
+        for index, p in chosen:
+            refusal = master_refusal(f"param[{index}]", p)
             if refusal is not None:
                 raise refusal
-            if p.dtype not in HALF:
-                raise ValueError(
-                    f"parameter {name!r} is {p.dtype}; MasterWeights keeps fp16/bf16 compute copies, and fp8 "
-                    "training needs scaled matmuls. Use torchao's float8 training, or upcast it first."
-                )
-            if is_managed(p):
-                raise ValueError(
-                    f"parameter {name!r} ({p.dtype}) already has a MasterWeights; detach that one first."
-                )
-            chosen.append((start + offset, p))
+        # DDP's reducer and DeepSpeed/Megatron/apex own their parameters' dtype and .data/.grad
+        refusal = owner_refusal([p for _, p in chosen], "MasterWeights", [self.optimizer]) if chosen else None
+        if refusal is not None:
+            raise refusal
         return chosen
 
     def _attach(self, chosen: list[tuple[int, torch.Tensor]]) -> None:

@@ -17,7 +17,8 @@ from torch import nn
 
 from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import keeps_fp32_masters
-from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_,
+from ampdoctor._torch.engines import engine_family
+from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_, owner_refusal,
                                       short_repr, upcast_refusal)
 
 __all__ = ["Change", "fix", "upcast_frozen_norms_", "upcast_trainable_params_"]
@@ -52,7 +53,8 @@ def upcast_trainable_params_(
     Raises:
         TypeError: ``model`` is not a module, ``dtype`` is not a floating dtype, or ``optimizer`` is not an optimizer.
         ValueError: a parameter cannot be upcast in place (DTensor, FSDP flat parameter, meta tensor, complex32),
-            the model is wrapped in FSDP or DDP, or the optimizer is an ``ampdoctor.MasterWeights``.
+            the model is wrapped in FSDP or DDP (inside it or around it), DeepSpeed / Megatron-LM / apex own it, or
+            the optimizer is an ``ampdoctor.MasterWeights``.
 
     >>> import torch
     >>> model = torch.nn.Linear(2, 2).half()
@@ -94,6 +96,10 @@ def upcast_trainable_params_(
             raise refusal  # checked for all parameters before any is changed, so a refusal leaves the model as it was
     if to_upcast:
         _refuse_wrapped_model(model)
+        # a wrapper outside the model (DDP built over it) or an engine that owns it
+        refusal = owner_refusal([p for _, p in to_upcast], "upcast", [optimizer] if optimizer is not None else [])
+        if refusal is not None:
+            raise refusal
     for name, p in to_upcast:
         if is_managed(p):
             raise ValueError(
@@ -212,6 +218,13 @@ def _refuse_wrapped_model(model: nn.Module) -> None:
     for module_name, module in model.named_modules():
         classes = class_names(module)
         where = f"submodule {module_name!r}" if module_name else "the model"
+        family = engine_family(module)
+        if family is not None:
+            raise ValueError(
+                f"{where} is a {family} engine ({type(module).__module__}.{type(module).__name__}), which keeps its own "
+                "fp32 master copies and loss scaler; ampdoctor does not upcast what it owns. Set the precision in its "
+                "config (DeepSpeed: the 'fp16'/'bf16' sections) instead."
+            )
         if "FullyShardedDataParallel" in classes:
             raise ValueError(
                 f"{where} is wrapped in FullyShardedDataParallel ({type(module).__name__}); its parameters are "

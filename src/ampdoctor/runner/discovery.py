@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from ampdoctor._torch.engines import engine_family
 from ampdoctor.core.training import optimizer_chain, optimizer_tensors
 
 
@@ -114,7 +115,9 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules
         modules: every live module (from `scan`), to find parents and owners.
 
     A module seen in a forward whose parameters no optimizer trains (an EMA copy, a frozen teacher) is left out
-    when there are optimizers; without optimizers the seen modules are the models.
+    when there are optimizers; without optimizers the seen modules are the models. An engine module (DeepSpeed's
+    ``DeepSpeedEngine``, Megatron-LM's ``DistributedDataParallel``) is kept: its optimizer steps fp32 flat copies,
+    not the module's parameters, and the pre-flight rules need it to say that the engine owns the precision.
     """
     modules = list(modules)
     parents: dict[int, nn.Module] = {}
@@ -130,7 +133,7 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules
     roots: dict[int, nn.Module] = {}
     for m in seen:
         root = outermost(m, parents)
-        if not trained or any(id(p) in trained for p in root.parameters()):
+        if not trained or engine_family(root) or any(id(p) in trained for p in root.parameters()):
             roots.setdefault(id(root), root)
     covered = {id(p) for r in roots.values() for p in r.parameters()}
     for o in optimizers:

@@ -61,12 +61,38 @@ class RunRepairs:
             trainable = [p for p in model.parameters() if p.requires_grad]
             self._trainable[id(model)] = trainable
             self._model_of.update((i, model) for i in inside)
-            if not any(p.dtype in LOW_PRECISION for p in trainable):
+            low = [p for p in trainable if p.dtype in LOW_PRECISION]
+            if not low:
+                continue
+            if self._refused(setup, model, low):
+                self._trainable[id(model)] = []   # and not re-applied after a downcast either
                 continue
             if any(d is not None for d in dtypes):
                 self._upcast(setup, model)
             else:
                 self._master_weights_for(setup, model)
+
+    def _refused(self, setup: TrainingSetup, model: nn.Module, low: list[torch.Tensor]) -> bool:
+        """Leave ``model`` alone, saying why, when DDP's reducer, FSDP or an engine owns its parameters' dtype.
+
+        Neither repair works there: an upcast after ``DistributedDataParallel(model)`` breaks the reducer's
+        per-dtype buckets, and MasterWeights' ``.data``/``.grad`` swaps fight them; FSDP and DeepSpeed/Megatron/apex
+        keep their own copies. The fix belongs in the script, before the model is wrapped.
+        """
+        from ampdoctor.repairs._state import owner_refusal, upcast_refusal
+
+        refusal = next((r for r in (upcast_refusal(setup.name_of(p), p) for p in low) if r is not None), None)
+        refusal = refusal or owner_refusal(low, "--fix", [o for o in setup.optimizers if owns_any(o, model)])
+        if refusal is None:
+            return False
+        text = str(refusal).rstrip(".")
+        text = text if text.startswith("--fix refused") else f"--fix refused: {text}"
+        message = f"{text}; {type(model).__name__} was left unchanged."
+        refused = self.report.extra.setdefault("fix_refused", [])
+        if message not in refused:   # said once, however often the run is looked at again
+            refused.append(message)
+            self.on_event(f"ampdoctor {message}")   # "ampdoctor --fix refused: ..."
+        return True
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
         """Upcast again before this forward if a validation or resume path cast the model back to half.

@@ -1,0 +1,182 @@
+"""Pre-flight rules AMP210–AMP212: how gradients are reduced across ranks, whether ranks agree on skipping a step,
+and training engines that own mixed precision themselves.
+
+Like ``config.py``, nothing here imports ``torch.distributed``: an FSDP unit can only exist once its module is
+loaded, so the classes are looked up in ``sys.modules``. The FSDP2 policy and mesh are read in
+``ampdoctor._torch.engines``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from ampdoctor._torch.distributed import dtensor_reduces_found_inf
+from ampdoctor._torch.engines import Engine, find_engines, fsdp2_policy, fsdp2_reduce_size
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.preflight.rules import check
+from ampdoctor.preflight.rules.config import _loaded_class, plain_scaler_enabled, scaler_label
+from ampdoctor.preflight.rules.params import listing
+
+
+@dataclass(frozen=True)
+class FsdpUnit:
+    """One FSDP unit that owns parameters: its name, its kind, and how it computes and reduces gradients."""
+
+    name: str
+    fsdp2: bool
+    param_dtype: torch.dtype | None   # the MixedPrecision(Policy) param_dtype, None when not set
+    set_reduce: torch.dtype | None    # the reduce_dtype given, None when not set
+    reduce_dtype: torch.dtype         # the dtype the gradients are summed in (the effective one)
+    ranks: int | None                 # how many ranks the reduction spans, None if unknown
+    sharded: bool                     # False for FSDP1's NO_SHARD (an all-reduce, like DDP)
+
+
+def fsdp_units(setup: TrainingSetup) -> list[FsdpUnit]:
+    """Return the FSDP1 and FSDP2 units of the setup's models that own parameters, in model order."""
+    fsdp1 = _loaded_class("torch.distributed.fsdp", "FullyShardedDataParallel")
+    fsdp2 = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+    if fsdp1 is None and fsdp2 is None:
+        return []
+    units = []
+    for mi, model in enumerate(setup.models):
+        prefix = "" if len(setup.models) == 1 else f"model{mi}."
+        for name, module in model.named_modules():
+            if fsdp1 is not None and isinstance(module, fsdp1):
+                first = next(module.parameters(), None)   # the flat (or original) parameters, in their own dtype
+                if first is None:
+                    continue
+                mp = getattr(module, "mixed_precision", None)
+                param, reduce = getattr(mp, "param_dtype", None), getattr(mp, "reduce_dtype", None)
+                # FSDP1 (_flat_param.py): reduce_dtype None with param_dtype set reduces in param_dtype
+                strategy = str(getattr(getattr(module, "sharding_strategy", None), "name", ""))
+                units.append(FsdpUnit(f"{prefix}{name}" or "(root)", False, param, reduce,
+                                      reduce or param or first.dtype, getattr(module, "world_size", None),
+                                      strategy != "NO_SHARD"))
+            elif fsdp2 is not None and isinstance(module, fsdp2):
+                ranks = fsdp2_reduce_size(module)   # None: the unit owns no parameter group
+                first = next(module.parameters(), None)
+                if ranks is None or first is None:
+                    continue
+                param, reduce = fsdp2_policy(module) or (None, None)
+                # FSDP2 (_fsdp_param.py): reduce_dtype None reduces in param_dtype, else in the parameters' dtype
+                units.append(FsdpUnit(f"{prefix}{name}" or "(root)", True, param, reduce,
+                                      reduce or param or first.dtype, ranks, True))
+    return units
+
+
+def _reduce_cost(dtype: torch.dtype, ranks: int) -> str:
+    if dtype == torch.float16:
+        root = math.sqrt(ranks)
+        return (f"In fp16 the reduction divides by about sqrt({ranks}) ≈ {root:.3g} before the sum and after it, so a "
+                f"gradient entry above 65504/{root:.3g} ≈ {65504 / root:.3g} overflows to inf (a skipped step) and "
+                f"one below 2**-24·{root:.3g} ≈ {2 ** -24 * root:.2g} flushes to 0; both limits move the wrong way "
+                "as ranks are added")
+    return (f"In bf16 each of the {ranks - 1} partial sum(s) of the reduction rounds to 8 significant bits (a relative "
+            f"error up to about {ranks - 1}·2**-9 ≈ {(ranks - 1) * 2 ** -9:.2g}), so what one rank adds below "
+            "1/256 of the running sum is lost")
+
+
+@check("AMP210")
+def fsdp_low_precision_reduce(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag FSDP units that sum gradients over two or more ranks in fp16 or bf16.
+
+    >>> list(fsdp_low_precision_reduce(TrainingSetup(torch.nn.Linear(2, 2))))
+    []
+    """
+    by_dtype: dict[torch.dtype, list[FsdpUnit]] = {}
+    for unit in fsdp_units(setup):
+        if unit.reduce_dtype in (torch.float16, torch.bfloat16) and (unit.ranks or 0) >= 2:
+            by_dtype.setdefault(unit.reduce_dtype, []).append(unit)
+    for dtype, units in by_dtype.items():
+        ranks = max(u.ranks or 0 for u in units)
+        kinds = sorted({"fully_shard (FSDP2)" if u.fsdp2 else "FullyShardedDataParallel" for u in units})
+        unit = units[0]
+        if unit.set_reduce is not None:
+            how = f"reduce_dtype={dtype_name(dtype)} was set"
+        elif unit.param_dtype is not None:
+            how = f"param_dtype={dtype_name(dtype)} and reduce_dtype is not set, so it defaults to param_dtype"
+        else:
+            how = f"the parameters themselves are {dtype_name(dtype)}"
+        yield Finding(
+            "AMP210", Severity.WARNING if dtype == torch.float16 else Severity.INFO, units[0].name,
+            f"{len(units)} {' and '.join(kinds)} unit(s) ({listing([u.name for u in units], 5)}) sum their gradients "
+            f"over {ranks} ranks in {dtype_name(dtype)}: {how}. {_reduce_cost(dtype, ranks)}. Set "
+            "reduce_dtype=torch.float32 (the optimizer's sharded gradients stay in the parameters' dtype).",
+        )
+
+
+@check("AMP211")
+def rank_local_skip(setup: TrainingSetup) -> Iterator[Finding]:
+    """Flag sharded FSDP gradients under an enabled GradScaler that does not all-reduce its found_inf.
+
+    FSDP1 units computing in fp16 are AMP205's (whose scaler also refuses their gradients); FSDP2 is quiet on a
+    torch whose DTensor all-reduces ``found_inf`` (MAX) for a plain GradScaler.
+
+    >>> list(rank_local_skip(TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"))))
+    []
+    """
+    if not plain_scaler_enabled(setup):
+        return
+    synced = dtensor_reduces_found_inf()
+    units = [u for u in fsdp_units(setup)
+             if u.sharded and (u.ranks or 0) >= 2 and u.param_dtype != torch.float16 and not (u.fsdp2 and synced)]
+    if not units:
+        return
+    ranks = max(u.ranks or 0 for u in units)
+    yield Finding(
+        "AMP211", get_rule("AMP211").severity, units[0].name,
+        f"{len(units)} FSDP unit(s) ({listing([u.name for u in units], 5)}) shard their gradients over {ranks} ranks "
+        f"and the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler: scaler.step() checks only this "
+        "rank's shard for inf/NaN, so an overflow in one rank's shard skips the step there while the other ranks "
+        "apply it, and the ranks' loss scales drift apart from then on. Compare after the run: each rank's skipped "
+        "steps and loss scale per step (AMP411).",
+    )
+
+
+def engines_of(setup: TrainingSetup) -> list[Engine]:
+    """Return the DeepSpeed / Megatron-LM / apex engines behind the setup (found once, then kept on it)."""
+    if setup.found_engines is None:
+        setup.found_engines = find_engines(setup.models, setup.optimizers, setup.engines)
+    return setup.found_engines
+
+
+def without_engines(setup: TrainingSetup) -> TrainingSetup:
+    """Return the setup without the models and optimizers an engine owns (its fp32 flat partitions, its model)."""
+    engines = engines_of(setup)
+    if not engines:
+        return setup
+    params = set().union(*(e.params for e in engines))
+    optimizers = set().union(*(e.optimizers for e in engines))
+    models = [m for m in setup.models if not any(id(p) in params for p in m.parameters())]
+    kept = [o for o in setup.optimizers if id(o) not in optimizers and id(unwrap_optimizer(o)) not in optimizers]
+    rest = TrainingSetup(models, kept, setup.scaler, setup.autocast_dtype, setup.accelerator, setup.facts)
+    rest.found_engines = []
+    return rest
+
+
+@check("AMP212")
+def engine_owns_precision(setup: TrainingSetup) -> Iterator[Finding]:
+    """Say, once per engine, that DeepSpeed, Megatron-LM or apex owns mixed precision and what its config says.
+
+    >>> list(engine_owns_precision(TrainingSetup(torch.nn.Linear(2, 2))))
+    []
+    """
+    for engine in engines_of(setup):
+        inner = [o for o in setup.optimizers if id(unwrap_optimizer(o)) in engine.optimizers or id(o) in engine.optimizers]
+        steps = (f"; its fp32 copies are stepped by {', '.join(type(unwrap_optimizer(o)).__name__ for o in inner)}"
+                 if inner else "")
+        said = "; ".join(engine.precision) or "its precision settings were not readable"
+        yield Finding(
+            "AMP212", get_rule("AMP212").severity, type(engine.obj).__name__,
+            f"{engine.family} ({engine.label}) owns mixed precision here ({said}): it keeps fp32 master copies, "
+            f"scales the loss and checks for overflow itself, across ranks{steps}. ampdoctor leaves its "
+            f"{len(engine.params)} model parameter(s) and its optimizer out of AMP1xx-AMP3xx, and --fix does not "
+            "touch them; its loss scale and skipped steps are in its own logs ('OVERFLOW! Rank N Skipping step').",
+        )

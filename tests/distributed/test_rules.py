@@ -1,0 +1,314 @@
+"""Distributed rules on real torch.distributed (gloo, CPU): FSDP reduction dtypes (AMP210), rank-local skip decisions
+(AMP211, AMP411), a rank with no local shard (AMP406), MasterWeights and --fix under real DDP, and DeepSpeed /
+Megatron-LM / apex (AMP212).
+
+DeepSpeed, Megatron-LM and apex are not installed. Their objects are minimal stand-in classes defined here under the
+real module names (``deepspeed.runtime.engine.DeepSpeedEngine``...), registered in ``sys.modules`` for one test: they
+stand in for uninstalled third-party engines, with the attributes those engines really have. torch itself is never
+mocked: the models, optimizers, GradScalers, process groups, FSDP and DDP are real.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup
+from ampdoctor.guard.history import rank_disagreements
+from ampdoctor.preflight.engine import check, run_preflight
+from ampdoctor.repairs.master_weights import MasterWeights
+from ampdoctor.repairs.upcast import fix, upcast_trainable_params_
+from ampdoctor.runner.repair import RunRepairs
+
+SCRIPTS = Path(__file__).parent / "rule_scripts"
+ROOT = Path(__file__).parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), **extra}
+
+
+# ---- two ranks: FSDP1 / FSDP2 and the scalers (one run of the script, read by the tests below) -------------------
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    port = str(_port())
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "fsdp_rules.py")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=_env(RANK=str(r), WORLD_SIZE="2", PORT=port, OUT=str(out))) for r in range(2)]
+    try:
+        logs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _codes(ranks, case):
+    return [[(code, severity) for code, severity, _ in rank[case]] for rank in ranks]
+
+
+def test_amp210_fires_for_fp16_and_bf16_reductions_over_two_ranks(two_ranks):
+    assert _codes(two_ranks, "fsdp1_fp16_reduce_default") == [[("AMP210", "warning")]] * 2
+    assert _codes(two_ranks, "fsdp2_fp16_default_plain_scaler") == [[("AMP210", "warning")]] * 2
+    assert _codes(two_ranks, "fsdp2_bf16_default") == [[("AMP210", "info")]] * 2
+    detail = two_ranks[0]["fsdp1_fp16_reduce_default"][0][2]
+    assert "over 2 ranks in float16" in detail and "defaults to param_dtype" in detail and "sqrt(2)" in detail
+
+
+def test_amp210_quiet_when_reduce_dtype_is_fp32(two_ranks):
+    assert _codes(two_ranks, "fsdp1_fp32_reduce") == [[], []]
+    assert _codes(two_ranks, "fsdp2_fp32_reduce_plain_scaler") == [[], []]
+
+
+def test_amp211_fires_for_fsdp1_with_a_plain_gradscaler(two_ranks):
+    assert _codes(two_ranks, "fsdp1_fp32_plain_scaler") == [[("AMP211", "error")]] * 2
+    # fp16 FSDP1 units under a plain scaler stay AMP205's
+    assert _codes(two_ranks, "fsdp1_fp16_plain_scaler") == [[("AMP205", "error")]] * 2
+
+
+def test_amp211_quiet_for_sharded_scaler_no_shard_and_fsdp2(two_ranks):
+    assert _codes(two_ranks, "fsdp1_fp32_sharded_scaler") == [[], []]
+    assert _codes(two_ranks, "fsdp1_no_shard_plain_scaler") == [[], []]   # all-reduced, like DDP
+    assert ("AMP211", "error") not in _codes(two_ranks, "fsdp2_fp16_default_plain_scaler")[0]   # DTensor: MAX
+
+
+def test_amp411_the_ranks_of_a_plain_scaler_really_disagree(two_ranks):
+    records = {r: rank["skips_plain_scaler"] for r, rank in enumerate(two_ranks)}
+    assert records[0]["skipped_steps"] == [1] and records[1]["skipped_steps"] == []   # the premise, really run
+    [finding] = rank_disagreements(records)
+    assert finding.code == "AMP411" and finding.step == 1
+    assert "rank(s) 0 skipped the step while rank(s) 1 applied it" in finding.detail
+    assert "rank 0 32768, rank 1 65536" in finding.detail
+
+
+def test_amp411_quiet_when_a_sharded_scaler_keeps_the_ranks_together(two_ranks):
+    records = {r: rank["skips_sharded_scaler"] for r, rank in enumerate(two_ranks)}
+    assert records[0]["skipped_steps"] == records[1]["skipped_steps"] == [1]
+    assert rank_disagreements(records) == []
+
+
+def test_amp406_names_the_rank_without_a_local_shard(two_ranks):
+    rank0, rank1 = (rank["no_shard_plain_scaler"] for rank in two_ranks)
+    assert rank0 == []   # rank 0 holds the weight and steps
+    assert rank1[-1][2] == "AssertionError: No inf checks were recorded for this optimizer."
+    [amp406] = [detail for code, _, detail in rank1 if code == "AMP406"]
+    assert "on rank 1 of 2" in amp406 and "no local shard" in amp406 and "ShardedGradScaler" in amp406
+
+
+def test_amp406_quiet_with_a_sharded_scaler(two_ranks):
+    assert [rank["no_shard_sharded_scaler"] for rank in two_ranks] == [[], []]
+
+
+# ---- one rank: real DDP ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def process_group():
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_port()}")
+    yield
+    dist.destroy_process_group()
+
+
+def _half():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)).half()
+
+
+def test_master_weights_refuses_a_ddp_model(process_group):
+    ddp = nn.parallel.DistributedDataParallel(_half())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"DistributedDataParallel .*torch\.autocast.*before wrapping"):
+        MasterWeights(opt)
+    assert all(p.dtype == torch.float16 for p in ddp.parameters())
+
+
+def test_master_weights_quiet_for_a_bare_model_while_a_process_group_runs(process_group):
+    model = _half()
+    master = MasterWeights(torch.optim.SGD(model.parameters(), lr=0.1))
+    assert len(master.masters) == 4
+    master.detach()
+
+
+def test_upcast_refuses_the_model_inside_a_ddp_wrapper(process_group):
+    inner = _half()
+    ddp = nn.parallel.DistributedDataParallel(inner)
+    with pytest.raises(ValueError, match="wrapped in DistributedDataParallel"):
+        upcast_trainable_params_(inner)   # the names users know: ampdoctor run hands over the inner module
+    assert all(p.dtype == torch.float16 for p in ddp.parameters())
+
+
+def test_upcast_before_wrapping_then_ddp_trains(process_group):
+    model = _half()
+    assert len(fix(model)) == 4
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = ddp(torch.ones(2, 4)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in ddp.parameters())
+
+
+def test_run_repairs_refuse_a_ddp_model_and_change_nothing(process_group):
+    inner = _half()
+    ddp = nn.parallel.DistributedDataParallel(inner)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    report, events = Report(), []
+    for autocast in (None, torch.float16):   # fp32 master weights, then an upcast: both refused
+        RunRepairs(report, events.append).apply(TrainingSetup(inner, opt), [inner], {id(inner): autocast})
+    assert report.changes == [] and all(p.dtype == torch.float16 for p in inner.parameters())
+    assert len(report.extra["fix_refused"]) == 1 and events[0].startswith("ampdoctor --fix refused: the model is wrapped")
+    ddp(torch.ones(2, 4, dtype=torch.float16)).float().sum().backward()   # the reducer still works
+    assert all(p.grad.dtype == torch.float16 for p in inner.parameters())
+
+
+def test_run_fix_on_a_ddp_script_refuses_and_the_script_trains():
+    result = subprocess.run([sys.executable, "-m", "ampdoctor", "run", "--fix", "--no-watch",
+                             str(SCRIPTS / "ddp_half.py")], capture_output=True, text=True, timeout=180, env=_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("ampdoctor --fix refused: the model is wrapped in DistributedDataParallel") == 1
+    assert "master weight added" not in result.stderr
+    assert result.stdout.count("weight torch.float16") == 3
+
+
+# ---- DeepSpeed, Megatron-LM, apex: stand-ins for engines that are not installed -----------------------------------
+def _install(monkeypatch, module: str, *classes: type) -> None:
+    """Register ``classes`` under ``module`` (and its parents) in sys.modules, for this test only."""
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for cls in classes:
+        cls.__module__ = module
+        setattr(sys.modules[module], cls.__name__, cls)
+
+
+def _deepspeed(monkeypatch):
+    class DeepSpeedZeroOptimizer:   # deepspeed/runtime/zero/stage_1_and_2.py
+        def __init__(self, params, inner):
+            self.bit16_groups = [list(params)]
+            self.single_partition_of_fp32_groups = inner.param_groups[0]["params"]
+            self.optimizer = inner
+            self.cur_scale = 65536.0
+
+    class DeepSpeedEngine(nn.Module):   # deepspeed/runtime/engine.py
+        def __init__(self, module, optimizer):
+            super().__init__()
+            self.module, self.optimizer = module, optimizer
+
+        def forward(self, x):
+            return self.module(x)
+
+        def fp16_enabled(self):
+            return True
+
+        def bfloat16_enabled(self):
+            return False
+
+        def loss_scale(self):
+            return 0   # the config value: 0 means dynamic
+
+        def zero_optimization_stage(self):
+            return 2
+
+    _install(monkeypatch, "deepspeed.runtime.zero.stage_1_and_2", DeepSpeedZeroOptimizer)
+    _install(monkeypatch, "deepspeed.runtime.engine", DeepSpeedEngine)
+    model = _half()
+    flat = nn.Parameter(torch.cat([p.detach().float().flatten() for p in model.parameters()]))   # fp32 partition
+    zero = DeepSpeedZeroOptimizer(model.parameters(), torch.optim.AdamW([flat], lr=1e-3))
+    return DeepSpeedEngine(model, zero), zero
+
+
+def test_amp212_deepspeed_engine_is_reported_once_and_its_partitions_raise_nothing(monkeypatch):
+    engine, zero = _deepspeed(monkeypatch)
+    for optimizer in (zero, zero.optimizer):   # check(engine, engine.optimizer), or the torch optimizer inside
+        report = check(engine, optimizer, autocast_dtype=torch.float16)
+        assert report.codes() == ["AMP212"], report.codes()
+    detail = report.findings[0].detail
+    for said in ("DeepSpeed", "fp16 enabled", "ZeRO stage 2", "dynamic loss scale", "current loss scale 65536", "AdamW"):
+        assert said in detail
+    # ampdoctor run: the engine module and the torch optimizer found by the gc scan
+    assert [f.code for f in run_preflight(TrainingSetup(engine, zero.optimizer))] == ["AMP212"]
+
+
+def test_fix_refuses_an_engine_owned_model(monkeypatch):
+    engine, zero = _deepspeed(monkeypatch)
+    with pytest.raises(ValueError, match="DeepSpeed engine"):
+        fix(engine)
+    with pytest.raises(ValueError, match="belong to DeepSpeed"):
+        upcast_trainable_params_(engine.module, zero.optimizer)
+    report, events = Report(), []
+    RunRepairs(report, events.append).apply(TrainingSetup(engine, zero.optimizer), [engine], {id(engine): None})
+    assert report.changes == [] and "belong to DeepSpeed" in events[0]
+    assert all(p.dtype == torch.float16 for p in engine.parameters())
+
+
+def test_amp212_megatron_optimizer_found_behind_its_torch_optimizer(monkeypatch):
+    class MixedPrecisionOptimizer:   # megatron/core/optimizer/optimizer.py
+        pass
+
+    class Float16OptimizerWithFloat16Params(MixedPrecisionOptimizer):
+        def __init__(self, params, inner):
+            self.float16_groups = [list(params)]
+            self.optimizer = inner
+            self.config = types.SimpleNamespace(fp16=False, bf16=True)
+
+        def get_loss_scale(self):
+            return torch.tensor(1.0)
+
+    _install(monkeypatch, "megatron.core.optimizer.optimizer", MixedPrecisionOptimizer,
+             Float16OptimizerWithFloat16Params)
+    model = _half().bfloat16()
+    main = [nn.Parameter(p.detach().float()) for p in model.parameters()]   # fp32 main params
+    megatron = Float16OptimizerWithFloat16Params(model.parameters(), torch.optim.Adam(main))
+    # ampdoctor run sees the model and the torch optimizer; the wrapper is found in the gc scan
+    findings = run_preflight(TrainingSetup(model, megatron.optimizer, autocast_dtype=torch.bfloat16))
+    assert [f.code for f in findings] == ["AMP212"]
+    assert "Megatron-LM" in findings[0].detail and "bf16 enabled" in findings[0].detail
+
+
+def test_amp212_apex_fp16_optimizer(monkeypatch):
+    class FP16_Optimizer:   # apex/fp16_utils/fp16_optimizer.py
+        def __init__(self, inner, params):
+            self.fp16_groups = [list(params)]
+            self.fp32_from_fp16_groups = [inner.param_groups[0]["params"]]
+            self.optimizer = inner
+            self.dynamic_loss_scale = True
+            self.loss_scaler = types.SimpleNamespace(cur_scale=1024.0)
+
+    _install(monkeypatch, "apex.fp16_utils.fp16_optimizer", FP16_Optimizer)
+    model = _half()
+    apex = FP16_Optimizer(torch.optim.SGD([nn.Parameter(p.detach().float()) for p in model.parameters()], lr=0.1),
+                          model.parameters())
+    report = check(model, apex)
+    assert report.codes() == ["AMP212"]
+    assert "dynamic loss scale" in report.findings[0].detail and "current loss scale 1024" in report.findings[0].detail
+
+
+def test_amp212_quiet_without_an_engine_and_the_fp32_copies_are_flagged_then():
+    # the same fp32 copies with no engine owning them really are stale tensors: AMP301/AMP302 stay on
+    model = _half()
+    opt = torch.optim.SGD([nn.Parameter(p.detach().float()) for p in model.parameters()], lr=0.1)
+    codes = check(model, opt).codes()
+    assert "AMP212" not in codes and {"AMP301", "AMP302"} <= set(codes)
