@@ -160,3 +160,51 @@ def test_a_watch_only_log_ends_with_the_watch_findings(tmp_path: Path) -> None:
     codes = {f["code"] for f in end["findings"]}
     assert codes == {f.code for f in w.findings()} and "AMP601" in codes  # the overflowing Linear is named
     assert {f.code for f in load_any(str(tmp_path / LOG_NAME)).report.findings} == codes
+
+
+def _train(log_dir: Path, steps: int) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt, every=1, log_dir=str(log_dir)):
+        for _ in range(steps):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_a_restart_appends_a_new_run_instead_of_truncating(tmp_path: Path, capsys) -> None:
+    from ampdoctor.monitor.recorder import read_runs
+    from ampdoctor.ui.cli import main
+
+    _train(tmp_path, 3)
+    with open(tmp_path / LOG_NAME, "ab") as f:
+        f.write(b'{"type": "step", "step": 3, "gradi')   # the first run was killed mid-line
+    _train(tmp_path, 2)   # the restarted job writes to the same folder
+    runs = read_runs(tmp_path / LOG_NAME)
+    assert len(runs) == 2 and runs[1].header["schema"] == SCHEMA and runs[1].header["started"] > 0
+    assert [r["step"] for r in runs[0].records if r["type"] == "step"] == [0, 1, 2]   # not truncated
+    assert runs[0].problems[0].startswith(f"line {runs[1].line - 1}: not JSON")       # the torn line, alone
+    header, records, problems = read_log(tmp_path / LOG_NAME)   # the last run
+    assert problems == [] and [r["step"] for r in records if r["type"] == "step"] == [0, 1]
+    assert main(["report", str(tmp_path / LOG_NAME)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"this file holds 2 runs (a restart appends): showing the last, run 2 from line {runs[1].line}" in shown
+    assert "run 1 from line 1 (3 sampled step(s), ended)" in shown
+
+
+def test_each_rank_writes_its_own_file_and_a_single_process_keeps_the_old_name(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    from ampdoctor.monitor.recorder import rank_of_log
+
+    with FlightRecorder(tmp_path, {}) as single:
+        pass
+    assert single.path.name == LOG_NAME and "rank" not in read_log(single.path)[0]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with FlightRecorder(tmp_path, {}) as rec:
+            rec.write({"type": "step", "step": 0})
+        assert rank_of_log(rec.path) == int(rank)
+        assert (read_log(rec.path)[0]["rank"], read_log(rec.path)[0]["world_size"]) == (int(rank), 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOG_NAME, "ampdoctor.rank0.jsonl", "ampdoctor.rank1.jsonl"]

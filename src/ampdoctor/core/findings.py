@@ -34,6 +34,9 @@ class Finding:
         cause: the part of ``detail`` that findings of one rule at many places share (``"trainable float16 while
             GradScaler('cuda') is enabled …"``), or ``None``. Findings with one code and one cause are shown as one
             row listing the places (``core.grouping``); the JSON keeps each.
+        ranks: the ranks of a distributed run (torchrun) that saw this very finding, e.g. ``(0, 1)``, or ``None``
+            outside a distributed run. Findings that differ between ranks (another place, other numbers) are kept
+            apart, each with its own ranks.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'
@@ -46,12 +49,28 @@ class Finding:
     step: int | None = None
     process: str | None = None
     cause: str | None = None
+    ranks: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)
         data["severity"] = self.severity.value
-        for optional in ("process", "cause"):
+        for optional in ("process", "cause", "ranks"):
             if data[optional] is None:
                 del data[optional]
+        if self.ranks is not None:
+            data["ranks"] = list(self.ranks)
         return data
+
+
+def read_ranks(value: object) -> tuple[int, ...] | None:
+    """Return the ``ranks`` of a finding read back from JSON: sorted distinct ints, or ``None`` for anything else.
+
+    >>> read_ranks([1, 0, 1]), read_ranks(None), read_ranks(["0"])
+    ((0, 1), None, None)
+    """
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in value):
+        return None
+    return tuple(sorted(set(value)))

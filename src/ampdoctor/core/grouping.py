@@ -80,6 +80,7 @@ def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:
     """
     groups: dict[tuple[object, ...], list[Finding]] = {}
     for f in findings:
-        key = (f.code, f.severity, f.process, ("cause", f.cause) if f.cause is not None else ("detail", f.detail))
+        key = (f.code, f.severity, f.process, f.ranks,
+               ("cause", f.cause) if f.cause is not None else ("detail", f.detail))
         groups.setdefault(key, []).append(f)
     return [FindingGroup(tuple(members)) for members in groups.values()]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.environment import Environment
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding, Severity, read_ranks
 
 SCHEMA = "ampdoctor.core.report/1"
 NOTHING_OBSERVED = ("nothing was trained in a process ampdoctor could see: no model ran a forward pass with "
@@ -29,6 +29,9 @@ class Report:
         observed: how many models, optimizers and GradScalers a run saw (``ampdoctor run``); None for a
             ``check()`` of given objects. A run that saw none of them has diagnosed nothing, so it is never ``ok``.
 
+    A distributed run's report (`merge_rank_reports`) also has ``extra["ranks"]``; a rank whose report never
+    arrived is listed under ``missing`` there, and makes the report not ``ok``: it was not diagnosed.
+
     >>> r = Report([Finding("AMP101", Severity.ERROR, "fc.weight", "float16")])
     >>> r.to_dict()["findings"][0]["title"]
     'Trainable float16 parameters under an fp16 GradScaler'
@@ -47,9 +50,16 @@ class Report:
         return self.observed is not None and not any(self.observed.values())
 
     @property
+    def missing_ranks(self) -> list[int]:
+        """Return the ranks of a distributed run whose report never reached the merge (killed, hung, other node)."""
+        missing = (self.extra.get("ranks") or {}).get("missing") if isinstance(self.extra.get("ranks"), dict) \
+            else None
+        return [r for r in missing if isinstance(r, int)] if isinstance(missing, list) else []
+
+    @property
     def ok(self) -> bool:
         """True when there is no error or warning finding, no exception, and the run saw what it trained."""
-        return (self.exception is None and not self.saw_nothing
+        return (self.exception is None and not self.saw_nothing and not self.missing_ranks
                 and not any(f.severity is not Severity.INFO for f in self.findings))
 
     def codes(self) -> list[str]:
@@ -58,8 +68,8 @@ class Report:
 
     def add(self, finding: Finding) -> None:
         """Append ``finding`` unless the same code at the same place is already reported (first one wins)."""
-        key = (finding.code, finding.where, finding.process)
-        if all((f.code, f.where, f.process) != key for f in self.findings):
+        key = (finding.code, finding.where, finding.process, finding.ranks)
+        if all((f.code, f.where, f.process, f.ranks) != key for f in self.findings):
             self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,7 +90,8 @@ class Report:
             "environment": dict(self.environment),
             "changes": self.changes,
             **({} if self.observed is None else {"observed": self.observed}),
-            **({"why_not_ok": NOTHING_OBSERVED} if self.saw_nothing else {}),
+            **({"why_not_ok": NOTHING_OBSERVED} if self.saw_nothing else
+               {"why_not_ok": missing_ranks_sentence(self.missing_ranks)} if self.missing_ranks else {}),
             **self.extra,
         }
 
@@ -101,7 +112,7 @@ class Report:
                 findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
                                         str(item["detail"]), step if isinstance(step, int) else None,
                                         process if isinstance(process, str) else None,
-                                        cause if isinstance(cause, str) else None))
+                                        cause if isinstance(cause, str) else None, read_ranks(item.get("ranks"))))
             except (AttributeError, KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
         exception = _typed(data, "exception", dict, None)
@@ -119,6 +130,67 @@ class Report:
         from ampdoctor.ui.console import render_report
 
         yield render_report(self)
+
+
+def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = (),
+                       failed_at: Mapping[int, float] | None = None, notes: Iterable[str] = ()) -> Report:
+    """Return one report of a distributed run from each rank's own report.
+
+    A finding seen by several ranks (same code, place, detail, step, process) becomes one finding listing them in
+    ``ranks``; findings that differ by rank stay apart, each with its own ranks. The exception is the first crash
+    (by ``failed_at``, seconds since the epoch; else the lowest rank that crashed), with its ``rank``; every crash is
+    in ``extra["ranks"]["exceptions"]``. Ranks in ``expected`` without a report are listed as ``missing``.
+
+    >>> a = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
+    >>> b = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
+    >>> merged = merge_rank_reports({0: a, 1: b}, expected=[0, 1, 2])
+    >>> [f.ranks for f in merged.findings], merged.observed, merged.missing_ranks
+    ([(0, 1)], {'models': 2}, [2])
+    """
+    order = sorted(reports)
+    merged = Report(environment=reports[order[0]].environment if order else {})
+    where: dict[tuple[object, ...], int] = {}
+    for rank in order:
+        for f in reports[rank].findings:
+            key = (f.code, f.severity, f.where, f.detail, f.step, f.process, f.cause)
+            if key in where:
+                seen = merged.findings[where[key]]
+                merged.findings[where[key]] = replace(seen, ranks=tuple(sorted({*(seen.ranks or ()), rank})))
+            else:
+                where[key] = len(merged.findings)
+                merged.findings.append(replace(f, ranks=f.ranks or (rank,)))
+    crashed = [r for r in order if reports[r].exception is not None]
+    times = failed_at or {}
+    if crashed:
+        first = min(crashed, key=lambda r: (times.get(r, float("inf")), r))
+        merged.exception = {**reports[first].exception, "rank": str(first)}
+    if any(reports[r].observed is not None for r in order):
+        merged.observed = {}
+        for r in order:
+            for kind, count in (reports[r].observed or {}).items():
+                merged.observed[kind] = merged.observed.get(kind, 0) + count
+    changes = [reports[r].changes for r in order]
+    if changes and all(c == changes[0] for c in changes):
+        merged.changes = list(changes[0])   # the same repair on every rank (DDP replicas): once
+    else:
+        merged.changes = [f"[rank {r}] {c}" for r in order for c in reports[r].changes]
+    if order:
+        merged.extra.update(reports[order[0]].extra)
+    merged.extra["ranks"] = {
+        "reported": order,
+        "missing": sorted(set(expected) - set(order)),
+        "exceptions": [{"rank": r, "type": reports[r].exception.get("type", ""),
+                        "message": reports[r].exception.get("message", "")[:2000]} for r in crashed],
+        **({"notes": list(notes)} if notes else {}),
+    }
+    return merged
+
+
+def missing_ranks_sentence(missing: list[int]) -> str:
+    """Return why a distributed run's report is not ``ok``: the ranks that sent none."""
+    names = ", ".join(map(str, missing))
+    return (f"no report from rank{'s' if len(missing) > 1 else ''} {names}: not diagnosed (killed, still running, "
+            "or on a node whose files rank 0 cannot read)")
 
 
 def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:

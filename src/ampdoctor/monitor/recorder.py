@@ -7,31 +7,57 @@ rest. ``os.fsync`` per line would also survive a power loss or kernel panic, but
 off by default (``fsync=False``), and the file is fsynced once when the recorder closes.
 
 Format. Lines are JSON objects written by ``json.dumps``; non-finite floats use Python's ``NaN`` / ``Infinity`` /
-``-Infinity`` tokens, which ``json.loads`` reads back. The first line has ``"type": "header"`` and
-``"schema": "ampdoctor.watch/1"``; step lines have ``"type": "step"``; a clean close writes ``"type": "end"``.
+``-Infinity`` tokens, which ``json.loads`` reads back. A run starts with a ``"type": "header"`` line
+(``"schema": "ampdoctor.watch/1"``); step lines have ``"type": "step"``; a clean close writes ``"type": "end"``.
 Reading never unpickles or evaluates anything.
+
+Runs and ranks. A file is appended to, never truncated: a restarted job (torchrun ``--max-restarts``, a resumed
+script) adds a new header line and its own steps after the earlier runs, which stay readable (`read_runs`;
+`read_log` reads the last run). In a distributed job of more than one process each rank writes its own file,
+``ampdoctor.rank{r}.jsonl``, so ranks never write into one file; a single process keeps ``ampdoctor.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["SCHEMA", "LOG_NAME", "FlightRecorder", "read_log"]
+__all__ = ["SCHEMA", "LOG_NAME", "FlightRecorder", "LogRun", "log_name", "rank_of_log", "read_log", "read_runs"]
 
 SCHEMA = "ampdoctor.watch/1"
 LOG_NAME = "ampdoctor.jsonl"
+_RANK_LOG = re.compile(r"^ampdoctor\.rank(\d+)\.jsonl$")
+
+
+def log_name(rank: int | None = None) -> str:
+    """Return the flight recorder's file name: ``ampdoctor.rank{r}.jsonl`` for a rank, else ``ampdoctor.jsonl``.
+
+    >>> log_name(), log_name(1)
+    ('ampdoctor.jsonl', 'ampdoctor.rank1.jsonl')
+    """
+    return LOG_NAME if rank is None else f"ampdoctor.rank{rank}.jsonl"
+
+
+def rank_of_log(path: str | os.PathLike[str]) -> int | None:
+    """Return the rank a per-rank file name names (``ampdoctor.rank3.jsonl`` -> 3), else ``None``."""
+    match = _RANK_LOG.match(Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 class FlightRecorder:
     """Write a header and then one JSON line per record to ``path``, flushing each line.
 
     Args:
-        path: the file, or a directory to put ``ampdoctor.jsonl`` in (created if missing). An existing file is
-            replaced: one file holds one run.
-        header: JSON-ready fields of the header line; ``type`` and ``schema`` are added.
+        path: the file, or a directory to put the log in (created if missing): ``ampdoctor.jsonl``, or
+            ``ampdoctor.rank{r}.jsonl`` in a distributed job of several processes. An existing file is appended
+            to: this run starts with its own header line after the earlier runs.
+        header: JSON-ready fields of the header line; ``type``, ``schema``, ``started`` (seconds since the epoch),
+            ``pid``, and in a distributed job ``rank`` and ``world_size`` are added.
         fsync: also ``os.fsync`` after every line (survives power loss; costs a disk round trip per line).
 
     >>> import tempfile
@@ -42,17 +68,24 @@ class FlightRecorder:
     """
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = False) -> None:
+        from ampdoctor.core.ranks import from_environment, from_process_group
+
+        ranked = from_process_group() or from_environment()
         target = Path(path)
         if target.suffix != ".jsonl":
             target.mkdir(parents=True, exist_ok=True)
-            target = target / LOG_NAME
+            target = target / log_name(ranked.rank if ranked else None)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
         self.path = target
         self.fsync = fsync
         self.lines = 0
-        self._file: IO[str] | None = open(target, "w", encoding="utf-8")
-        self.write({"type": "header", "schema": SCHEMA, **header})
+        self._file: IO[str] | None = open(target, "a", encoding="utf-8")
+        if self._file.tell() > 0 and not _ends_with_newline(target):
+            self._file.write("\n")  # an earlier run killed mid-line: its torn line stays a line of its own
+        where = {"rank": ranked.rank, "world_size": ranked.world_size} if ranked else {}
+        self.write({"type": "header", "schema": SCHEMA, "started": round(time.time(), 3), "pid": os.getpid(),
+                    **where, **header})
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line and flush it; raise ``ValueError`` once closed."""
@@ -105,15 +138,33 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+@dataclass
+class LogRun:
+    """One run in a flight recorder file: its header (``None`` for lines before any header), its records, the
+    problems met while reading them, and the line its header is on."""
+
+    header: dict[str, Any] | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    line: int = 1
+
+
 def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
-    """Read a flight recorder file; return ``(header, records, problems)``.
+    """Read a flight recorder file; return ``(header, records, problems)`` of its last run.
 
     Args:
         path: the ``.jsonl`` file, or the directory holding ``ampdoctor.jsonl``.
 
     ``records`` are the step and end lines that parse. ``problems`` names, with its line number, each line that
     was skipped: a torn last line (the process stopped while writing it), a line that is not JSON or not a JSON
-    object, a missing or foreign header. Only ``json.loads`` is used.
+    object, a missing or foreign header. Only ``json.loads`` is used. A file that a restarted job appended to
+    holds several runs; the earlier ones are read by `read_runs`.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.jsonl"
@@ -122,50 +173,72 @@ def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, list[
     >>> header["schema"], records, problems
     ('ampdoctor.watch/1', [], ['line 2: torn last line (20 bytes, no newline): the writer stopped mid-line'])
     """
+    runs = read_runs(path)
+    if not runs:
+        return None, [], ["empty file: no header line"]
+    last = runs[-1]
+    return last.header, last.records, last.problems
+
+
+def read_runs(path: str | os.PathLike[str]) -> list[LogRun]:
+    """Read every run of a flight recorder file, oldest first (each header line starts one); see `read_log`.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.jsonl"
+    >>> _ = p.write_text('{"type": "header", "schema": "ampdoctor.watch/1"}\\n{"type": "step", "step": 0}\\n'
+    ...                  '{"type": "header", "schema": "ampdoctor.watch/1"}\\n')
+    >>> [(run.line, len(run.records)) for run in read_runs(p)]
+    [(1, 1), (3, 0)]
+    """
     target = Path(path)
     if target.is_dir():
         target = target / LOG_NAME
     data = target.read_bytes()
-    header: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = []
-    problems: list[str] = []
+    runs: list[LogRun] = []
     lines = data.split(b"\n")
     torn = lines[-1] if lines and lines[-1] else None  # text after the last newline: never finished
     complete = lines[:-1]
+
+    def current(number: int) -> LogRun:
+        if not runs:  # lines before any header: a run without one
+            runs.append(LogRun(None, line=number))
+        return runs[-1]
+
     for number, raw in enumerate(complete, start=1):
         if not raw.strip():
             continue
         try:
             item = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            problems.append(f"line {number}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]}); skipped")
+            current(number).problems.append(
+                f"line {number}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]}); skipped")
             continue
         if not isinstance(item, dict):
-            problems.append(f"line {number}: a JSON {type(item).__name__}, not an object; skipped")
+            current(number).problems.append(f"line {number}: a JSON {type(item).__name__}, not an object; skipped")
             continue
         if item.get("type") == "header":
-            if header is None:
-                header = item
-                if item.get("schema") != SCHEMA:
-                    problems.append(f"line {number}: header schema {item.get('schema')!r}, expected {SCHEMA!r}")
+            if len(runs) == 1 and runs[0].header is None and not runs[0].records:
+                runs[0] = LogRun(item, problems=runs[0].problems, line=number)  # only garbage came before it
             else:
-                problems.append(f"line {number}: a second header; skipped")
+                runs.append(LogRun(item, line=number))
+            if item.get("schema") != SCHEMA:
+                runs[-1].problems.append(f"line {number}: header schema {item.get('schema')!r}, expected {SCHEMA!r}")
             continue
-        if header is None and not problems:
-            problems.append(f"line {number}: the file does not start with a header line")
-        records.append(item)
+        run = current(number)
+        if run.header is None and not run.problems:
+            run.problems.append(f"line {number}: the file does not start with a header line")
+        run.records.append(item)
     if torn is not None:
         number = len(complete) + 1
+        run = current(number)
         try:
             item = json.loads(torn.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             item = None
         if isinstance(item, dict) and item.get("type") != "header":  # cut exactly before its newline: whole
-            records.append(item)
-            problems.append(f"line {number}: no newline at the end; the record is complete and kept")
+            run.records.append(item)
+            run.problems.append(f"line {number}: no newline at the end; the record is complete and kept")
         else:
-            problems.append(f"line {number}: torn last line ({len(torn)} bytes, no newline): "
-                            f"the writer stopped mid-line")
-    if header is None and not complete and torn is None:
-        problems.append("empty file: no header line")
-    return header, records, problems
+            run.problems.append(f"line {number}: torn last line ({len(torn)} bytes, no newline): "
+                                f"the writer stopped mid-line")
+    return runs

@@ -8,6 +8,7 @@ GradScaler guard and the numerics watch, applies fixes when asked, and explains 
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 import weakref
 from collections import Counter
@@ -22,6 +23,7 @@ from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
+from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
@@ -78,6 +80,10 @@ class Doctor:
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
         self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
+        # This process's rank, read from torch.distributed at the first look (the script may destroy its group
+        # before the end); None outside a process group of several ranks.
+        self.rank_info: RankInfo | None = None
+        self.failed_at: float | None = None  # when the script raised (time.time()), to order the ranks' crashes
 
     # ---- attach / detach -------------------------------------------------------------------------------------
     def attach(self) -> "Doctor":
@@ -220,6 +226,8 @@ class Doctor:
         if not self.models:
             return
         first = self.setup is None
+        if self.rank_info is None:
+            self.rank_info = from_process_group()
         self.setup = self._build_setup(scaler)
         self._handles += self._observers.attach_fsdp()   # FSDP is imported by now if the script uses it
         self._diagnosed.update(self.setup.optimizers)
@@ -297,6 +305,9 @@ class Doctor:
         """Explain ``exc`` from the catalog, record it in the report and return the findings."""
         from ampdoctor.explanations.crash import explain_exception
 
+        self.failed_at = time.time()
+        if self.rank_info is None:
+            self.rank_info = from_process_group()
         self.report.exception = {
             "type": type(exc).__name__,
             "message": str(exc)[:10_000],

@@ -72,6 +72,7 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
          children: ChildProcesses | None) -> RunResult:
     doctor = doctor or Doctor()
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    hook_before = sys.excepthook
     sys.argv = argv
     sys.path.insert(0, path0)  # what `python script.py` / `python -m` does
     exit_code, explained = 0, False
@@ -89,7 +90,7 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
                     traceback.print_exc()
                 except BaseException as exc:  # the script failed: keep its traceback and status
                     exit_code = 1
-                    traceback.print_exception(type(exc), exc, without_own_frames(exc.__traceback__, shown_path))
+                    _print_exception(exc, without_own_frames(exc.__traceback__, shown_path), hook_before)
                     explained = bool(doctor.explain(exc))
     finally:
         sys.argv = saved_argv
@@ -99,6 +100,23 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
         # A parent that failed because its child failed is explained by what the child's Doctor found.
         explained = explained or any(f.process is not None for f in doctor.report.findings)
     return RunResult(exit_code, doctor.report, explained)
+
+
+def _print_exception(exc: BaseException, tb: Any, hook_before: Any) -> None:
+    """Print the script's exception as Python would: through an excepthook the script installed, if any.
+
+    ``torch.distributed.init_process_group`` installs one that prefixes each line with ``[rank1]:``, so the
+    ranks' tracebacks under torchrun read as they do without ampdoctor. A hook that was there before the script
+    (another tool's, or one left by an earlier run in this process) is not the script's: it is not used.
+    """
+    hook = sys.excepthook
+    if hook is not hook_before and hook is not sys.__excepthook__:
+        try:
+            hook(type(exc), exc, tb)
+            return
+        except Exception:
+            pass  # a broken hook: print it ourselves
+    traceback.print_exception(type(exc), exc, tb)
 
 
 def _exit_status(code: object) -> int:

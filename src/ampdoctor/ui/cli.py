@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Sequence
 
 from rich.console import Console
@@ -139,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.children import ChildProcesses
     from ampdoctor.runner.launcher import run_module, run_script
-    from ampdoctor.ui.console import render_report
+    from ampdoctor.runner.rank_reports import RankExchange
 
     err = Console(stderr=True, highlight=False)
     if args.module is not None:
@@ -165,7 +166,9 @@ def _run(args: argparse.Namespace) -> int:
         _check_log_dir(args.log_dir)
     options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
                    activations=args.activations)
-    doctor = Doctor(**options, on_event=lambda line: _say(err, line))
+    exchange = RankExchange.for_this_process()   # None outside a torchrun job of several processes
+    say = (lambda line: None) if exchange and exchange.rank else (lambda line: _say(err, line))  # rank 0 speaks
+    doctor = Doctor(**options, on_event=say)
     children = None if args.no_children else ChildProcesses(options)
     if args.module is not None:
         module, *module_args = args.module
@@ -176,22 +179,67 @@ def _run(args: argparse.Namespace) -> int:
     else:
         script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
         result = run_script(args.script, script_args, doctor, children=children)
-    report = result.report
+    try:
+        return _finish_run(args, result, doctor, exchange, err)
+    finally:
+        if exchange is not None:
+            exchange.finish()   # a SIGTERM that came while waiting for the other ranks is delivered now
+
+
+def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchange: object, err: Console) -> int:
+    """Print the report, write the JSON and the log's report line; under torchrun, once, for the whole job."""
+    from ampdoctor.runner.rank_reports import label_rank
+    from ampdoctor.ui.console import render_report
+
+    own = result.report
+    _append_to_log(own, err)   # each rank's own log ends with its own report
+    failed_at, json_path = doctor.failed_at or (time.time() if result.exit_code else None), args.json
+    if exchange is not None:
+        exchange.send(own, result.exit_code, result.explained, failed_at)
+        if exchange.rank != 0:   # rank 0 speaks for the job; a failed rank speaks only where rank 0 could not
+            mine, lines = exchange.unreported(own, result.exit_code, result.explained)
+            if mine is not None:
+                err.print(render_report(mine, show_exception=False))
+            for line in lines:
+                _say(err, f"ampdoctor: {line}")
+            if mine is not None and args.json:   # rank 0 may never write it; if it still does, it writes the merge
+                _write(args.json, mine.to_json())
+                _say(err, f"ampdoctor: rank {exchange.rank}'s report written to {args.json}", wrap=False)
+            return result.exit_code   # --strict is decided by rank 0, on the whole job's report
+        report = exchange.collect(own, result.exit_code, result.explained, failed_at)
+    elif doctor.rank_info is not None:   # a process group made by hand: no launch to meet in; each rank reports
+        report, json_path = label_rank(own, doctor.rank_info.rank, json_path)
+    else:
+        report = own
     if doctor.watch_summary is not None and (report.extra.get("watch") or {}).get("steps"):
         err.print(doctor.watch_summary)   # a run that crashed before its first step has no numbers to show
     repaired = {f["code"] for f in report.extra.get("fixed", [])}
     left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]
-    if left or result.exit_code or report.saw_nothing:
-        err.print(render_report(report, show_exception=False))   # the traceback above ends with the same line
+    own_rank = exchange.rank if exchange is not None else doctor.rank_info.rank if doctor.rank_info else None
+    mine_first = not report.exception or report.exception.get("rank") in (None, str(own_rank))
+    if left or result.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
+        # the traceback above ends with this process's own exception; another rank's is shown with its rank
+        err.print(render_report(exchange.shown(report) if exchange else report, show_exception=not mine_first))
     elif report.changes:
-        listed = f", and listed as info in {args.json}" if args.json else ""
+        listed = f", and listed as info in {json_path}" if json_path else ""
         _say(err, f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
                   f"({', '.join(sorted(repaired))}) is still in the script{listed}")
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         err.print(render_report(report, show_exception=False))
-    if result.exit_code and report.exception and not result.explained:
-        _say(err, f"ampdoctor: the script failed with {report.exception['type']}, which is not a known "
+    for line in exchange.summary_lines(report, own) if exchange is not None else []:
+        _say(err, f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
+    if mine_first and result.exit_code and own.exception and not result.explained:
+        _say(err, f"ampdoctor: the script failed with {own.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.")
+    if json_path:
+        _write(json_path, report.to_json())
+        _say(err, f"ampdoctor: report written to {json_path}", wrap=False)
+    if exchange is not None:
+        exchange.announce(report)
+    return result.exit_code or (_strict_status(report, err) if args.strict else 0)
+
+
+def _append_to_log(report: object, err: Console) -> None:
     log_path = (report.extra.get("watch") or {}).get("log_path")
     if log_path:
         from ampdoctor.monitor.recorder import append_report
@@ -200,12 +248,6 @@ def _run(args: argparse.Namespace) -> int:
             append_report(log_path, report.to_dict())
         except OSError as exc:
             _say(err, f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}")
-    if args.json:
-        _write(args.json, report.to_json())
-        _say(err, f"ampdoctor: report written to {args.json}", wrap=False)
-    if result.exit_code:
-        return result.exit_code
-    return _strict_status(report, err) if args.strict else 0
 
 
 def _explain(args: argparse.Namespace) -> int:

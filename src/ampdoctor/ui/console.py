@@ -21,7 +21,7 @@ from rich.text import Text
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import NOTHING_OBSERVED
+from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence
 from ampdoctor.ui.plain import INDENT, PlainLines, wrap
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -61,7 +61,8 @@ class FindingsView(PlainLines):
             title = _title(row.code)
             head = f"{row.code} {row.severity.value}{_step(row)} {where}" + (f": {title}" if title else "")
             yield from _styled(wrap(head, width), row.code, row.severity)
-            for text in _place_lines(places) + ([f"in {row.process}"] if row.process else []) + [row.detail]:
+            for text in _place_lines(places) + ([f"in {row.process}"] if row.process else []) + _ranks(row) + [
+                    row.detail]:
                 yield from map(Text, wrap(text, width, INDENT, INDENT))
 
     def table(self, width: int) -> RenderableType:
@@ -80,6 +81,8 @@ class FindingsView(PlainLines):
             what = Text("\n".join(_place_lines(row.places) or row.places), style="bold")
             if row.process:
                 what.append(f"\nin {row.process}", style="italic")
+            for line in _ranks(row):
+                what.append(f"\n{line}", style="italic")
             if _title(row.code):
                 what.append("\n" + _title(row.code), style="bold")
             what.append("\n" + row.detail)
@@ -90,6 +93,27 @@ class FindingsView(PlainLines):
 def _noun(group: FindingGroup) -> str:
     # a cause is shared by findings made one per module (core.grouping); other groups share a whole sentence
     return "modules" if group.first.cause is not None else "places"
+
+
+def _ranks(group: FindingGroup) -> list[str]:
+    """Return ``["on ranks 0, 1"]`` for findings of a distributed run, ``[]`` for one process."""
+    seen = list(dict.fromkeys(f.ranks for f in group.findings if f.ranks))
+    if not seen:
+        return []
+    ranks = sorted({r for each in seen for r in each})
+    text = f"on rank{'s' if len(ranks) > 1 else ''} {_spans(ranks)}"
+    return [text if len(seen) == 1 else f"{text} (not every place on every rank; the JSON report has each)"]
+
+
+def _spans(ranks: list[int]) -> str:
+    """Return ``0-3, 6`` for ranks 0, 1, 2, 3, 6."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
 
 
 def _step(group: FindingGroup) -> str:
@@ -210,7 +234,11 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
     """
     parts: list[RenderableType] = []
     if report.exception and show_exception:
-        parts.append(Text(f"{report.exception.get('type')}: {report.exception.get('message')}", style="bold red"))
+        rank = f"on rank {report.exception['rank']}: " if report.exception.get("rank") else ""
+        parts.append(Text(f"{rank}{report.exception.get('type')}: {report.exception.get('message')}",
+                          style="bold red"))
+    if getattr(report, "missing_ranks", None):
+        parts.append(Text(f"ampdoctor: {missing_ranks_sentence(report.missing_ranks)}", style="bold yellow"))
     if report.changes:
         parts.append(_Changes(list(report.changes)))
     if report.findings:
@@ -223,7 +251,7 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         parts.append(Text(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
                           "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
                           style="bold yellow"))
-    elif not report.exception:
+    elif not report.exception and not getattr(report, "missing_ranks", None):
         parts.append(Text("ampdoctor: no mixed-precision problems found", style="green"))
     return Group(*parts)
 

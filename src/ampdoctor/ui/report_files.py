@@ -15,7 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding, Severity, read_ranks
 from ampdoctor.core.report import Report
 from ampdoctor.ui.run_data import RunData, read_run
 
@@ -31,6 +31,8 @@ class Loaded:
     header: dict[str, Any] | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what was read and how, e.g. earlier runs in the same file
+    ranks: dict[int, "Loaded"] = field(default_factory=dict)  # a folder of per-rank logs: each rank's own
 
     @property
     def is_log(self) -> bool:
@@ -42,7 +44,8 @@ class Loaded:
 
 
 def load_any(path: str) -> Loaded:
-    """Load ``path``: a ``report.json`` from ``ampdoctor run --json`` or an ``ampdoctor.jsonl`` flight recorder.
+    """Load ``path``: a ``report.json`` from ``ampdoctor run --json``, an ``ampdoctor.jsonl`` flight recorder, or a
+    folder holding ``ampdoctor.jsonl`` or the per-rank ``ampdoctor.rank{r}.jsonl`` files of a distributed run.
 
     Raises:
         ValueError: the file is neither, with what was found.
@@ -50,9 +53,14 @@ def load_any(path: str) -> Loaded:
     """
     from ampdoctor.monitor.recorder import LOG_NAME
 
+    if os.path.isdir(path):
+        ranked = _rank_logs(path)
+        if ranked:
+            return _load_ranks(path, ranked)
     target = os.path.join(path, LOG_NAME) if os.path.isdir(path) else path
     if not os.path.isfile(target):
-        raise ValueError(f"no such file: {path!r}; pass a report.json or an ampdoctor.jsonl flight recorder")
+        raise ValueError(f"no such file: {path!r}; pass a report.json, an ampdoctor.jsonl flight recorder or the "
+                         "folder of a distributed run's ampdoctor.rank*.jsonl files")
     size = os.path.getsize(target)
     if size > MAX_BYTES:
         raise ValueError(f"{path!r} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES // 2**20} MiB "
@@ -80,13 +88,70 @@ def load_any(path: str) -> Loaded:
 
 
 def _load_log(path: str, target: str) -> Loaded:
-    from ampdoctor.monitor.recorder import read_log
+    from ampdoctor.monitor.recorder import read_runs
 
     try:
-        header, records, problems = read_log(target)
+        runs = read_runs(target)
     except RecursionError:
         raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor flight recorder") from None
-    return Loaded(path, _log_report(header, records), header, records, problems)
+    if not runs:
+        return Loaded(path, _log_report(None, []), None, [], ["empty file: no header line"])
+    last = runs[-1]
+    notes = []
+    if len(runs) > 1:   # a restarted job appended to the same file: show its last run, say where the others are
+        earlier = ", ".join(f"run {i + 1} from line {run.line} ({_steps(run.records)} sampled step(s), "
+                            f"{'ended' if _ended(run.records) else 'no end line: stopped or killed'})"
+                            for i, run in enumerate(runs[:-1]))
+        notes.append(f"this file holds {len(runs)} runs (a restart appends): showing the last, run {len(runs)} "
+                     f"from line {last.line}; earlier: {earlier}")
+    return Loaded(path, _log_report(last.header, last.records), last.header, last.records, last.problems, notes)
+
+
+def _steps(records: list[dict[str, Any]]) -> int:
+    return sum(1 for r in records if r.get("type") == "step")
+
+
+def _ended(records: list[dict[str, Any]]) -> bool:
+    return any(r.get("type") in ("end", "report") for r in records)
+
+
+def _rank_logs(folder: str) -> dict[int, str]:
+    from ampdoctor.monitor.recorder import rank_of_log
+
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        rank = rank_of_log(name)
+        if rank is not None and os.path.isfile(os.path.join(folder, name)):
+            found[rank] = os.path.join(folder, name)
+    return found
+
+
+def _load_ranks(folder: str, paths: dict[int, str]) -> Loaded:
+    """Load the per-rank logs of one distributed run together: findings merged with their ranks, the lowest
+    rank's steps for the tables and plots, and a line per rank saying how far it got."""
+    from ampdoctor.core.report import merge_rank_reports
+
+    loaded: dict[int, Loaded] = {}
+    for rank, target in sorted(paths.items()):
+        size = os.path.getsize(target)
+        if size > MAX_BYTES:
+            raise ValueError(f"{target!r} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES // 2**20} MiB "
+                             "ampdoctor reads; pass a smaller log")
+        loaded[rank] = _load_log(target, target)
+    worlds = {h.get("world_size") for h in (one.header or {} for one in loaded.values())}
+    world = max((w for w in worlds if isinstance(w, int) and 0 < w <= 1_000_000), default=None)
+    expected = range(world) if world else ()
+    report = merge_rank_reports({r: one.report for r, one in loaded.items()}, expected=expected)
+    notes, problems = [], []
+    for rank, one in loaded.items():
+        state = "ended" if _ended(one.records) else "no end line: the process stopped or was killed mid-run"
+        steps = [r["step"] for r in one.records if r.get("type") == "step" and isinstance(r.get("step"), int)]
+        last = f", last sampled step {steps[-1]}" if steps else ""
+        notes.append(f"rank {rank}: {len(steps)} sampled step(s){last}; {state}")
+        notes.extend(f"rank {rank}: {note}" for note in one.notes)
+        problems.extend(f"rank {rank}: {p}" for p in one.problems)
+    first = loaded[min(loaded)]
+    return Loaded(folder, report, first.header, first.records, problems, notes, loaded)
 
 
 def _log_report(header: dict[str, Any] | None, records: list[dict[str, Any]]) -> Report:
@@ -112,7 +177,7 @@ def _finding(item: Any) -> Finding | None:
         step, process, cause = item.get("step"), item.get("process"), item.get("cause")
         return Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]), str(item["detail"]),
                        step if isinstance(step, int) else None, process if isinstance(process, str) else None,
-                       cause if isinstance(cause, str) else None)
+                       cause if isinstance(cause, str) else None, read_ranks(item.get("ranks")))
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
@@ -125,7 +190,7 @@ def combine(log: Loaded, report: Loaded) -> Loaded:
     (['x'], 'a.jsonl + r.json')
     """
     return Loaded(f"{log.path} + {report.path}", report.report, log.header, log.records,
-                  log.problems + report.problems)
+                  log.problems + report.problems, log.notes + report.notes, log.ranks)
 
 
 def run_data(loaded: Loaded) -> RunData:
@@ -163,12 +228,14 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     """Return a console view: the sampled steps, reading problems, then the findings (tables only, no plots)."""
     from ampdoctor.ui.figures import INSTALL_HINT, have_matplotlib
 
-    if not loaded.is_log:
+    if not loaded.is_log and not loaded.notes:
         return loaded.report
-    parts: list[RenderableType] = []
+    parts: list[RenderableType] = [Text(note) for note in loaded.notes]
     header = loaded.header or {}
     steps = [r for r in loaded.records if r.get("type") == "step" and isinstance(r.get("step"), int)]
     title = f"flight recorder {loaded.path}: {len(steps)} sampled step(s)"
+    if loaded.ranks:
+        title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
     if header.get("ampdoctor"):
         title += f", ampdoctor {header.get('ampdoctor')}"
     table = Table(title=title)

@@ -1,0 +1,139 @@
+"""`ampdoctor run` under torchrun: two real processes on gloo (CPU), real DDP and a real GradScaler.
+
+Each test launches ``python -m torch.distributed.run --nproc-per-node 2 -m ampdoctor run ...`` on
+``scripts/ddp_train.py`` in a subprocess with a timeout. Rank 0 prints one report and writes one JSON for the job;
+each rank keeps its own flight recorder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ampdoctor.monitor.recorder import read_log, read_runs
+from ampdoctor.ui.cli import main
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+TIMEOUT = 120  # the runs take 5-20 s; a hang must fail the test, not the suite
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp_path: Path, *args: str, launcher: list[str] | None = None, default_folder: bool = False,
+            port: int | None = None) -> tuple[int, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and
+           not k.startswith(("TORCHELASTIC_", "AMPDOCTOR_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
+    if not default_folder:   # a killed rank 0 leaves the other ranks' files: here, not in the temporary directory
+        env["AMPDOCTOR_RANK_DIR"] = str(tmp_path / "exchange")
+    port = str(port or _free_port())
+    # No --max-restarts: with gloo, torchrun's own restart fails here now and then without ampdoctor too
+    # (attempt 1's connectFullMesh reaches attempt 0's address), so a relaunch stands for the restart.
+    launch = launcher or [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", port]
+    if launcher:
+        launch = launch + ["--main_process_port", port]
+    proc = subprocess.run([*launch, "-m", "ampdoctor", "run", *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _ampdoctor_lines(output: str) -> list[str]:
+    """The lines ampdoctor printed: not the scripts' tracebacks (prefixed ``[rankN]:``) nor torchrun's."""
+    return [line for line in output.splitlines() if not line.startswith("[rank")]
+
+
+def test_the_seed_error_on_every_rank_is_one_diagnosis_listing_both_ranks(tmp_path: Path) -> None:
+    port = _free_port()
+    code, output = _launch(tmp_path, "--json", "report.json", "--log-dir", "logs", str(SCRIPT), "seed",
+                           default_folder=True, port=port)
+    assert code != 0, output[-3000:]   # the script's own failure, passed on by torchrun
+    lines = _ampdoctor_lines(output)
+    assert lines.count("ampdoctor findings") == 1, output[-5000:]      # printed once, by rank 0
+    assert sum(line.startswith("ampdoctor: report written to") for line in lines) == 1
+    assert sum(line.startswith("AMP101 error") for line in lines) == 1
+    assert "    on ranks 0, 1" in lines
+    # both ranks' tracebacks keep torch's "[rankN]:" prefix, as without ampdoctor
+    assert "[rank0]: ValueError: Attempting to unscale FP16 gradients." in output
+    assert "[rank1]: ValueError: Attempting to unscale FP16 gradients." in output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP101", [0, 1])]
+    assert report["ranks"]["reported"] == [0, 1] and report["ranks"]["missing"] == []
+    assert [e["rank"] for e in report["ranks"]["exceptions"]] == [0, 1]
+    assert report["observed"]["optimizers"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json") == ["report.json"]
+    assert not list(Path(tempfile.gettempdir()).glob(f"ampdoctor-*-ranks-127.0.0.1-{port}-*"))   # cleared
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["ampdoctor.rank0.jsonl",
+                                                                      "ampdoctor.rank1.jsonl"]
+    for rank in (0, 1):
+        header, records, problems = read_log(tmp_path / "logs" / f"ampdoctor.rank{rank}.jsonl")
+        assert problems == [] and (header["rank"], header["world_size"]) == (rank, 2)
+        assert records[-1]["type"] == "report"   # each rank's log ends with its own report
+
+
+def test_a_crash_on_rank_1_alone_is_reported_with_its_rank_and_a_relaunch_appends(tmp_path: Path) -> None:
+    # Rank 1 unscales twice (AMP401) while rank 0 goes on into the next all-reduce, where it blocks, then fails
+    # ("Connection closed by peer") or is stopped by torchrun: rank 0's outcome must not hide rank 1's crash.
+    code, output = _launch(tmp_path, "--log-dir", "logs", str(SCRIPT), "crash1")
+    assert code != 0, output[-5000:]
+    lines = _ampdoctor_lines(output)
+    first = lines.index("ampdoctor findings")
+    assert re.match(r"AMP401 error \(step 2\)", lines[first + 1]), lines[first:first + 6]
+    assert "    on rank 1" in lines[first + 1:first + 6]
+    assert sum(line.startswith("AMP401 error") for line in lines) == 1   # once, by whichever rank could
+    # The job is launched again into the same folder (a requeued job): each rank's file gets a new run.
+    code, output = _launch(tmp_path, "--log-dir", "logs", str(SCRIPT), "clean")
+    assert code == 0 and "ampdoctor: no mixed-precision problems found" in output, output[-5000:]
+    for rank in (0, 1):
+        runs = read_runs(tmp_path / "logs" / f"ampdoctor.rank{rank}.jsonl")
+        assert len(runs) == 2 and all(run.header["rank"] == rank for run in runs)
+        assert [r["step"] for r in runs[1].records if r["type"] == "step"] == list(range(8))
+    crashed = read_runs(tmp_path / "logs" / "ampdoctor.rank1.jsonl")[0]
+    final = [r for r in crashed.records if r["type"] == "report"]
+    assert final and final[0]["report"]["exception"]["type"] == "RuntimeError"
+    assert [f["code"] for f in final[0]["report"]["findings"]] == ["AMP401"]
+
+
+def test_a_killed_rank_leaves_readable_logs_that_report_renders(tmp_path: Path, capsys) -> None:
+    code, output = _launch(tmp_path, "--every", "1", "--log-dir", "logs", str(SCRIPT), "kill1", "20")
+    assert code != 0, output[-3000:]
+    logs = tmp_path / "logs"
+    header, records, problems = read_log(logs / "ampdoctor.rank1.jsonl")
+    steps = [r["step"] for r in records if r["type"] == "step"]
+    assert header["rank"] == 1 and steps == list(range(6))     # SIGKILL at step 6: steps 0-5 are on disk
+    assert all(r["type"] == "step" for r in records)             # never closed
+    assert all("torn last line" in p for p in problems)
+    header0, records0, _ = read_log(logs / "ampdoctor.rank0.jsonl")
+    assert header0["rank"] == 0 and len(records0) >= 6
+    assert main(["report", str(logs)]) == 0
+    shown = capsys.readouterr().out
+    assert "rank 1: 6 sampled step(s), last sampled step 5; no end line" in " ".join(shown.split())
+    assert "findings: all 2 ranks" in shown
+
+
+def test_accelerate_launch_on_torchrun_gives_the_same_one_report(tmp_path: Path) -> None:
+    # `accelerate launch --cpu --num_processes 2` starts one process (CPU multi-process needs mpirun), so the
+    # multi-process launch is --multi_gpu, which runs torchrun underneath; it works on a CPU with gloo.
+    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    if not os.path.exists(launcher):
+        pytest.skip("accelerate is not installed")
+    code, output = _launch(tmp_path, "--json", "report.json", str(SCRIPT), "seed",
+                           launcher=[launcher, "launch", "--multi_gpu", "--num_processes", "2",
+                                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    assert code != 0, output[-3000:]
+    assert _ampdoctor_lines(output).count("ampdoctor findings") == 1, output[-5000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP101", [0, 1])]
