@@ -6,11 +6,13 @@ format counts leave out negligible entries (at most ``floor`` times the largest 
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, FLOOR, FORMATS, GradStats
 from ampdoctor.monitor.gradients import rows_to_dicts
@@ -299,3 +301,69 @@ def test_norms_only_leaves_counts_out() -> None:
 def test_all_zero_gradient() -> None:
     got = ours([torch.zeros(5)], 1.0, False)[0]
     assert got["min_nonzero"] == math.inf and got["zero_frac"] == 1.0 and got["fp16_underflow"] == 0.0
+
+
+# ---- the hot path: ATen ops per sampled step, counted by a dispatch mode (deterministic, no timing) ---------------
+class _Ops(TorchDispatchMode):
+    """Count the ATen ops dispatched inside the mode, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _grads(n: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(64, 32, generator=gen) for _ in range(n)] + [torch.randn(5000, generator=gen)]
+
+
+# Pinned: the ops of one full-statistics compute of 4 float32 gradients on CPU (3 of 2048 entries, 1 of 5000, so
+# examined whole and sampled), after the first call built the plan. Raise it only on purpose.
+OPS_PER_COMPUTE = 226
+
+
+def test_the_ops_of_a_sampled_compute_are_pinned_and_there_is_no_bincount() -> None:
+    stats = GradStats([g.numel() for g in _grads(3)], sample=4096)
+    grads, scale = _grads(3), torch.tensor(1024.0)
+    stats.compute(grads, scale, scaled=True)  # builds the plan and the buffers once
+    with _Ops() as mode:
+        stats.compute(grads, scale, scaled=True)
+    assert "bincount" not in mode.ops  # bincount reads its largest bin on the host: a sync per call on CUDA
+    assert sum(mode.ops.values()) == OPS_PER_COMPUTE, dict(mode.ops)
+
+
+def test_ops_other_than_the_per_tensor_extremes_do_not_grow_with_the_number_of_tensors() -> None:
+    counts = []
+    for n in (3, 23):
+        grads = _grads(n)
+        stats = GradStats([g.numel() for g in grads], sample=4096)
+        stats.compute(grads, None)
+        with _Ops() as mode:
+            stats.compute(grads, None)
+        counts.append(mode.ops)
+    grown = {op: counts[1][op] - counts[0].get(op, 0) for op in counts[1] if counts[1][op] != counts[0].get(op, 0)}
+    # CPU: one BLAS dot and one aminmax per tensor (faster there than foreach kernels), the rest is batched
+    assert grown == {"dot": 20, "aminmax": 20, "stack": 0} or set(grown) <= {"dot", "aminmax", "view", "reshape",
+                                                                             "_reshape_alias"}, grown
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_a_full_compute_never_syncs_and_matches_cpu() -> None:
+    grads = _grads(3) + [torch.tensor([0.0, float("inf"), 1.0]), torch.tensor([float("nan"), 2.0])]
+    stats_cpu, stats_gpu = GradStats([g.numel() for g in grads]), GradStats([g.numel() for g in grads])
+    want = stats_cpu.compute(grads, torch.tensor(1024.0), scaled=True)
+    cuda = [g.cuda() for g in grads]
+    scale = torch.tensor(1024.0, device="cuda")
+    stats_gpu.compute(cuda, scale, scaled=True)  # the plan's index tensors are built (and copied) once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync raises
+    try:
+        got = stats_gpu.compute(cuda, scale, scaled=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=0, equal_nan=True)

@@ -33,3 +33,149 @@ def fsdp2_param_dtype(module: Any) -> torch.dtype | None:
         return None
     dtype = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
+
+
+# ---- gradient layouts: which gradients are shards, and over which process groups --------------------------------
+# A layout is ("local", ()) for a gradient that holds its whole value on this rank (plain tensor, DDP replica,
+# replicated DTensor, FSDP1 NO_SHARD), ("sharded", groups) for one whose rows are split over each group's ranks
+# (FSDP2 / TP ``Shard`` DTensors, sharded FSDP1 flat parameters), and ("partial", ()) for a DTensor that is a
+# pending sum (``Partial``): its statistics are not a function of the parts' statistics.
+Layout = tuple[str, tuple[Any, ...]]
+LOCAL: Layout = ("local", ())
+
+
+def distributed_world() -> int:
+    """Return the world size of the default process group, 1 when none is initialised (or no torch.distributed)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return 1
+        return int(dist.get_world_size())
+    except Exception:  # a torch without c10d, or a group being torn down
+        return 1
+
+
+def process_rank() -> int | None:
+    """Return this process's rank in the default group, None when no process group is initialised."""
+    if distributed_world() == 1 and not _initialised():
+        return None
+    try:
+        return int(sys.modules["torch.distributed"].get_rank())
+    except Exception:
+        return None
+
+
+def _initialised() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and dist.is_available() and dist.is_initialized()
+    except Exception:
+        return False
+
+
+def param_layout(param: Any, fsdp1: dict[int, Layout]) -> Layout:
+    """Return the layout of ``param``'s gradient (see ``Layout``), read from the parameter, the same on every rank.
+
+    Args:
+        param: a parameter the optimizer steps.
+        fsdp1: ``fsdp1_layouts(model)``: the layouts of FSDP1 flat parameters (and of their original parameters).
+    """
+    if id(param) in fsdp1:
+        return fsdp1[id(param)]
+    placements = getattr(param, "placements", None)
+    mesh = getattr(param, "device_mesh", None)
+    if placements is None or mesh is None:
+        return LOCAL
+    if any(_is(p, "is_partial") for p in placements):
+        return ("partial", ())
+    groups = tuple(mesh.get_group(dim) for dim, p in enumerate(placements) if _is(p, "is_shard"))
+    return ("sharded", groups) if groups else LOCAL
+
+
+def grad_layout(grad: Any) -> str:
+    """Return ``"local"``, ``"sharded"`` or ``"partial"`` for a gradient as it is (a DTensor's placements)."""
+    placements = getattr(grad, "placements", None)
+    if placements is None or getattr(grad, "to_local", None) is None:
+        return "local"
+    if any(_is(p, "is_partial") for p in placements):
+        return "partial"
+    return "sharded" if any(_is(p, "is_shard") for p in placements) else "local"
+
+
+def _is(placement: Any, test: str) -> bool:
+    check = getattr(placement, test, None)
+    return bool(check()) if callable(check) else False
+
+
+def fsdp1_layouts(model: Any) -> dict[int, Layout]:
+    """Return ``{id(parameter): layout}`` for the flat parameters of every FSDP1 unit in ``model`` (and the original
+    parameters they hold with ``use_orig_params=True``): sharded over the unit's ``process_group`` unless its
+    strategy is ``NO_SHARD``. Empty when FSDP1 was never imported or the model has no unit."""
+    fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    cls = getattr(fsdp, "FullyShardedDataParallel", None)
+    out: dict[int, Layout] = {}
+    if cls is None or not hasattr(model, "modules"):
+        return out
+    for module in model.modules():
+        if not isinstance(module, cls):
+            continue
+        handle = getattr(module, "_handle", None)
+        flat = getattr(handle, "flat_param", None)
+        if flat is None:
+            continue
+        strategy = getattr(getattr(module, "sharding_strategy", None), "name", "")
+        layout: Layout = LOCAL if strategy == "NO_SHARD" or module.world_size == 1 else \
+            ("sharded", (module.process_group,))
+        for p in [flat, *(getattr(flat, "_params", None) or [])]:
+            out[id(p)] = layout
+    return out
+
+
+def flat_param_padding(param: Any) -> int:
+    """Return the zero entries FSDP1 appended to this rank's shard of a flat parameter, 0 for anything else."""
+    if not getattr(param, "_is_flat_param", False):
+        return 0
+    return int(getattr(param, "_shard_numel_padded", 0) or 0)
+
+
+def local_numel(param: Any) -> int:
+    """Return the number of entries of ``param`` held on this rank: a DTensor's local shard, an FSDP1 flat
+    parameter's shard without padding, or the whole tensor."""
+    to_local = getattr(param, "to_local", None)
+    if callable(to_local) and getattr(param, "placements", None) is not None:
+        return int(to_local().numel())
+    return int(param.numel()) - flat_param_padding(param)
+
+
+def reduction_device(group: Any) -> Any:
+    """Return the device a collective on ``group`` takes its tensors on: CPU for gloo, the current CUDA device for
+    NCCL (and the backend's device type for others, CPU when unknown)."""
+    dist = sys.modules["torch.distributed"]
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if "gloo" in backend or backend in ("", "undefined"):
+        return torch.device("cpu")
+    for device_type in ("xpu", "hpu", "mtia"):
+        if device_type in backend or {"xccl": "xpu", "hccl": "hpu"}.get(backend) == device_type:
+            return torch.device(device_type)
+    return torch.device("cpu")
+
+
+def runs_collectives(model: Any) -> bool:
+    """Return whether calling ``model`` again on this rank alone could enter a collective the other ranks do not
+    join: a process group of two or more ranks is initialised and the model is (or holds) a DDP, FSDP1 or FSDP2
+    module, or has DTensor parameters (tensor parallelism). With no process group, or a plain model, False."""
+    if distributed_world() <= 1:
+        return False
+    wrappers = []
+    for module_name, class_name in (("torch.nn.parallel.distributed", "DistributedDataParallel"),
+                                    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel"),
+                                    ("torch.distributed.fsdp._fully_shard._fully_shard", "FSDPModule")):
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if cls is not None:
+            wrappers.append(cls)
+    modules = list(model.modules()) if hasattr(model, "modules") else []
+    if any(isinstance(m, tuple(wrappers)) for m in modules):
+        return True
+    return any(getattr(p, "placements", None) is not None for p in model.parameters()) if modules else True

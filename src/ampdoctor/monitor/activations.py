@@ -1,14 +1,12 @@
 """Watch every module's outputs and output gradients for inf/NaN, and for headroom below the fp16 maximum.
 
-Cost model. On a sampled step each module's forward hook runs one ``torch.aminmax`` per floating-point output (a
-single-pass reduction, no copy, no host sync) and keeps the two 0-d results; outputs that require grad get a
-``Tensor.register_hook`` probe that does the same for their gradient during backward. ``step_record()`` stacks
-everything and copies it to the host in one sync, then finds the first non-finite value in call order (forward)
-and in backward order. On a step that is not sampled every hook returns after one bool check.
+Cost model. On a sampled step each module's forward hook runs one ``torch.aminmax`` per floating-point output (no
+copy, no host sync) and keeps the two 0-d results; outputs that require grad get a ``Tensor.register_hook`` probe
+that does the same for their gradient. ``step_record()`` copies everything to the host in one sync, then finds
+the first non-finite value in call order and in backward order. Unsampled steps: one bool check per hook.
 
-Re-run contract. Only when a module's output is non-finite for the first time does the monitor look closer: it
-re-runs that forward, keeping the root's inputs of the last root call of each sampled step until the step is
-recorded; see ``ampdoctor.monitor.replay`` for what it keeps and why training is bitwise unaffected.
+Re-run contract: on a module's first non-finite output the monitor re-runs that forward (never where it runs
+collectives); ``ampdoctor.monitor.replay`` says what it keeps and why training is bitwise unaffected.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
 from ampdoctor.monitor.op_replay import NonfiniteOp
-from ampdoctor.monitor.replay import Frame, Replay, explain, rerun
+from ampdoctor._torch.distributed import process_rank
+from ampdoctor.monitor.replay import Frame, Replay, explain, replay_blocked, rerun
 
 __all__ = ["ActivationMonitor", "HEADROOM_FACTOR"]
 
@@ -290,12 +289,14 @@ class ActivationMonitor:
         if ("AMP601", i) in self._reported and (earlier is None or rec.replay is None):
             return
         step = rec.step if earlier is None else earlier.step
+        rank = process_rank()  # with several ranks, name the one that saw it: the others may not have
         first = {"module": self._names[i], "class": self._classes[i], "step": step, "kind": kind.lower(),
-                 "frames": None, "op": None, "reproduced": None}
-        lines = [f"output {kind} at step {step}: the first module, in call order, whose output is not finite; "
-                 "the modules after it only carry it along."]
-        where = self._label(i)
-        if rec.replay is not None and self._replays < MAX_REPLAYS:
+                 "frames": None, "op": None, "reproduced": None, "rank": rank}
+        lines = [f"output {kind} at step {step}{'' if rank is None else f' on rank {rank}'}: the first module, in "
+                 "call order, whose output is not finite; the modules after it only carry it along."]
+        where, blocked = self._label(i), rec.replay is not None and replay_blocked(self._require_model())
+        lines += [blocked] if blocked else []
+        if not blocked and rec.replay is not None and self._replays < MAX_REPLAYS:
             self._replays += 1
             try:
                 frames, op = self._diagnose(rec.replay)

@@ -41,59 +41,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
+from ampdoctor._torch.distributed import grad_layout
+from ampdoctor.monitor.formats import FORMATS, LOSS_SCALED, FloatFormat
+from ampdoctor.monitor.grad_counts import CODES, Plan, count_sample, limits
+
 __all__ = ["FloatFormat", "FORMATS", "LOSS_SCALED", "FLOOR", "KINDS", "COLUMNS", "COL", "GradStats",
-           "sample_index"]
+           "sample_index", "Begun", "local_tensor"]
 
 
-@dataclass(frozen=True)
-class FloatFormat:
-    """A low-precision format, described by the magnitudes where round-to-nearest-even loses a value.
-
-    Attributes:
-        name: short name used in column names (``"fp16"``).
-        max: the largest finite value.
-        min_subnormal: the smallest positive value.
-        overflow_above: ``|x| > overflow_above`` rounds past ``max`` (to inf or NaN; torch's e4m3fn cast saturates
-            it to 448 instead, which loses the value just the same). It is the largest float32 that still rounds to
-            a finite value.
-        min_normal: the smallest normal value; below it a value keeps fewer significant bits (a subnormal).
-
-    >>> FP16.underflow_at_most == 2**-25
-    True
-    """
-
-    name: str
-    max: float
-    min_subnormal: float
-    overflow_above: float
-    min_normal: float
-
-    @property
-    def underflow_at_most(self) -> float:
-        """``0 < |x| <= this`` rounds to zero: half the smallest subnormal; the tie goes to the even neighbour, 0."""
-        return self.min_subnormal / 2
-
-
-def _float32_below(x: float) -> float:
-    """Return the largest float32 strictly below ``x``."""
-    return float(torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(0.0)).item())
-
-
-# fp16: max 65504 = (2 - 2**-10) * 2**15 has an odd mantissa, so the tie at 65520 rounds up to inf.
-FP16 = FloatFormat("fp16", 65504.0, 2.0**-24, _float32_below(65520.0), 2.0**-14)
-# bf16: max (2 - 2**-7) * 2**127, odd mantissa; the tie at 2**128 - 2**119 rounds up to inf.
-BF16 = FloatFormat("bf16", (2 - 2.0**-7) * 2.0**127, 2.0**-133, _float32_below(2.0**128 - 2.0**119), 2.0**-126)
-# e4m3fn: max 448 = 1.75 * 2**8 has an even mantissa, so the tie at 464 rounds down to 448; above it is NaN.
-E4M3 = FloatFormat("e4m3", 448.0, 2.0**-9, 464.0, 2.0**-6)
-# e5m2: max 57344 = 1.75 * 2**15, odd mantissa; the tie at 61440 rounds up to inf.
-E5M2 = FloatFormat("e5m2", 57344.0, 2.0**-16, _float32_below(61440.0), 2.0**-14)
-
-FORMATS: tuple[FloatFormat, ...] = (FP16, BF16, E4M3, E5M2)
-LOSS_SCALED: tuple[FloatFormat, ...] = (FP16, BF16)  # simulated at the loss scale; the others at their own amax
 FLOOR = 2.0**-24  # negligible below this times the largest finite |g| (fp32's 24 significant bits)
 
 # One row per parameter. absmax and l2 are over all entries. min_nonzero is over the examined entries; zeros,
@@ -137,7 +96,7 @@ class GradStats:
             raise ValueError(f"floor must be a fraction of the largest |g| in [0, 1), got {floor!r}")
         self.numels = [int(n) for n in numels]
         self.sample, self.counts, self.floor, self._seed = sample, counts, floor, seed
-        self._gather: dict[tuple[tuple[int, ...], torch.device], _Plan] = {}  # per (rows, device), built once
+        self._gather: dict[tuple[tuple[int, ...], torch.device], Plan] = {}  # per (rows, device), built once
         self._constants: dict[tuple[object, torch.device], torch.Tensor] = {}
 
     def _constant(self, key: tuple[object, ...], device: torch.device, values: Sequence[float],
@@ -149,61 +108,100 @@ class GradStats:
         return cached
 
     def compute(self, grads: Sequence[torch.Tensor | None], scale: torch.Tensor | float | None = None,
-                scaled: bool = False) -> torch.Tensor:
+                scaled: bool = False, *, defer: bool = False) -> Any:
         """Return the ``[len(grads), len(COLUMNS)]`` float64 statistics on the grads' device, without a host sync.
 
         Args:
-            grads: one gradient (or ``None``) per parameter given at construction. Sparse grads are skipped.
+            grads: one gradient (or ``None``) per parameter given at construction. Sparse grads are skipped. A
+                sharded DTensor counts by its local shard (numels given at construction are then local numels).
             scale: the loss scale ``S`` of this backward (a 0-dim tensor or a number); ``None`` means 1.
             scaled: whether ``grads`` still carry ``S`` (GradScaler stage READY) or are already unscaled.
+            defer: return a :class:`Begun` instead (extremes done, the examined entries copied, counts left to
+                :meth:`finish`): a sharded gradient's counts need the abs-max merged over every rank first.
         """
+        begun = self.begin(grads, scale, scaled, keep=defer)
+        return begun if defer else self.finish(begun)
+
+    def begin(self, grads: Sequence[torch.Tensor | None], scale: torch.Tensor | float | None = None,
+              scaled: bool = False, keep: bool = True) -> Begun:
+        """Compute the extremes (abs-max, L2) of every gradient; with ``keep``, copy the examined entries too."""
         if len(grads) != len(self.numels):
             raise ValueError(f"expected {len(self.numels)} gradients (one per parameter), got {len(grads)}")
         grads = [local_tensor(g) for g in grads]
         present = [(i, g) for i, g in enumerate(grads)
                    if g is not None and not g.is_sparse and g.numel() and g.numel() == self.numels[i]]
-        device = present[0][1].device if present else torch.device("cpu")
+        # collect on an accelerator when any gradient is on one: every copy is then host-to-device or
+        # device-to-device, ordered on the streams; a non_blocking device-to-host copy would be read unsynchronised
+        device = next((g.device for _, g in present if g.device.type != "cpu"),
+                      present[0][1].device if present else torch.device("cpu"))
         out = torch.full((len(grads), len(COLUMNS)), math.nan, dtype=torch.float64, device=device)
         out[:, COL["has_grad"]] = 0.0
         out[:, COL["numel"]] = self._constant(("numels",), device, self.numels, torch.float64)
+        begun = Begun(out, [], None, None)
         if not present:
-            return out
+            return begun
         with torch.no_grad():
             s = torch.ones((), dtype=torch.float32, device=device) if scale is None else \
                 torch.as_tensor(scale, dtype=torch.float32).to(device, non_blocking=True)
             # Unscale like GradScaler.unscale_ (reciprocal in float64). Simulate |g_unscaled| * S.
-            unscale = s.double().reciprocal() if scaled else torch.ones((), dtype=torch.float64, device=device)
-            simulate = torch.ones((), dtype=torch.float32, device=device) if scaled else s
+            begun.unscale = s.double().reciprocal() if scaled else torch.ones((), dtype=torch.float64, device=device)
+            begun.simulate = torch.ones((), dtype=torch.float32, device=device) if scaled else s
             groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
             for i, g in present:
                 groups.setdefault((g.device, g.dtype), []).append((i, g))
-            work = []  # (rows, magnitudes, abs-max, L2) per group, all in stored units
             for (gdev, dtype), items in groups.items():
                 # complex: the magnitudes |g| (same L2 and abs-max; g.float() would drop the imaginary part, warning)
                 gs = [g.abs() if g.is_complex() else g if dtype in _NATIVE else g.float() for _, g in items]
-                work.append((tuple(i for i, _ in items), gs, *self._extremes(gs)))
+                rows = tuple(i for i, _ in items)
+                absmax, l2 = self._extremes(gs)
+                values = self._values(rows, gs, gdev)[0] if keep else None
+                begun.work.append((rows, gs if values is None else None, values, absmax, l2))
+                index = self._constant(("rows", rows), device, rows, torch.long)
+                out[:, COL["has_grad"]].index_fill_(0, index, 1.0)  # a scalar index_put_ copies it to the device
+                out[index, COL["absmax"]] = absmax.to(device, non_blocking=True) * begun.unscale
+                out[index, COL["l2"]] = l2.to(device, non_blocking=True) * begun.unscale
+                if keep and self.counts:  # the smallest non-zero |g| examined: merged over ranks before the counts
+                    plan = self._plan(rows, gdev)
+                    a = values.abs().float()
+                    small = torch.full((len(rows),), math.inf, dtype=torch.float32, device=gdev).scatter_reduce_(
+                        0, plan.segment, torch.where(torch.isfinite(a) & (a > 0), a, math.inf), "amin")
+                    out[index, COL["min_nonzero"]] = small.double().to(device, non_blocking=True) * begun.unscale
+        return begun
+
+    def finish(self, begun: Begun, absmax: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the statistics of :meth:`begin`, counting with ``absmax`` (``[P]`` float64, unscaled: the abs-max
+        merged over the ranks that share each parameter) for the fp8 scaling and the floor, else the local one."""
+        out = begun.out
+        if not begun.work:
+            return out
+        device, unscale = out.device, begun.unscale
+        with torch.no_grad():
+            merged = [(absmax.index_select(0, self._constant(("rows", rows), device, rows, torch.long)) / unscale)
+                      if absmax is not None else local for rows, _, _, local, _ in begun.work]
             # the floor, in stored units: a fraction of the largest finite |g| of every group
-            top = torch.stack([torch.where(torch.isfinite(a), a, 0.0).max().to(device) for *_, a, _ in work])
+            top = torch.stack([torch.where(torch.isfinite(a), a, 0.0).max().to(device) for a in merged])
             floor = (top.max() * self.floor).float()
-            for rows, gs, absmax, l2 in work:
-                gdev = gs[0].device
+            for (rows, gs, values, local, l2), amax in zip(begun.work, merged):
+                gdev = local.device
+                amax = amax.to(gdev, non_blocking=True)
+                if values is None:
+                    values = self._values(rows, gs, gdev)[0]
                 if self.counts:
-                    counts = self._counts(rows, gs, gdev, simulate.to(gdev, non_blocking=True),
-                                          floor.to(gdev, non_blocking=True), absmax)
+                    counts = self._counts(rows, values, gdev, begun.simulate.to(gdev, non_blocking=True),
+                                          floor.to(gdev, non_blocking=True), local, amax)
                     min_nonzero, sumsq, counts = counts[:, -2], counts[:, -1], counts[:, :-2]
+                    unit = torch.where(torch.isfinite(amax), amax, local)  # what count_sample divided by
                 else:
                     counts = torch.full((len(rows), len(COLUMNS) - 5), math.nan, dtype=torch.float64, device=gdev)
-                    min_nonzero = torch.full_like(absmax, math.nan)
-                    sumsq = self._sum_squares(rows, gs, gdev, absmax)
+                    min_nonzero = torch.full_like(local, math.nan)
+                    sumsq, unit = self._sum_squares(rows, values, gdev, local), local
                 # float32 squares overflowed though every entry is finite: L2 = abs-max * |g / abs-max|
-                l2 = torch.where(torch.isinf(l2) & torch.isfinite(absmax), absmax * sumsq.sqrt(), l2)
-                block = torch.cat([torch.stack([absmax, min_nonzero, l2], 1).to(device, non_blocking=True),
+                l2 = torch.where(torch.isinf(l2) & torch.isfinite(local), unit * sumsq.sqrt(), l2)
+                block = torch.cat([torch.stack([local, min_nonzero, l2], 1).to(device, non_blocking=True),
                                    counts.to(device, non_blocking=True)], 1)
                 block[:, 0:3] *= unscale
                 index = self._constant(("rows", rows), device, rows, torch.long)
-                out[index, COL["has_grad"]:] = torch.cat(
-                    [torch.ones((len(rows), 1), dtype=torch.float64, device=device),
-                     out[index, COL["numel"]:COL["numel"] + 1], block], 1)
+                out[index, COL["absmax"]:] = block
         return out
 
     def _extremes(self, gs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,6 +212,12 @@ class GradStats:
         when the float32 sum of squares overflows; ``compute`` replaces it.
         """
         dtype = gs[0].dtype
+        if gs[0].device.type != "cpu":
+            # an accelerator: two foreach kernels for the whole group instead of two launches per tensor. The L2 is
+            # NaN exactly when an entry is (inf squares to inf), so it carries the NaN into the abs-max.
+            l2 = torch.stack(torch._foreach_norm(gs, 2, dtype=torch.float32 if dtype.itemsize < 4 else None)).double()
+            top = torch.stack(torch._foreach_norm(gs, math.inf)).double()
+            return torch.where(l2.isnan(), math.nan, top), l2
         if dtype.itemsize >= 4 and all(g.is_contiguous() for g in gs):
             # BLAS dot of a gradient with itself: the sum of squares in one vectorized pass, about twice as fast
             # as _foreach_norm on CPU; inf and NaN propagate the same way.
@@ -226,17 +230,17 @@ class GradStats:
         return torch.maximum(highs, -lows), l2
 
     def _values(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor,
-                                                                                                      _Plan]:
+                                                                                                      Plan]:
         """Return the examined entries of every gradient, concatenated, and the plan that says whose they are."""
         plan = self._plan(rows, device)
         values = torch.cat([g.reshape(-1) if idx is None else g.reshape(-1).index_select(0, idx)
                             for g, idx in zip(gs, plan.index)])
         return values, plan
 
-    def _sum_squares(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device,
+    def _sum_squares(self, rows: tuple[int, ...], values: torch.Tensor, device: torch.device,
                      absmax: torch.Tensor) -> torch.Tensor:
         """Return each row's sum of ``(g / abs-max)**2`` over all entries, from the examined ones (float64)."""
-        values, plan = self._values(rows, gs, device)
+        plan = self._plan(rows, device)
         unit = torch.where(torch.isfinite(absmax) & (absmax > 0), absmax, 1.0).float()
         r = values.abs().float() / unit.index_select(0, plan.segment)
         sums = torch.zeros(len(rows), dtype=torch.float64, device=device).index_add_(
@@ -244,27 +248,29 @@ class GradStats:
         return sums * self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64) \
             / plan.lengths
 
-    def _counts(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device,
-                simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    def _counts(self, rows: tuple[int, ...], values: torch.Tensor, device: torch.device, simulate: torch.Tensor,
+                floor: torch.Tensor, local: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
         """Return ``[P, 6 + 3*len(FORMATS)]``: nonfinite, zeros, negligible, sampled, sampled_nonzero, the format
-        counts, the smallest non-zero |g| examined, and the sum of ``(g / abs-max)**2`` (see ``_sum_squares``)."""
-        values, plan = self._values(rows, gs, device)
-        absmax = absmax.to(device)
-        block = _count(values, plan, simulate, floor, absmax, _limits(device, False), _limits(device, True))
+        counts, the smallest non-zero |g| examined, and the sum of ``(g / abs-max)**2`` (see ``_sum_squares``).
+        ``local`` is the abs-max of these entries' own tensor; ``absmax`` the one merged over every rank's shard
+        (the fp8 scaling, the overflow proof)."""
+        plan = self._plan(rows, device)
+        absmax, local = absmax.to(device), local.to(device)
+        block = count_sample(values, plan, simulate, floor, absmax, limits(device, False), limits(device, True))
         numel = self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64)
         up = numel / block[:, 3]  # examined -> whole parameter (exact when all were examined)
         block[:, 0:3] *= up[:, None]
         block[:, -1] *= up
         # abs-max is exact over all entries: it says exactly whether any entry is non-finite, and proves that no
         # entry can overflow a loss-scaled format when even the largest does not.
-        block[:, 0] = torch.where(torch.isfinite(absmax), 0.0, block[:, 0].clamp_min(1.0))
+        block[:, 0] = torch.where(torch.isfinite(local), 0.0, block[:, 0].clamp_min(1.0))
         n, k = len(FORMATS), len(LOSS_SCALED)
         over = self._constant(("over",), device, [f.overflow_above for f in LOSS_SCALED], torch.float64)
         none_over = ~(absmax[:, None] * simulate.double() > over[None]) & torch.isfinite(absmax)[:, None]
         block[:, 5 + n:5 + n + k] = torch.where(none_over, 0.0, block[:, 5 + n:5 + n + k])
         return block
 
-    def _plan(self, rows: tuple[int, ...], device: torch.device) -> _Plan:
+    def _plan(self, rows: tuple[int, ...], device: torch.device) -> Plan:
         """Return (built once per rows and device) which entries of each parameter are examined, and the segment
         id of every examined entry in their concatenation."""
         key = (rows, device)
@@ -281,50 +287,34 @@ class GradStats:
                     index.append(sample_index(n, self.sample, self._seed * 1_000_003 + i).to(device))
                     lengths.append(self.sample)
             segment = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))
-            nb = len(_CODES) + 3 * len(LOSS_SCALED) + 1  # bins per row, the same for both histograms
-            plan = self._gather[key] = _Plan(index, segment.to(device), (segment * nb).to(device),
+            nb = len(CODES) + 3 * len(LOSS_SCALED) + 1  # bins per row, the same for both histograms
+            plan = self._gather[key] = Plan(index, segment.to(device), (segment * nb).to(device),
                                              torch.tensor(lengths, dtype=torch.float64).to(device))
         return plan
 
 
-_CODES = (-2.5, -1.5, -0.5)  # y < these: non-finite (-3), negligible (-2), zero (-1); signal entries are >= 0
-_LIMITS: dict[tuple[torch.device, bool], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _limits(device: torch.device, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return the sorted float32 limits ``t`` of ``count(y < t)`` and the order that restores this list: the
-    codes, then per format just above the underflow limit, the smallest normal, and just above the overflow limit
-    (the overflow count is the signal count minus the last). fp8 limits are divided by the format's max: their
-    ``y`` is ``|g| / amax``."""
-    cached = _LIMITS.get((device, fp8))
-    if cached is None:
-        formats = [f for f in FORMATS if (f in LOSS_SCALED) != fp8]
-        unit = [f.max if fp8 else 1.0 for f in formats]
-        limits = torch.tensor([[f.underflow_at_most / u for f, u in zip(formats, unit)],
-                               [f.min_normal / u for f, u in zip(formats, unit)],
-                               [f.overflow_above / u for f, u in zip(formats, unit)]], dtype=torch.float32)
-        inf = torch.tensor(math.inf)
-        limits[0] = torch.nextafter(limits[0], inf)  # y <= u  <=>  y < next float32 above u
-        limits[2] = torch.nextafter(limits[2], inf)
-        listed = torch.cat([torch.tensor(_CODES, dtype=torch.float32), limits.reshape(-1)])
-        bounds, perm = listed.sort()
-        order = torch.empty_like(perm)
-        order[perm] = torch.arange(perm.numel())
-        cached = _LIMITS[(device, fp8)] = (bounds.to(device), order.to(device))
-    return cached
-
-
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
-    """Return the plain local tensor of a replicated DTensor (the whole value, no communication), ``None`` for a
-    DTensor that is sharded or partial (its local part is not the whole: left out rather than misreported), and
-    anything else unchanged."""
+    """Return the plain local tensor of a DTensor (no communication): the whole value when replicated, this rank's
+    shard when sharded (its row counts only after a merge over the ranks: ``ampdoctor.monitor.reduction``);
+    ``None`` for a partial one (a pending sum: the statistics of a sum are not those of its parts), and anything
+    else unchanged."""
     to_local = getattr(t, "to_local", None)
     if t is None or to_local is None or not isinstance(t, torch.Tensor):
         return t
-    placements = getattr(t, "placements", ())
-    if all(type(p).__name__ == "Replicate" for p in placements):
-        return to_local()
-    return None
+    if grad_layout(t) == "partial":
+        return None
+    return to_local()
+
+
+@dataclass
+class Begun:
+    """The first half of a ``GradStats.compute``: rows with has_grad, numel, abs-max, L2 (and the smallest
+    non-zero |g| examined) filled in, and per (device, dtype) group what the counts still need."""
+
+    out: torch.Tensor
+    work: list[tuple[tuple[int, ...], Any, Any, torch.Tensor, torch.Tensor]]  # rows, grads|None, examined|None,
+    unscale: torch.Tensor | None                                               # abs-max and L2 in stored units
+    simulate: torch.Tensor | None
 
 
 def sample_index(n: int, k: int, seed: int) -> torch.Tensor:
@@ -340,60 +330,3 @@ def sample_index(n: int, k: int, seed: int) -> torch.Tensor:
     return torch.randint(n, (k,), generator=gen).sort().values
 
 
-@dataclass(frozen=True)
-class _Plan:
-    index: list[torch.Tensor | None]  # entries examined per parameter (None: all)
-    segment: torch.Tensor  # parameter (row) of each examined entry, in concatenation order
-    offset: torch.Tensor  # segment * bins per row: the first histogram bin of that row
-    lengths: torch.Tensor  # float64 entries examined per row
-
-
-def _count(values: torch.Tensor, plan: _Plan, simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor,
-           limits: tuple[torch.Tensor, torch.Tensor], limits8: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Count per parameter, over the examined entries ``values`` concatenated (``plan.segment`` says whose):
-    nonfinite, zeros, negligible, examined, signal (finite, above ``floor``), then for each format the signal
-    entries that round to 0, round past max, are below the smallest normal; then the smallest finite non-zero
-    ``|v|`` (inf if none) and the sum of ``(v / amax)**2`` over the finite entries.
-
-    Every count is ``count(y < t)`` for a limit ``t`` of ``_limits``, read off one histogram per parameter
-    (``bucketize``, ``bincount`` of ``segment * bins + bucket``, ``cumsum``). ``y`` is a code (-3 non-finite, -2
-    negligible, -1 zero) or, for a signal entry, ``|v| * simulate`` (fp16, bf16) or ``|v| / amax`` (fp8). About
-    twenty torch calls whatever the number of parameters: on CPU every call has a fixed cost, up to a scheduler
-    slice (4-8 ms) when another process keeps the second core busy, so few calls beat small ones. Exact mode goes
-    in chunks of 2**22 entries. (``|v| * simulate`` underflows float32 only for a scale below 1; it counts as
-    underflow.)
-    """
-    rows = plan.lengths.numel()
-    nb = limits[0].numel() + 1
-    hists = [torch.zeros(rows * nb, dtype=torch.int64, device=values.device) for _ in range(2)]
-    smallest = torch.full((rows,), math.inf, dtype=torch.float32, device=values.device)
-    sumsq = torch.zeros(rows, dtype=torch.float64, device=values.device)
-    # inf/NaN amax: the scale fp8_max / amax is 0 (or NaN), and every finite entry becomes 0
-    amax = torch.where(torch.isfinite(absmax), absmax, math.inf).float()
-    for start in range(0, values.numel(), _CHUNK):
-        a = values[start:start + _CHUNK].abs().float()
-        segment = plan.segment[start:start + _CHUNK]
-        finite = torch.isfinite(a)
-        code = torch.where(finite, torch.where(a > floor, 0.0, torch.where(a > 0, -2.0, -1.0)), -3.0)
-        r = a / amax.index_select(0, segment)
-        for hist, y, (bounds, _) in zip(hists, (a * simulate, r), (limits, limits8)):
-            bins = torch.bucketize(torch.where(code == 0, y, code), bounds, right=True)
-            hist += torch.bincount(bins + plan.offset[start:start + _CHUNK], minlength=rows * nb)
-        smallest.scatter_reduce_(0, segment, torch.where(finite & (a > 0), a, math.inf), "amin")
-        sumsq.index_add_(0, segment, torch.where(r < math.inf, r, 0.0).double().square())  # NaN, inf: 0
-    parts = []
-    for hist, (_, order) in zip(hists, (limits, limits8)):
-        n = hist.view(rows, nb).cumsum(1)[:, :-1].index_select(1, order).double()  # count(y < t), listed order
-        k = (n.shape[1] - len(_CODES)) // 3
-        bad, not_negligible_yet, not_signal = n[:, 0], n[:, 1], n[:, 2]
-        signal = plan.lengths - not_signal
-        under, normal, within = (n[:, c:c + k] - not_signal[:, None] for c in (3, 3 + k, 3 + 2 * k))
-        parts.append((bad, not_signal - not_negligible_yet, not_negligible_yet - bad, signal, under,
-                      signal[:, None] - within, normal))
-    (bad, zeros, negligible, signal, *scaled), fp8 = parts[0], parts[1][4:]
-    head = torch.stack([bad, zeros, negligible, plan.lengths, signal], 1)
-    formats = [torch.cat([s, e], 1) for s, e in zip(scaled, fp8)]
-    return torch.cat([head, *formats, smallest.double()[:, None], sumsq[:, None]], 1)
-
-
-_CHUNK = 1 << 22  # entries per pass of _count: bounds its temporaries in exact mode

@@ -24,12 +24,16 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats
+from ampdoctor.monitor.reduction import ShardReduction
 
 __all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_record", "gradient_alarms",
            "rows_to_dicts"]
 
+_PARTIAL = ("partial DTensor gradient (a pending sum over ranks): the statistics of a sum are not a function of "
+            "each rank's part, so it is left out rather than misreported")
 UNDERFLOW_FRACTION = 0.01
 SUBNORMAL_FRACTION = 0.10
 NORM_HISTORY = 10_000  # sampled steps whose global norm is kept
@@ -43,6 +47,9 @@ class GradientReader:
         names: their names, one per parameter.
         stats: ``"norms"``, ``"full"`` or ``"exact"`` (see ``Watch``).
         sample: entries per parameter for the counts (``"full"``).
+        layouts: one ``ampdoctor._torch.distributed`` layout per parameter (default: all local). Sharded ones are
+            summarised on this rank's shard and merged over their groups by :meth:`finish` (two all-reduces per
+            group), which the owner must call on every rank at the end of every sampled step.
 
     >>> w = torch.nn.Parameter(torch.ones(3)); w.grad = torch.full((3,), 2.0)
     >>> reader = GradientReader([w], ["w"], stats="norms", sample=16)
@@ -52,11 +59,19 @@ class GradientReader:
     (3.4641, [(0, 3.4641016151377544)])
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], *, stats: str, sample: int) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], *, stats: str, sample: int,
+                 layouts: Sequence[Layout] | None = None) -> None:
         self.names = list(names)
         self._params = list(params)
-        self._stats = GradStats([p.numel() for p in params], sample=None if stats == "exact" else sample,
-                                counts=stats != "norms")
+        self._layouts = list(layouts) if layouts is not None else [LOCAL] * len(self._params)
+        numels = [local_numel(p) for p in params]
+        self._stats = GradStats(numels, sample=None if stats == "exact" else sample, counts=stats != "norms")
+        sharded = any(kind == "sharded" for kind, _ in self._layouts) and distributed_world() > 1
+        self.reduction = ShardReduction(self._layouts, numels, counts=stats != "norms") if sharded else None
+        # parameters whose gradients are left out of the statistics, with why (reported in the summary)
+        self.unsummarised: dict[str, str] = {n: _PARTIAL for n, (kind, _) in zip(self.names, self._layouts)
+                                             if kind == "partial"}
+        self._begun: Any = None  # GradStats.begin of a sampled step, merged over the ranks by finish()
         self._pending: torch.Tensor | None = None
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
         self._read = "none"
@@ -70,11 +85,50 @@ class GradientReader:
 
         Only the first read of a step counts (two ``scaler.step`` calls would raise anyway).
         """
-        if self._pending is not None:
+        if self._pending is not None or self._begun is not None:
             return
-        self._pending = self._stats.compute([p.grad for p in self._params], scale, scaled)
+        grads = [self._grad(i, p) for i, p in enumerate(self._params)]
+        if self.reduction is None:
+            self._pending = self._stats.compute(grads, scale, scaled)
+        else:  # the counts wait for the merged abs-max: finish() at the end of the step
+            self._begun = self._stats.compute(grads, scale, scaled, defer=True)
         self._loss_scale = None if scale is None else scale.detach().reshape(1).clone()
         self._read = "scaled" if scaled else "unscaled"
+
+    def _grad(self, i: int, param: torch.Tensor) -> torch.Tensor | None:
+        """Return the gradient the statistics read: an FSDP1 shard without its padding; note what is left out."""
+        g = param.grad
+        if g is None:
+            return None
+        if grad_layout(g) == "partial":
+            self.unsummarised.setdefault(self.names[i], _PARTIAL)
+            return None
+        if g.is_sparse:
+            self.unsummarised.setdefault(self.names[i], "sparse gradient: only dense gradients are summarised")
+            return None
+        if self._layouts[i][0] == "sharded" and getattr(g, "placements", None) is None and g.dim() == 1 \
+                and g.numel() > self._stats.numels[i]:
+            return g[:self._stats.numels[i]]  # FSDP1 pads the last ranks' flat shards with zeros
+        return g
+
+    def finish(self) -> None:
+        """Merge a sampled step's sharded rows over the ranks (no-op without sharded parameters).
+
+        Call it on every rank at the end of every sampled step, also when this rank read nothing: it issues the
+        same collectives either way, so no rank waits for one that never comes.
+        """
+        if self.reduction is None:
+            return
+        begun, self._begun = self._begun, None
+        out = None if begun is None else begun.out
+        merged = self.reduction.exchange(out, lambda absmax: self._stats.finish(begun, absmax))
+        if merged is not None:
+            self._pending = merged
+
+    @property
+    def reduces(self) -> bool:
+        """Whether sampled steps issue collectives (sharded parameters in a process group of two or more ranks)."""
+        return self.reduction is not None
 
     def note_clip(self, total_norm: Any, scaled: bool) -> None:
         """Keep the norm a clipping call returned (the norm before clipping) and whether it clipped scaled grads."""
@@ -95,7 +149,7 @@ class GradientReader:
 
     def clear(self) -> None:
         """Drop what was read and not consumed."""
-        self._pending = self._loss_scale = self._clip = None
+        self._pending = self._loss_scale = self._clip = self._begun = None
 
     def release(self) -> None:
         """Drop the references to the parameters and to pending values; the results stay."""
@@ -105,6 +159,11 @@ class GradientReader:
     def summary(self, modules: dict[str, dict[str, float]]) -> dict[str, Any]:
         """Return the JSON-ready summary: the last step's statistics by parameter and by module, and the norms."""
         out: dict[str, Any] = {"params": self.last, "modules": modules}
+        if self.unsummarised:
+            out["unsummarised"] = dict(self.unsummarised)
+        if self.reduction is not None:
+            out["merged_over_ranks"] = {"params": len(self.reduction.rows),
+                                        "collectives": self.reduction.collectives}
         if self.last_pre_clip is not None:
             out["pre_clip_norm"] = self.last_pre_clip
         if self.norm_history:

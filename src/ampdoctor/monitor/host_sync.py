@@ -1,31 +1,80 @@
-"""The one host sync of a sampled step: every monitor's pending device tensors, copied with one ``.tolist()``."""
+"""The one host sync of a sampled step: every monitor's pending device tensors, copied to the host together.
+
+On CPU the values are read at once (the plain copy). On an accelerator ``HostCopy`` starts a ``non_blocking``
+copy into pinned host memory and records an event after it; the watch reads the values at the end of the next
+step, when the device has long finished, so the read does not drain the pipeline even when every step is
+sampled. Any ``non_blocking`` device-to-host copy is read only after its event: the tensors are first gathered
+on the accelerator (host-to-device and device-to-device copies are ordered on the streams).
+"""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["host_copy"]
+__all__ = ["host_copy", "HostCopy"]
+
+
+class HostCopy:
+    """A started copy of ``{part: {key: tensor}}`` to the host; :meth:`values` returns it as flat lists.
+
+    The tensors are flattened and concatenated on an accelerator if any is on one, else on the CPU (float64;
+    float32 on MPS, which has no float64).
+
+    >>> copy = HostCopy({"a": {"x": torch.ones(2)}, "b": {}})
+    >>> copy.deferred, copy.values()
+    (False, {'a': {'x': [1.0, 1.0]}, 'b': {}})
+    """
+
+    def __init__(self, parts: dict[str, dict[str, torch.Tensor]]) -> None:
+        self._flat = [(m, k, t) for m, d in parts.items() for k, t in d.items()]
+        self._out: dict[str, dict[str, list[float]]] = {m: {} for m in parts}
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        if not self._flat:
+            return
+        device = next((t.device for *_, t in self._flat if t.device.type != "cpu"), torch.device("cpu"))
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        joined = torch.cat([t.detach().reshape(-1).to(device=device, dtype=dtype) for *_, t in self._flat])
+        if device.type == "cuda":
+            self._host = torch.empty(joined.shape, dtype=dtype, pin_memory=True)
+            self._host.copy_(joined, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = joined
+
+    @property
+    def syncs(self) -> int:
+        """Host syncs this copy costs: 1, or 0 when there was nothing to copy."""
+        return int(self._host is not None)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether the copy runs behind the host (CUDA): read it later, when the device is done."""
+        return self._event is not None
+
+    def values(self) -> dict[str, dict[str, list[float]]]:
+        """Wait for the copy (its event, if any) and return the host values by part and key."""
+        if self._host is None:
+            return self._out
+        if self._event is not None:
+            self._event.synchronize()  # the one sync; the device finished this copy a step ago
+        values = self._host.tolist()
+        offset = 0
+        for m, k, t in self._flat:
+            self._out[m][k] = values[offset:offset + t.numel()]
+            offset += t.numel()
+        self._host = self._event = None
+        self._flat = []
+        return self._out
 
 
 def host_copy(parts: dict[str, dict[str, torch.Tensor]]) -> tuple[dict[str, dict[str, list[float]]], bool]:
-    """Return the host values of ``{part: {key: tensor}}`` as flat lists, and whether a sync happened.
-
-    The tensors are flattened and concatenated on the first one's device (float64; float32 on MPS, which has no
-    float64), then copied in one sync; parts without tensors come back as ``{}``.
+    """Return the host values of ``{part: {key: tensor}}`` as flat lists (at once), and whether a sync happened.
 
     >>> host_copy({"a": {"x": torch.ones(2)}, "b": {}})
     ({'a': {'x': [1.0, 1.0]}, 'b': {}}, True)
     """
-    flat = [(m, k, t) for m, d in parts.items() for k, t in d.items()]
-    out: dict[str, dict[str, list[float]]] = {m: {} for m in parts}
-    if not flat:
-        return out, False
-    device = flat[0][2].device
-    dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-    joined = torch.cat([t.detach().reshape(-1).to(device=device, dtype=dtype) for _, _, t in flat])
-    values = joined.tolist()  # the one host sync
-    offset = 0
-    for m, k, t in flat:
-        out[m][k] = values[offset:offset + t.numel()]
-        offset += t.numel()
-    return out, True
+    copy = HostCopy(parts)
+    synced = bool(copy.syncs)
+    return copy.values(), synced

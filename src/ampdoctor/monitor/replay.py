@@ -28,9 +28,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
 
-__all__ = ["Replay", "Frame", "rerun", "explain", "render_frames"]
+__all__ = ["Replay", "Frame", "rerun", "explain", "render_frames", "replay_blocked"]
 
 
 class Replay:
@@ -159,6 +160,22 @@ def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], N
         for handle in handles:
             handle.remove()
     return list(kept), op
+
+
+def replay_blocked(model: nn.Module) -> str | None:
+    """Return why ``model``'s forward must not be re-run on this rank alone, or None when it may be.
+
+    A re-run happens on the rank that saw the non-finite output, and only there. Under DDP (buffer broadcast),
+    FSDP (parameter all-gathers) or tensor parallelism (DTensor collectives) the forward enters collectives the
+    other ranks never join, and the job hangs. So the re-run is kept to runs with no process group of two or more
+    ranks, or a model without a distributed wrapper or DTensor parameters; the forward hooks still name the first
+    non-finite module.
+    """
+    if not runs_collectives(model):
+        return None
+    return (f"Not re-run to dump frames on rank {process_rank()} of {distributed_world()}: the model runs "
+            "collectives in its forward (DDP, FSDP or DTensor), and a re-run on this rank alone would wait for ranks "
+            "that never join it.")
 
 
 def explain(name: str, label: str, frames: list[Frame], op: NonfiniteOp | str | None, first: dict[str, Any],

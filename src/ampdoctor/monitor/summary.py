@@ -147,6 +147,15 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
             f"gradients at step {grads.get('step')} (unscaled; global norm {_num(grads.get('global_norm'))}){top}",
             "module", columns, rows, keep=2,
             notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"}))
+    if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
+        left = grads["unsummarised"]
+        more = f"; and {len(left) - 5} more" if len(left) > 5 else ""
+        parts.append(Wrapped(f"left out of the gradient statistics ({len(left)}): " + "; ".join(
+            f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
+    if grads.get("merged_over_ranks"):
+        merged = grads["merged_over_ranks"]
+        parts.append(Wrapped(f"{merged['params']} sharded parameters merged over their ranks "
+                             f"({merged['collectives']} all-reduces so far)", style="dim"))
     lost = data.get("lost_updates")
     if lost and lost.get("params"):
         rows = [(name, [s["dtype"], f"{s['lost_fraction']:.0%}"])

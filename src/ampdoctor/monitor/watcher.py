@@ -14,8 +14,9 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
 The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
-copies all monitors' device tensors to the host with one ``.tolist()`` (``Watch.host_syncs``; one more at ``detach()``,
-one in the activation monitor's ``step_record()``); other steps cost a few O(1) calls and two 0-dim device copies.
+copies all monitors' device tensors to the host in one sync (``Watch.host_syncs``; read at once on CPU, at the end of
+the next step on CUDA: ``monitor.host_sync``); sharded gradients are first merged over their ranks
+(``monitor.reduction``; with them, escalation adds no sampled steps, so every rank's collectives follow the step count).
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -30,20 +31,21 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
 from ampdoctor._torch.scaler import OptState, live_scale, stage
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
-from ampdoctor.core.report import Report
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
-from ampdoctor.monitor.host_sync import host_copy
+from ampdoctor.monitor.host_sync import HostCopy
 from ampdoctor.monitor.loss_scale import ScaleMonitor
 from ampdoctor.monitor.lost_updates import LostUpdateMonitor
 from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
-from ampdoctor.monitor.summary import log_header, module_rollup, render_watch, run_formats
+from ampdoctor.monitor.summary import log_header, module_rollup, run_formats
+from ampdoctor.monitor.watch_results import WatchResults
 from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, scaler_of, steps_through, watched_chain
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
@@ -66,7 +68,7 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
                  sample=sample, fsync=fsync, dense=dense).attach()
 
 
-class Watch:
+class Watch(WatchResults):
     """The numerics watch of one model, its optimizer and (optionally) its GradScaler.
 
     Args:
@@ -103,7 +105,9 @@ class Watch:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params)
         self._params: list[torch.Tensor] = params
-        self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample)
+        fsdp1 = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
+        self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
+                                     layouts=[param_layout(p, fsdp1) for p in params])
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
         self.host_syncs = 0
@@ -119,6 +123,7 @@ class Watch:
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
         self._recorder: FlightRecorder | None = None
+        self._deferred: tuple[HostCopy, dict[str, Any], bool] | None = None  # a sampled step's copy, not yet read
         self._parts = WatchParts()
         self._started = time.perf_counter()
         self.attached = False
@@ -246,7 +251,10 @@ class Watch:
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
         """The end of a step: ``scaler.update()`` returned, or (without a scaler) the optimizer step post-hook."""
         if "watch" in self._parts.off:
+            if self._sampled_now and self._grads.reduces:  # the other ranks' collectives still need this one
+                call_safely(self._grads.finish)
             self.steps += 1  # the watch is off, but the steps still count (O(1), nothing else)
+            self._sampled_now = self._sampling.sampled(self.steps)
             return
         self._guard("watch", self._end_step)
 
@@ -259,6 +267,7 @@ class Watch:
     def _end_step(self) -> None:
         start = time.perf_counter()
         try:
+            self._consume()  # the last sampled step's copy (CUDA): the device has finished it by now
             if self._sampled_now:
                 self._flush()
         finally:  # a failing flush (reported by the caller) still ends the step
@@ -274,7 +283,10 @@ class Watch:
             self._guard("activations", lambda: self._activations.set_sampling(active))
 
     def _flush(self, partial: bool = False) -> None:
-        """The one host sync of a sampled step: read every monitor's device tensors, record, raise alarms."""
+        """The one host sync of a sampled step: copy every monitor's device tensors to the host, then consume."""
+        self._consume()  # the previous sampled step's copy, if it is still pending
+        if not partial:  # every rank, every sampled step, even with "gradients" off: its collectives are shared
+            call_safely(self._grads.finish, on_error=lambda e: self._fail("gradients", e))
         parts: dict[str, dict[str, torch.Tensor]] = {}
         if self._grads.pending():
             parts["gradients"] = self._grads.pending()
@@ -285,10 +297,27 @@ class Watch:
         if partial and not parts.get("gradients") and not parts.get("lost_updates") \
                 and "steps" not in parts.get("scale", {}):
             return  # detached right after a sampled step: nothing new
-        host = self._sync(parts)
+        copy = self._sync(parts)
         self._grads.clear()
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
         record: dict[str, Any] = {"type": "step", "step": step, "t": round(time.perf_counter() - self._started, 4)}
+        if self._activations is not None and "activations" not in self._parts.off and not partial:
+            self._guard("activations", lambda: record.update(activations=self._activations.step_record(step)))
+        self._deferred = (copy, record, partial)
+        if not copy.deferred or partial:
+            self._consume()
+
+    def _sync(self, parts: dict[str, dict[str, torch.Tensor]]) -> HostCopy:
+        copy = HostCopy(parts)  # started here; read now on CPU, at the end of the next step on CUDA
+        self.host_syncs += copy.syncs
+        return copy
+
+    def _consume(self) -> None:
+        """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise alarms."""
+        if self._deferred is None:
+            return
+        (copy, record, partial), self._deferred = self._deferred, None
+        host, step = copy.values(), record["step"]
         if "gradients" in host:
             self._guard("gradients", lambda: record.update(gradients=self._grads.consume(host["gradients"], step)))
         if "scale" in host:
@@ -296,8 +325,6 @@ class Watch:
         if "lost_updates" in host:
             self._guard("lost_updates",
                         lambda: record.update(lost_updates=self._lost.consume(host["lost_updates"], step)))
-        if self._activations is not None and "activations" not in self._parts.off and not partial:
-            self._guard("activations", lambda: record.update(activations=self._activations.step_record(step)))
         self._guard("gradients", lambda: self._check_gradients(record, step))
         if not partial:
             self._guard("watch", lambda: self._escalate(record, step))
@@ -309,11 +336,6 @@ class Watch:
         if self._recorder is not None and "recorder" not in self._parts.off:
             self._guard("recorder", lambda: self._recorder.write(record))
 
-    def _sync(self, parts: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, list[float]]]:
-        host, synced = host_copy(parts)
-        self.host_syncs += synced
-        return host
-
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: dict[str, Any], step: int) -> None:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
@@ -323,8 +345,10 @@ class Watch:
             self._activation_result = (armed.summary(), kept)
             armed.detach()
             self._activations = None
-        if self._sampling.escalate(record, step) and self._activations is None and self._model is not None \
-                and "activations" not in self._parts.off:
+        escalated = self._sampling.escalate(record, step)
+        if self._grads.reduces:  # the sampled steps, and so the collectives, must follow the step count alone
+            self._sampling.escalated_at = None
+        if escalated and self._activations is None and self._model is not None and "activations" not in self._parts.off:
             self._guard("activations", self._attach_activations)
             self._armed = self._activations
 
@@ -356,23 +380,7 @@ class Watch:
             if monitor is not None and (part == name or (part == "watch" and name != "recorder")):
                 call_safely(stop, monitor)
 
-    # ---- results --------------------------------------------------------------------------------------------
-    def findings(self) -> list[Finding]:
-        """Return the findings so far: AMP603/604/605/607/608 (and AMP601/602/606 with ``activations=True``)."""
-        activation = self._activation_findings()
-        culprit = next((f.where for f in activation if f.code == "AMP601"), None)
-        out = list(self._parts.findings)
-        if self._scale_monitor is not None:
-            self._scale_monitor.name_culprit(culprit)
-            out += self._scale_monitor.findings()
-        if self._lost is not None:
-            out += self._lost.findings()
-        return out + activation
-
-    def _activation_findings(self) -> list[Finding]:
-        live, kept = self._activations, self._activation_result
-        return live.findings() if live is not None else (kept[1] if kept else [])
-
+    # ---- results (findings, summary and report: ampdoctor.monitor.watch_results) -------------------------
     def summary_data(self) -> dict[str, Any]:
         """Return the JSON-ready summary (``Report.extra["watch"]``)."""
         grads = self._grads.summary(module_rollup(self.last_grads, dict(zip(self.param_names, self.param_modules))))
@@ -388,13 +396,3 @@ class Watch:
             "activations": activations,
             "off": sorted(self._parts.off),
         }
-
-    def summary(self, findings: bool = True) -> Any:
-        """Return a rich renderable of the summary and (unless ``findings=False``) the findings."""
-        return render_watch(self.summary_data(), self.findings() if findings else None)
-
-    def report(self) -> Report:
-        """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""
-        report = Report(extra={"watch": self.summary_data()})   # device facts are read when it is shown
-        list(map(report.add, self.findings()))
-        return report

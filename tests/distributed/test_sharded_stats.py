@@ -1,0 +1,96 @@
+"""Gradient statistics under real torch.distributed (gloo, 2 CPU processes): sharded gradients merged over ranks,
+parameters that cannot be summarised named, and no hang when one rank's forward overflows under DDP.
+
+Each case runs ``stats_scripts/sharded_watch.py`` in a subprocess (``torch.multiprocessing.spawn``, FileStore)
+under a timeout: a hang fails the test instead of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("stats_scripts") / "sharded_watch.py"
+TIMEOUT = 90  # seconds; a healthy run takes under 15 on 2 shared cores
+
+
+def run(tmp_path: Path, mode: str, world: int) -> list[dict]:
+    out = tmp_path / f"{mode}-{world}"
+    # its own session: on a timeout the spawned ranks go too, not only the parent
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(world), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{mode} on {world} ranks did not finish in {TIMEOUT} s: a rank is waiting in a collective")
+    assert proc.returncode == 0, stderr[-3000:]
+    return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(world)]
+
+
+def assert_same_stats(got: dict, want: dict, rel: float = 1e-6) -> None:
+    assert set(got) == set(want) and got
+    for name, stats in want.items():
+        assert set(got[name]) == set(stats), name
+        for key, value in stats.items():
+            if isinstance(value, float) and math.isnan(value):
+                assert math.isnan(got[name][key]), (name, key)
+            else:  # L2 sums float32 squares shard by shard: the order differs, so allow rounding
+                assert got[name][key] == pytest.approx(value, rel=rel, abs=0), (name, key, got[name][key], value)
+
+
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    return run(tmp, "fsdp2", 2), run(tmp, "fsdp2", 1)
+
+
+def test_fsdp2_bf16_statistics_merged_over_two_ranks_equal_one_process(fsdp2) -> None:
+    two, (one,) = fsdp2
+    for rank in two:
+        # the same batch on every rank: the averaged gradient is the one-process gradient
+        assert_same_stats(rank["stats"], one["stats"])
+        assert rank["stats"]["4.bias"]["sampled"] == 3  # 2 + 1 entries on the two ranks: the whole tensor
+        # and against the full gradients gathered (full_tensor) in the same run
+        assert_same_stats(rank["stats"], rank["reference"])
+    assert two[0]["stats"] == two[1]["stats"]  # every rank reports the same merged numbers
+    merged = two[0]["gradients"]["merged_over_ranks"]
+    assert merged == {"params": 6, "collectives": 4}  # 2 sampled steps x (one MAX + one SUM): not one per tensor
+    assert two[0]["host_syncs"] == 2
+    assert "merged_over_ranks" not in one["gradients"]  # one rank: nothing to merge, no collective
+
+
+def test_fsdp1_flat_parameter_is_merged_without_its_padding(tmp_path) -> None:
+    ranks = run(tmp_path, "fsdp1", 2)
+    assert {r["pad"] for r in ranks} == {0, 1}  # 875 entries over 2 ranks: one zero of padding on rank 1
+    for rank in ranks:
+        assert_same_stats(rank["stats"], rank["reference"])
+        assert rank["stats"]["_fsdp_wrapped_module._flat_param"]["sampled"] == 875
+
+
+def test_a_partial_gradient_is_named_in_the_summary_not_left_out_silently(tmp_path) -> None:
+    for rank in run(tmp_path, "partial", 2):
+        assert "4.weight" not in rank["stats"] and "4.bias" in rank["stats"]
+        assert "partial DTensor" in rank["gradients"]["unsummarised"]["4.weight"]
+
+
+def test_one_rank_overflowing_under_ddp_names_the_module_without_a_hang(tmp_path) -> None:
+    ranks = run(tmp_path, "ddp_overflow", 2)
+    for rank in ranks:
+        # DDP's all-reduce sums rank 1's inf into every rank's gradients: both scalers find it and both skip
+        assert [s["found_inf"] for s in rank["steps"]] == [0.0, 1.0]
+        assert [s["params_unchanged"] for s in rank["steps"]] == [False, True]
+    first = ranks[1]["activations"]["first_nonfinite_forward"]
+    assert (first["module"], first["rank"], first["frames"]) == ("module.0", 1, None)  # named, not re-run
+    amp601 = [f for f in ranks[1]["findings"] if f["code"] == "AMP601"]
+    assert amp601 and "on rank 1" in amp601[0]["detail"] and "Not re-run" in amp601[0]["detail"]
+    assert ranks[0]["activations"]["first_nonfinite_forward"] is None  # rank 0's own forward stayed finite
