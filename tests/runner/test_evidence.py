@@ -44,3 +44,17 @@ def test_other_findings_and_a_run_without_gradient_data_are_left_alone():
     assert with_watch_evidence(f, watch) is f
     amp208 = ampdoctor.Finding("AMP208", ampdoctor.Severity.WARNING, "torch.autocast", "x")
     assert with_watch_evidence(amp208, None) is amp208 and with_watch_evidence(amp208, {"gradients": {}}) is amp208
+
+
+def test_ampdoctor_run_adds_the_evidence_to_amp208(tmp_path, capsys):
+    import json
+    import os
+
+    from ampdoctor.ui.cli import main
+
+    script = os.path.join(os.path.dirname(__file__), "..", "real", "cases", "e04_fp16_autocast_no_scaler.py")
+    out = tmp_path / "r.json"
+    main(["run", "--json", str(out), script])  # the script exits 1 itself: its first layer's gradient is all 0
+    capsys.readouterr()
+    [amp208] = [f for f in json.loads(out.read_text())["findings"] if f["code"] == "AMP208"]
+    assert amp208["severity"] == "error" and "is exactly 0 (the fp16 backward flushed them)" in amp208["detail"]

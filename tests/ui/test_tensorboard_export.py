@@ -50,3 +50,13 @@ def test_without_tensorboard_it_says_how_to_get_it(tmp_path):
             "try:\n    write_tensorboard(None, 'x')\nexcept ValueError as exc:\n    print(exc)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == INSTALL_TENSORBOARD, done.stderr
+
+
+def test_report_tensorboard_option(tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed")
+    from ampdoctor.ui.cli import main
+
+    _log(tmp_path)
+    assert main(["report", str(tmp_path / "logs"), "--tensorboard", str(tmp_path / "tb")]) == 0
+    assert "scalar value(s) written for TensorBoard" in capsys.readouterr().out
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())

@@ -299,6 +299,9 @@ class Doctor:
         for finding in watch_report.findings:
             self.report.add(finding)
         self.report.extra.update(watch_report.extra)
+        from ampdoctor.runner.evidence import with_watch_evidence  # a prediction gets what the watch measured
+
+        self.report.findings = [with_watch_evidence(f, watch_report.extra.get("watch")) for f in self.report.findings]
 
     # ---- crash explanation and isolation ---------------------------------------------------------------------
     def explain(self, exc: BaseException) -> list[Finding]:

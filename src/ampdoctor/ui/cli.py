@@ -11,6 +11,11 @@ from typing import Sequence
 
 from rich.console import Console
 
+from ampdoctor.ui.usage import UsageError as _UsageError
+from ampdoctor.ui.usage import check_log_dir as _check_log_dir
+from ampdoctor.ui.usage import check_writable as _check_writable
+from ampdoctor.ui.usage import write_text as _write
+
 EXAMPLES = """\
 examples:
   ampdoctor run train.py --epochs 1            diagnose a training script, unchanged
@@ -47,8 +52,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: error: {message}\nSee `{self.prog} --help` for examples.")
 
 
-class _UsageError(Exception):
-    pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
     report.add_argument("--png", metavar="DIR", help="also write the report's figures as PNG files into DIR (needs "
                         'matplotlib: pip install "ampdoctor[report]")')
+    report.add_argument("--tensorboard", metavar="DIR", help="also write the watch's scalars as TensorBoard events "
+                        "into DIR (needs the tensorboard package)")
     report.add_argument("--with-report", metavar="JSON", help="the JSON report (run --json) of the same run as a "
                         "flight recorder, for its findings")
 
@@ -321,6 +326,14 @@ def _report(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise _UsageError(f"--png {args.png!r}: {getattr(exc, 'strerror', None) or exc}") from None
         _say(out, f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}", wrap=False)
+    if args.tensorboard:
+        from ampdoctor.ui.tensorboard_export import write_tensorboard
+
+        try:
+            n = write_tensorboard(loaded, args.tensorboard)
+        except (OSError, ValueError) as exc:
+            raise _UsageError(f"--tensorboard {args.tensorboard!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        _say(out, f"ampdoctor: {n} scalar value(s) written for TensorBoard to {args.tensorboard}", wrap=False)
     return _strict_status(loaded.report, out) if args.strict else 0
 
 
@@ -362,38 +375,6 @@ def _say(console: Console, text: str, wrap: bool = True) -> None:
 
     console.print("\n".join(wrapped(text, console.width)) if wrap else text, markup=False, soft_wrap=True,
                   highlight=False)
-
-
-def _check_writable(path: str, option: str) -> None:
-    """Raise a usage error unless ``path`` can be written: not a folder, in a folder that exists and is writable."""
-    if os.path.isdir(path):
-        raise _UsageError(f"{option} {path!r} is a folder; give a file name, e.g. {option} report.json")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise _UsageError(f"{option} {path!r}: the folder {folder!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise _UsageError(f"{option} {path!r} cannot be written (permission denied); choose another path")
-
-
-def _check_log_dir(path: str) -> None:
-    """Create ``--log-dir`` now (or find it writable), so a bad one is a usage error before the run."""
-    target = path if not path.endswith(".jsonl") else os.path.dirname(os.path.abspath(path))
-    if os.path.exists(target) and not os.path.isdir(target):
-        raise _UsageError(f"--log-dir {path!r} is a file, not a folder; give a folder, e.g. --log-dir logs")
-    try:
-        os.makedirs(target, exist_ok=True)
-    except OSError as exc:
-        raise _UsageError(f"--log-dir {path!r} cannot be created: {exc.strerror}; choose another folder") from None
-    if not os.access(target, os.W_OK):
-        raise _UsageError(f"--log-dir {path!r} cannot be written (permission denied); choose another folder")
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        raise _UsageError(f"cannot write {path!r}: {exc.strerror}") from None
 
 
 if __name__ == "__main__":
