@@ -39,7 +39,7 @@ def steps(watched: bool, n: int = 6) -> tuple[list[int], object]:
                 opt.zero_grad(set_to_none=True)
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-        counts.append(sum("synchroniz" in str(s.message) for s in seen))
+        counts.append(sum("called a synchronizing CUDA operation" in str(s.message) for s in seen))
     if w is not None:
         w.detach()
     return counts, w

@@ -8,6 +8,7 @@ iteration, counted) is the guard's job.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable
 
 import torch
@@ -208,7 +209,7 @@ def _lr_factor(before: list[float] | None, after: list[float] | None) -> float:
 
 
 def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
-    """Return the sum of each list of found-inf flags, with one host transfer per device."""
+    """Return the sum of each list of found-inf flags, with one host transfer per device (explanations only)."""
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, flags in enumerate(groups):
         for t in flags:
@@ -219,6 +220,41 @@ def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
         for (i, _), v in zip(items, values):
             sums[i] += v
     return sums
+
+
+class SkipTally:
+    """AMP409 checks decided on the device: per (optimizer, scheduler class, call site), the iterations in which the
+    schedule advanced over a skipped optimizer step, the first and last of them, and the log of the learning-rate
+    factor those scheduler steps made. Nothing is read back until ``read()`` (when findings are asked for), so the
+    guard adds no host sync to a training step; each ``add`` costs a few kernel launches per scheduler step.
+    """
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[int, str, str], torch.Tensor] = {}  # [count, first, last, log factor], float64
+
+    def add(self, batch: list[tuple[_Pending, list[torch.Tensor]]]) -> None:
+        """Count the checks of ``batch`` (each with its found-inf flags) into their rows, on the flags' device."""
+        for (record, key, cls, site, lr), flags in batch:
+            skipped = (torch.stack([t.reshape(()).double() for t in flags]).sum() > 0).double()
+            row = self._rows.get((key, cls, site))
+            if row is None:
+                row = self._rows[(key, cls, site)] = torch.zeros(4, dtype=torch.float64, device=skipped.device)
+                row[1:2].fill_(math.inf)   # fills on the device: a tensor built from a list would copy, and sync
+                row[2:3].fill_(-math.inf)
+            log_factor = math.log(lr[1]) if lr[1] > 0 and math.isfinite(lr[1]) else 0.0
+            index = float(record.index)
+            row += torch.stack([skipped, skipped * 0, skipped * 0, skipped * log_factor])
+            row[1] = torch.where(skipped > 0, torch.minimum(row[1], torch.full_like(row[1], index)), row[1])
+            row[2] = torch.where(skipped > 0, torch.maximum(row[2], torch.full_like(row[2], index)), row[2])
+
+    def read(self) -> list[tuple[tuple[int, str, str], int, int, int, float]]:
+        """Return ``((key, class, site), count, first, last, lr factor)`` for each row that counted a skip."""
+        out = []
+        for where, row in self._rows.items():
+            count, first, last, log_factor = row.tolist()   # the host read, at findings() time only
+            if count > 0:
+                out.append((where, int(count), int(first), int(last), math.exp(log_factor)))
+        return out
 
 
 def _scheduler_classes() -> list[type]:
@@ -272,9 +308,9 @@ class ScheduleDrift:
         if lr is not None:
             lr[1] = _lr_factor(lr[0], _lr_values(getattr(scheduler, "optimizer", None)))
 
-    def add(self, f: Finding, lr: list[Any]) -> None:
-        count, factor = self._places.get(f.where, (0, 1.0))
-        self._places[f.where] = (count + 1, factor * lr[1])
+    def set(self, where: str, count: int, factor: float) -> None:
+        """Record that the schedule advanced on ``count`` skipped steps at ``where``, moving the LR by ``factor``."""
+        self._places[where] = (count, factor)
 
     def escalate(self, findings: list[Finding], iterations: int) -> list[Finding]:
         """Return ``findings`` with each AMP409 at the severity its counts earn."""

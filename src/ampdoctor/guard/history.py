@@ -73,6 +73,10 @@ class _Ledger:
             seen.count += 1
             seen.last = f.step
 
+    def set_span(self, f: Finding, count: int, last: int) -> None:
+        """Set ``f`` as seen in ``count`` iterations, the last of them ``last`` (counted elsewhere, on the device)."""
+        self._seen[(f.code, f.where)] = _Seen(f, count, last)
+
     def replace(self, f: Finding) -> None:
         """Set ``f`` as seen once, replacing the finding with its code and place."""
         self._seen[(f.code, f.where)] = _Seen(f)

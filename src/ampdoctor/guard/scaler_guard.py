@@ -24,8 +24,9 @@ from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.explanations.culprits import no_grad_findings
 from ampdoctor.explanations.naming import finding
-from ampdoctor.guard.checks import (ScheduleDrift, _infer_failure, _keep_found_inf, _no_scale, _resume_finding,
-                                    _scheduler_classes, _scheduler_finding, _split_pending, _sum_flags, _unscale_twice)
+from ampdoctor.guard.checks import (ScheduleDrift, SkipTally, _infer_failure, _keep_found_inf, _no_scale,
+                                    _resume_finding, _scheduler_classes, _scheduler_finding, _split_pending,
+                                    _sum_flags, _unscale_twice)
 from ampdoctor.guard.clipping import _ClipOwners
 from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
 from ampdoctor.guard.steps import _second_step
@@ -72,7 +73,7 @@ class ScalerGuard:
         self._optimizers = _Optimizers()
         self._last_stepped: dict[int, _Iteration] = {}
         self._pending: list[tuple[_Iteration, int, str, str, list[Any]]] = []
-        self._drift = ScheduleDrift()  # AMP409's counts and learning-rate factor, for its severity
+        self._drift, self._tally = ScheduleDrift(), SkipTally()  # AMP409: counted on the device, read at the end
         self._clip_owners = _ClipOwners()
         self._on = False
         self._calls = 0
@@ -389,12 +390,11 @@ class ScalerGuard:
         self._pending.append((record, key, type(scheduler).__name__, site, self._drift.before(scheduler)))
 
     def _resolve(self, force: bool = False) -> None:
-        """Decide pending AMP409 checks: read their found-inf flags in one batch."""
-        if not self._pending:
-            return
-        self._pending, batch = _split_pending(self._pending, self._cur, self.scaler, force)
-        for ((record, key, cls, site, lr), _), total in zip(batch, _sum_flags([f for _, f in batch])):
-            if total > 0:
-                f = _scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, record.index)
-                self._drift.add(f, lr)
-                self._record(f)
+        """Count pending AMP409 checks on the device; with ``force`` (findings asked for) read the counts once."""
+        if self._pending:
+            self._pending, batch = _split_pending(self._pending, self._cur, self.scaler, force)
+            self._tally.add(batch)
+        for (key, cls, site), count, first, last, factor in (self._tally.read() if force else ()):
+            f = _scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, first)
+            self._drift.set(f.where, count, factor)
+            self._ledger.set_span(f, count, last)

@@ -113,4 +113,5 @@ results["no_shard_sharded_scaler"] = one_step(ShardedGradScaler(device="cpu"))  
 results["no_shard_plain_scaler"] = one_step(torch.amp.GradScaler("cpu"))        # no collective after this
 with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
     json.dump(results, f)
+dist.barrier()  # no rank tears gloo down while the other is still in a collective
 dist.destroy_process_group()
