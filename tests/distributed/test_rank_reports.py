@@ -200,3 +200,35 @@ def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("path, rank, expected", [("out/r.json", 1, "out/r.rank1.json"), ("r", 2, "r.rank2")])
 def test_a_rank_reporting_itself_writes_its_own_json(path: str, rank: int, expected: str) -> None:
     assert rank_reports.rank_path(path, rank) == expected
+
+
+def _watched_report(inf_at: set[int]):
+    # one rank's real watch: a GradScaler run in which this rank's gradient is inf at the given steps
+    import torch
+    from torch import nn
+
+    import ampdoctor
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdoctor.watch(model, opt, scaler, every=1) as w:
+        for step in range(5):
+            scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+            if step in inf_at:
+                model.weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    return w.report()
+
+
+def test_ranks_that_skipped_different_steps_get_amp411_from_their_reports():
+    # FSDP1 with a plain GradScaler: each rank decides from its own shard. The merge compares the ranks' recorded
+    # skips and scales (from the report files, no collective) and says where they first differ.
+    from ampdoctor.runner.rank_reports import disagreements
+
+    apart = disagreements({0: _watched_report({1}), 1: _watched_report(set())})
+    assert [(f.code, f.step) for f in apart] == [("AMP411", 1)]
+    assert disagreements({0: _watched_report({1}), 1: _watched_report({1})}) == []  # they agree: quiet

@@ -200,7 +200,10 @@ class RankExchange:
             notes.append(f"ranks {local}-{world - 1} run on other nodes and were not collected: set {ENV_DIR} to a "
                          "folder every node can read")
         times = {r: s["failed_at"] for r, s in self.statuses.items() if isinstance(s.get("failed_at"), (int, float))}
-        return merge_rank_reports(reports, expected=range(world), failed_at=times, notes=notes)
+        merged = merge_rank_reports(reports, expected=range(world), failed_at=times, notes=notes)
+        for finding in disagreements(reports):  # AMP411: compared here, from the files; no collective
+            merged.add(finding)
+        return merged
 
     def announce(self, report: Report) -> None:
         """Tell the failed ranks their crash was reported; then clear the folder once none of them waits."""
@@ -326,3 +329,17 @@ def _remove(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+def disagreements(reports: dict[int, Report]) -> list[Any]:
+    """Return AMP411 when the ranks' watches recorded different skipped steps or loss scales (see
+    ``ampdoctor.guard.history.rank_disagreements``); nothing when fewer than two ranks watched the scale."""
+    from ampdoctor.guard.history import rank_disagreements
+
+    per_rank = {}
+    for rank, report in reports.items():
+        scale = ((report.extra.get("watch") or {}).get("scale") or {})
+        if isinstance(scale.get("steps"), int) and isinstance(scale.get("history"), list):
+            per_rank[rank] = {"steps": scale["steps"], "skipped_steps": scale.get("skipped_steps") or [],
+                              "scale_history": scale["history"]}
+    return rank_disagreements(per_rank) if len(per_rank) > 1 else []
