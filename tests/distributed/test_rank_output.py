@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -46,9 +47,20 @@ def _launch(tmp_path: Path, *args: str, launcher: list[str] | None = None, defau
                           "--master-port", port]
     if launcher:
         launch = launch + ["--main_process_port", port]
-    proc = subprocess.run([*launch, "-m", "ampdoctor", "run", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT)
-    return proc.returncode, proc.stdout + proc.stderr
+    # its own session, killed as a group on timeout: the workers must not outlive a hung job
+    proc = subprocess.Popen([*launch, "-m", "ampdoctor", "run", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)   # torchrun passes it to its workers (each in a session of its own)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        raise AssertionError(f"the job hung for {TIMEOUT} s:\n{out[-3000:]}\n{err[-3000:]}") from None
+    return proc.returncode, out + err
 
 
 def _ampdoctor_lines(output: str) -> list[str]:
