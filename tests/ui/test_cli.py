@@ -79,6 +79,7 @@ def test_help_states_the_exit_status_rule(capsys):
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "exit status:" in out and "--strict" in out and "2  ampdoctor could not do what was asked" in out
+    assert max(map(len, out.splitlines())) <= 80  # the help fits 80 columns
 
 
 def test_usage_errors_exit_2(capsys):

@@ -11,10 +11,13 @@ __all__ = ["add_arguments", "advise_main", "EXAMPLES"]
 
 EXAMPLES = """\
 examples:
-  ampdoctor advise ./llama-7b/config.json --batch-size 1 --seq-len 2048 --budget 24GiB
-  ampdoctor advise mypkg.models:build --batch-size 32 --seq-len 224 --optimizer sgd
+  ampdoctor advise ./llama-7b/config.json --batch-size 1 --seq-len 2048 \\
+      --budget 24GiB
+  ampdoctor advise mypkg.models:build --batch-size 32 --seq-len 224 \\
+      --optimizer sgd
   ampdoctor advise ./llama-7b --budget 80GB --devices 8 --json advice.json
-  ampdoctor advise ./llama-7b --budget 24GiB --log logs/ampdoctor.jsonl   use a watched run's gradients
+  ampdoctor advise ./llama-7b --budget 24GiB --log logs/ampdoctor.jsonl
+      (use a watched run's gradients)
 """
 
 

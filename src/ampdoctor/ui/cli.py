@@ -18,31 +18,41 @@ from ampdoctor.ui.usage import write_text as _write
 
 EXAMPLES = """\
 examples:
-  ampdoctor run train.py --epochs 1            diagnose a training script, unchanged
-  ampdoctor run --fix train.py                 ... and repair fp16 parameters / add fp32 master weights
-  ampdoctor run --json report.json train.py    also write the findings as JSON
-  ampdoctor run -m mypackage.train --lr 1e-4   run a module, like python -m
-  ampdoctor run --strict train.py              in CI: exit 1 on error findings
+  ampdoctor run train.py --epochs 1
+      diagnose a training script, unchanged
+  ampdoctor run --fix train.py
+      ... and repair fp16 parameters or add fp32 master weights
+  ampdoctor run --json report.json --log-dir logs train.py
+      also write the JSON report, and a flight recorder: logs/ampdoctor.jsonl
+  ampdoctor run -m mypackage.train --lr 1e-4
+      run a module, like python -m
+  ampdoctor run --strict train.py
+      in CI: exit 1 on error findings
   ampdoctor explain "ValueError: Attempting to unscale FP16 gradients."
-  python train.py 2>&1 | ampdoctor explain -   explain a pasted traceback
-  ampdoctor explain AMP401                     show one rule
-  ampdoctor rules                              list the catalog
-  ampdoctor run --log-dir logs train.py         also keep a flight recorder: logs/ampdoctor.jsonl
+  python train.py 2>&1 | ampdoctor explain -
+      explain a pasted traceback
+  ampdoctor explain AMP401
+      show one rule (ampdoctor rules: the catalog)
   ampdoctor report logs/ampdoctor.jsonl --html report.html
-  ampdoctor demo                               reproduce the classic error, diagnose it, fix it
-  ampdoctor advise ./llama-7b/config.json --batch-size 1 --seq-len 2048 --budget 24GiB
-                                               memory per strategy, and which one fits
+      one self-contained HTML page with plots
+  ampdoctor advise ./llama-7b/config.json --batch-size 1 --seq-len 2048
+      memory per strategy, and which one fits (--budget 24GiB)
+  ampdoctor demo
+      reproduce the classic error, diagnose it, fix it
 """
 
 
 EXIT_STATUS = """\
 exit status:
-  0  done; for `run`, the script exited 0. Findings alone do not fail a command.
-  1  `run`: the script failed (its own status is passed on, 1 if it had none).
-     --strict (run, report): also 1 when a finding is at error severity (training
-     is broken or about to crash) or nothing was trained where ampdoctor could see.
-  2  ampdoctor could not do what was asked: bad arguments, an unreadable input,
-     an output path that cannot be written (checked before the script starts).
+  0  done; for `run`, the script exited 0. Findings alone do not fail a
+     command.
+  1  `run`: the script failed (its own status is passed on, 1 if it had
+     none). --strict (run, report): also 1 when a finding is at error
+     severity (training is broken or about to crash) or nothing was trained
+     where ampdoctor could see.
+  2  ampdoctor could not do what was asked: bad arguments, an unreadable
+     input, an output path that cannot be written (checked before the
+     script starts).
 """
 
 
