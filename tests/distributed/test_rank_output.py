@@ -149,3 +149,18 @@ def test_accelerate_launch_on_torchrun_gives_the_same_one_report(tmp_path: Path)
     assert _ampdoctor_lines(output).count("ampdoctor findings") == 1, output[-5000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP101", [0, 1])]
+
+
+def test_a_forward_overflow_on_one_rank_is_named_with_that_rank_and_every_rank_skipped(tmp_path: Path) -> None:
+    # Rank 1 alone overflows in its forward; DDP's all-reduce spreads the inf, so both ranks skip every step. The
+    # merged report names the module on rank 1 (no re-run under DDP: it would wait in collectives rank 0 never
+    # joins) and reports the skips on both ranks.
+    code, output = _launch(tmp_path, "--json", "r.json", "--every", "1", str(SCRIPT), "overflow1", "12")
+    assert code == 0, output
+    findings = json.loads((tmp_path / "r.json").read_text())["findings"]
+    amp601 = [f for f in findings if f["code"] == "AMP601"]
+    assert [f["ranks"] for f in amp601] == [[1]] and "0 (Linear)" in amp601[0]["where"], amp601
+    [amp604] = [f for f in findings if f["code"] == "AMP604"]
+    assert amp604["ranks"] == [0, 1], amp604   # the same skips on both ranks: one finding, both ranks
+    collapse = [f for f in findings if f["code"] == "AMP603"]   # per rank: rank 1's also names the module
+    assert sorted(r for f in collapse for r in f["ranks"]) == [0, 1], collapse
