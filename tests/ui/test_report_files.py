@@ -216,3 +216,16 @@ def _console(renderable) -> str:
     console = Console(width=200, record=True, file=open(os.devnull, "w"))
     console.print(renderable)
     return console.export_text()
+
+
+def test_a_merged_torchrun_report_shows_the_ranks_of_each_finding(tmp_path):
+    from ampdoctor.core.findings import Finding, Severity
+    from ampdoctor.core.report import Report, merge_rank_reports
+
+    seed = Finding("AMP101", Severity.ERROR, "head", "head.weight (float16, [4, 16]) is trainable float16")
+    overflow = Finding("AMP601", Severity.ERROR, "0 (Linear)", "output inf at step 1")
+    merged = merge_rank_reports({0: Report([seed]), 1: Report([seed, overflow])})
+    path = tmp_path / "r.json"
+    path.write_text(merged.to_json())
+    page = render_html(load_any(str(path)))
+    assert "on ranks 0, 1" in page and "on rank 1<" in page

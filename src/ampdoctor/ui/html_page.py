@@ -156,6 +156,9 @@ def _finding_row(group: FindingGroup) -> str:
     when = [f"step {group.step}"] if group.step is not None else []
     if group.process:
         when.append(group.process)
+    ranks = sorted({r for f in group.findings for r in (f.ranks or ())})  # a torchrun job's merged report
+    if ranks:
+        when.append(f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
     return (f"<tr class='{esc(group.severity.value)}'><td><b>{esc(group.code)}</b><br>{esc(group.severity.value)}"
             f"<br><small>{esc(name)}</small></td><td class='where'>{where}</td><td><b>{esc(title)}</b>"
             + _detail(group.detail) + (f"<p class='when'>{esc(', '.join(when))}</p>" if when else "")
