@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Callable
+
+from ampdoctor.core.findings import Finding, Severity
 
 
 def call_safely(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None] | None = None,
@@ -25,3 +28,14 @@ def call_safely(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseExce
             except Exception:
                 pass
         return None
+
+
+def internal_error_finding(exc: BaseException) -> Finding:
+    """Return the AMP001 finding for ampdoctor's own failure ``exc``, with the file and line it came from.
+
+    >>> internal_error_finding(ValueError("bad")).detail
+    'ValueError: bad'
+    """
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    place = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
+    return Finding("AMP001", Severity.INFO, "ampdoctor", f"{type(exc).__name__}: {exc}{place}")

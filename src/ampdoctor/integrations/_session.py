@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections import Counter
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.integrations._clip_norms import ClipNorms
 from ampdoctor.integrations._rules import CLIPPED, integration_finding
 from ampdoctor.runner.observers import GlobalObservers
-from ampdoctor.runner.repair import RunRepairs, owns_any
+from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
 
 __all__ = ["CallbackSession", "check_options"]
 
@@ -135,16 +133,11 @@ class CallbackSession:
         if len(self.report.changes) == before:
             return found
         # What the fix resolved stays in the report, as info that says so: the training code still has it.
-        remaining = {(f.code, f.where) for f in look()}
-        fixed = [f for f in found if (f.code, f.where) not in remaining]
-        if fixed:
-            counts = Counter(f.code for f in fixed)
+        found, fixed, line = split_repaired(found, look(), "fix=True", "the training code itself")
+        if line:
             self.report.extra["fixed"] = [f.to_dict() for f in fixed]
-            self._event("ampdoctor fix=True resolved " + ", ".join(
-                f"{code} ({n} {'place' if n == 1 else 'places'})" for code, n in counts.items()))
-        return [f for f in found if (f.code, f.where) in remaining] + [
-            replace(f, severity=Severity.INFO, detail=f"repaired in this run by fix=True; the training code itself "
-                    f"still has it: {f.detail}") for f in fixed]
+            self._event(line)
+        return found
 
     def _attach_guard(self) -> None:
         from ampdoctor.guard.scaler_guard import ScalerGuard
@@ -301,9 +294,7 @@ class CallbackSession:
     def internal_error(self, exc: BaseException) -> None:
         """Report ampdoctor's own failure once (AMP001) and carry on; the training never sees it."""
         if not self._broken:
-            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-            place = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
-            self.report.add(Finding("AMP001", Severity.INFO, "ampdoctor", f"{type(exc).__name__}: {exc}{place}"))
+            self.report.add(internal_error_finding(exc))
             self._event(f"ampdoctor: internal error ({type(exc).__name__}: {exc}); stepping aside, training "
                         "continues unaffected")
         self._broken = True

@@ -11,8 +11,6 @@ import sys
 import time
 import traceback
 import weakref
-from collections import Counter
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -20,8 +18,8 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ampdoctor._torch.scaler import is_enabled
-from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import observe
 from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
@@ -29,7 +27,7 @@ from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
 from ampdoctor.runner.frameworks import framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
-from ampdoctor.runner.repair import RunRepairs, owns_any
+from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 _MAX_SCANS = 64       # under --fix, scans for the optimizer of a model first seen after the start (folds)
@@ -240,16 +238,10 @@ class Doctor:
             self._repairs.apply(self.setup, self.models, self._autocast)   # all or nothing: it rolls back on error
             if len(self.report.changes) > before:
                 # What the fix resolved stays in the report, as info that says so: the script still has the bug.
-                remaining = {(f.code, f.where) for f in run_preflight(self.setup)}
-                fixed = [f for f in found if (f.code, f.where) not in remaining]
-                found = [f for f in found if (f.code, f.where) in remaining] + [
-                    replace(f, severity=Severity.INFO, detail=f"repaired in this run by --fix; the script itself "
-                            f"still has it: {f.detail}") for f in fixed]
-                if fixed:
-                    counts = Counter(f.code for f in fixed)   # findings, by code: not the same unit as changes
+                found, fixed, line = split_repaired(found, run_preflight(self.setup), "--fix", "the script itself")
+                if line:
                     self.report.extra["fixed"] = [f.to_dict() for f in fixed]
-                    self.on_event("ampdoctor --fix resolved " + ", ".join(
-                        f"{code} ({n} {'place' if n == 1 else 'places'})" for code, n in counts.items()))
+                    self.on_event(line)
         for finding in found:
             self.report.add(finding)
         self._safely(self._attach_guard)
@@ -333,9 +325,7 @@ class Doctor:
 
     def _internal_error(self, exc: BaseException) -> None:
         if not self._broken:
-            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-            place = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
-            self.report.add(Finding("AMP001", Severity.INFO, "ampdoctor", f"{type(exc).__name__}: {exc}{place}"))
+            self.report.add(internal_error_finding(exc))
             self.on_event(f"ampdoctor: internal error ({type(exc).__name__}: {exc}); stepping aside, "
                           "training continues unaffected")
         # Hooks stay registered until detach (they return at once when broken): removing a hook while torch

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
+from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, optimizer_tensors
 
@@ -185,3 +188,24 @@ class _Snapshot:
                 optimizer.state.pop(p, None)
             else:
                 optimizer.state[p] = state
+
+
+def split_repaired(found: list[Finding], remaining: list[Finding], by: str, still: str
+                   ) -> tuple[list[Finding], list[Finding], str | None]:
+    """Return ``found`` with what a fix resolved turned into info that says so, the resolved findings, and the line
+    that announces them (None when nothing was resolved). The code still has the bug, so the finding stays.
+
+    Args:
+        found: the findings before the fix; remaining: the same rules' findings after it.
+        by: the fix's name in the texts (``"--fix"``, ``"fix=True"``); still: what still has the bug.
+    """
+    left = {(f.code, f.where) for f in remaining}
+    fixed = [f for f in found if (f.code, f.where) not in left]
+    kept = [f for f in found if (f.code, f.where) in left] + [
+        replace(f, severity=Severity.INFO, detail=f"repaired in this run by {by}; {still} still has it: {f.detail}")
+        for f in fixed]
+    if not fixed:
+        return kept, fixed, None
+    counts = Counter(f.code for f in fixed)   # findings, by code: not the same unit as changes
+    return kept, fixed, f"ampdoctor {by} resolved " + ", ".join(
+        f"{code} ({n} {'place' if n == 1 else 'places'})" for code, n in counts.items())
