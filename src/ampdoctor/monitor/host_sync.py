@@ -1,9 +1,11 @@
 """The one host sync of a sampled step: every monitor's pending device tensors, copied to the host together.
 
 On CPU the values are read at once (the plain copy). On an accelerator ``HostCopy`` starts a ``non_blocking``
-copy into pinned host memory and records an event after it; the watch reads the values at the end of the next
-step, when the device has long finished, so the read does not drain the pipeline even when every step is
-sampled. Any ``non_blocking`` device-to-host copy is read only after its event: the tensors are first gathered
+copy into pinned host memory and records an event after it; when the next step is sampled too (``every=1``, the
+dense start, an escalation) the watch reads the values at the end of that next step, when the device has long
+finished, so the read does not drain the pipeline. The price: ``Watch.last_grads`` and the alarms lag one step
+there, and an escalation after trouble (its activation hooks) starts one step later. Before a step that is not
+sampled the copy is read at once: one sync in ``every`` steps. Any ``non_blocking`` device-to-host copy is read only after its event: the tensors are first gathered
 on the accelerator (host-to-device and device-to-device copies are ordered on the streams).
 """
 
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["host_copy", "HostCopy", "DEFER"]
+__all__ = ["host_copy", "HostCopy", "DEFER", "DEFER_ON_CPU"]
 
-# Reading a sampled step's copy one step later is off: on an H200 under Lightning 16-mixed it lost the loss scales
-# of the steps after the last sampled one and shifted a skipped step, so AMP608 fired on a step the GradScaler had
-# skipped. With it off a sampled step costs one sync on CUDA (the event's), as on CPU; non-sampled steps none.
-DEFER = False
+# Read a sampled step's CUDA copy one step later, so that even every=1 does not drain the pipeline. The monitors
+# hand their device values over when the copy starts (``pending()``), not when it is read: the step in between
+# already writes new ones (a first version reset them when reading, which lost that step's loss scale).
+DEFER = True
+# Defer CPU copies too: the bookkeeping of the deferred read then runs without a GPU. Tests switch it on
+# (tests/monitor/test_deferred_read.py: a deferred watch must see exactly what an immediate one sees).
+DEFER_ON_CPU = False
 
 
 class HostCopy:
@@ -56,7 +61,7 @@ class HostCopy:
     @property
     def deferred(self) -> bool:
         """Whether the copy may be read a step later (CUDA), when the device is done; see ``DEFER``."""
-        return DEFER and self._event is not None
+        return DEFER and (self._event is not None or (DEFER_ON_CPU and self._host is not None))
 
     def values(self) -> dict[str, dict[str, list[float]]]:
         """Wait for the copy (its event, if any) and return the host values by part and key."""

@@ -152,12 +152,16 @@ class ScaleMonitor:
 
     # ---- the owner's sync -----------------------------------------------------------------------------------
     def pending(self) -> dict[str, torch.Tensor]:
-        """Return the device tensors to read in the next sync: per-step rows and the scale after the last update."""
+        """Hand over the device tensors to read in the next sync: the per-step rows since the last call and the
+        scale after the last update. The rows are handed over here, not at ``consume``: on CUDA the copy is read a
+        step later, and the step in between writes its row already (the copy, started first, is stream-ordered
+        before it)."""
         out: dict[str, torch.Tensor] = {}
         if self.disabled:
             return out
         if self._buffer is not None and self._pending:
             out["steps"] = self._buffer[: self._pending]
+            self._pending = 0
         scale = live_scale(self._scaler) if self._scaler is not None else None
         if scale is not None:
             out["scale"] = scale.detach().reshape(1)
@@ -196,7 +200,6 @@ class ScaleMonitor:
             else:
                 self.run = 0
             self.steps += 1
-        self._pending = 0
         if "scale" in values:
             self.current_scale = values["scale"][0]
             if self.lowest is None or self.current_scale < self.lowest[1]:

@@ -159,13 +159,14 @@ class LostUpdateMonitor:
 
     # ---- the owner's sync -------------------------------------------------------------------------------------
     def pending(self) -> dict[str, torch.Tensor]:
-        """Return the device counts gathered since the last sync (``{}`` if none)."""
-        return {} if self._counts is None else {"counts": self._counts}
+        """Hand over the device counts gathered since the last call (``{}`` if none); the next sampled step starts
+        new ones, also when this copy is read a step later (CUDA)."""
+        counts, self._counts = self._counts, None
+        return {} if counts is None else {"counts": counts}
 
     def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
         """Take the host values of ``pending()``; return ``{name: lost fraction}`` for this sample."""
         flat = values.get("counts")
-        self._counts = None
         if not flat:
             return {}
         self.steps += 1

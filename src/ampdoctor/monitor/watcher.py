@@ -116,7 +116,7 @@ class Watch(WatchResults):
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an escalation's ActivationMonitor
+        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an escalation's ActivationMonitor, step
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -297,20 +297,18 @@ class Watch(WatchResults):
         if partial and not parts.get("gradients") and not parts.get("lost_updates") \
                 and "steps" not in parts.get("scale", {}):
             return  # detached right after a sampled step: nothing new
-        copy = self._sync(parts)
+        copy = HostCopy(parts)  # started here; read now on CPU, at the end of the next step on CUDA
+        self.host_syncs += copy.syncs
         self._grads.clear()
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
         record: dict[str, Any] = {"type": "step", "step": step, "t": round(time.perf_counter() - self._started, 4)}
         if self._activations is not None and "activations" not in self._parts.off and not partial:
             self._guard("activations", lambda: record.update(activations=self._activations.step_record(step)))
         self._deferred = (copy, record, partial)
-        if not copy.deferred or partial:
+        # deferred only when the next step is sampled too: escalation needs the values (test_deferred_read.py)
+        if not copy.deferred or partial or not self._sampling.sampled(step + 1):
             self._consume()
 
-    def _sync(self, parts: dict[str, dict[str, torch.Tensor]]) -> HostCopy:
-        copy = HostCopy(parts)  # started here; read now on CPU, at the end of the next step on CUDA
-        self.host_syncs += copy.syncs
-        return copy
 
     def _consume(self) -> None:
         """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise alarms."""
@@ -339,8 +337,9 @@ class Watch(WatchResults):
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: dict[str, Any], step: int) -> None:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
-        armed, self._armed = self._armed, None
-        if armed is not None:  # its one step is recorded: keep what it found, drop its hooks
+        armed, armed_at = self._armed or (None, 0)
+        if armed is not None and step > armed_at:  # its step is recorded: keep what it found, drop its hooks
+            self._armed = None
             kept = [f for f in armed.findings() if f.code in ("AMP601", "AMP609")]  # an inf grad is what skips are for
             self._activation_result = (armed.summary(), kept)
             armed.detach()
@@ -350,7 +349,7 @@ class Watch(WatchResults):
             self._sampling.escalated_at = None
         if escalated and self._activations is None and self._model is not None and "activations" not in self._parts.off:
             self._guard("activations", self._attach_activations)
-            self._armed = self._activations
+            self._armed = (self._activations, self.steps)  # it hooks the next step; read a step later: that one
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int) -> None:
