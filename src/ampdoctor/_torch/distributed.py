@@ -39,7 +39,9 @@ def fsdp2_param_dtype(module: Any) -> torch.dtype | None:
 # A layout is ("local", ()) for a gradient that holds its whole value on this rank (plain tensor, DDP replica,
 # replicated DTensor, FSDP1 NO_SHARD), ("sharded", groups) for one whose rows are split over each group's ranks
 # (FSDP2 / TP ``Shard`` DTensors, sharded FSDP1 flat parameters), and ("partial", ()) for a DTensor that is a
-# pending sum (``Partial``): its statistics are not a function of the parts' statistics.
+# pending sum (``Partial``): its statistics are not a function of the parts' statistics, and ("unknown",
+# (placements,)) for a DTensor with a placement this module does not know: merging it could count entries twice or
+# miss some, so it is named instead.
 Layout = tuple[str, tuple[Any, ...]]
 LOCAL: Layout = ("local", ())
 
@@ -86,20 +88,45 @@ def param_layout(param: Any, fsdp1: dict[int, Layout]) -> Layout:
     mesh = getattr(param, "device_mesh", None)
     if placements is None or mesh is None:
         return LOCAL
-    if any(_is(p, "is_partial") for p in placements):
+    kinds = [placement_kind(p) for p in placements]
+    if "partial" in kinds:
         return ("partial", ())
-    groups = tuple(mesh.get_group(dim) for dim, p in enumerate(placements) if _is(p, "is_shard"))
+    if "unknown" in kinds:
+        return ("unknown", (", ".join(str(p) for p in placements),))
+    # every mesh dimension the tensor is split over, in mesh order: a 2-D (dp, tp) DTensor is merged over both
+    groups = tuple(mesh.get_group(dim) for dim, kind in enumerate(kinds) if kind == "shard")
     return ("sharded", groups) if groups else LOCAL
 
 
 def grad_layout(grad: Any) -> str:
-    """Return ``"local"``, ``"sharded"`` or ``"partial"`` for a gradient as it is (a DTensor's placements)."""
+    """Return ``"local"``, ``"sharded"``, ``"partial"`` or ``"unknown"`` for a gradient as it is (a DTensor's
+    placements)."""
     placements = getattr(grad, "placements", None)
     if placements is None or getattr(grad, "to_local", None) is None:
         return "local"
-    if any(_is(p, "is_partial") for p in placements):
+    kinds = {placement_kind(p) for p in placements}
+    for kind in ("partial", "unknown", "shard"):
+        if kind in kinds:
+            return "sharded" if kind == "shard" else kind
+    return "local"
+
+
+def placement_kind(placement: Any) -> str:
+    """Return ``"shard"``, ``"replicate"``, ``"partial"`` or ``"unknown"`` for a DTensor placement.
+
+    ``_StridedShard`` (what ``fully_shard`` puts on the dp dimension of a tensor-parallel weight split on the same
+    dim) is a shard: each rank holds distinct entries, and the ranks of that mesh dimension hold all of them. In
+    torch 2.13 it is no ``Shard`` subclass and its ``is_shard()`` is False, so a check on ``is_shard`` alone would
+    merge such a gradient over the tp group only. Anything else unrecognised is ``"unknown"``, never merged.
+    """
+    if _is(placement, "is_partial"):
         return "partial"
-    return "sharded" if any(_is(p, "is_shard") for p in placements) else "local"
+    if _is(placement, "is_replicate"):
+        return "replicate"
+    if _is(placement, "is_shard") or (type(placement).__name__ == "_StridedShard"
+                                      and isinstance(getattr(placement, "dim", None), int)):
+        return "shard"
+    return "unknown"
 
 
 def _is(placement: Any, test: str) -> bool:

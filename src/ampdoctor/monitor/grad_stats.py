@@ -296,12 +296,13 @@ class GradStats:
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
     """Return the plain local tensor of a DTensor (no communication): the whole value when replicated, this rank's
     shard when sharded (its row counts only after a merge over the ranks: ``ampdoctor.monitor.reduction``);
-    ``None`` for a partial one (a pending sum: the statistics of a sum are not those of its parts), and anything
-    else unchanged."""
+    ``None`` for a partial one (a pending sum: the statistics of a sum are not those of its parts) or one with a
+    placement ``ampdoctor._torch.distributed.placement_kind`` does not know (its shard could overlap another's),
+    and anything else unchanged."""
     to_local = getattr(t, "to_local", None)
     if t is None or to_local is None or not isinstance(t, torch.Tensor):
         return t
-    if grad_layout(t) == "partial":
+    if grad_layout(t) in ("partial", "unknown"):
         return None
     return to_local()
 

@@ -34,6 +34,8 @@ __all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradie
 
 _PARTIAL = ("partial DTensor gradient (a pending sum over ranks): the statistics of a sum are not a function of "
             "each rank's part, so it is left out rather than misreported")
+_UNKNOWN = ("DTensor placements {} that ampdoctor cannot merge over the ranks (an entry could be counted twice or "
+            "missed), so it is left out rather than misreported")
 UNDERFLOW_FRACTION = 0.01
 SUBNORMAL_FRACTION = 0.10
 NORM_HISTORY = 10_000  # sampled steps whose global norm is kept
@@ -69,8 +71,9 @@ class GradientReader:
         sharded = any(kind == "sharded" for kind, _ in self._layouts) and distributed_world() > 1
         self.reduction = ShardReduction(self._layouts, numels, counts=stats != "norms") if sharded else None
         # parameters whose gradients are left out of the statistics, with why (reported in the summary)
-        self.unsummarised: dict[str, str] = {n: _PARTIAL for n, (kind, _) in zip(self.names, self._layouts)
-                                             if kind == "partial"}
+        self.unsummarised: dict[str, str] = {n: _PARTIAL if kind == "partial" else _UNKNOWN.format(*what)
+                                             for n, (kind, what) in zip(self.names, self._layouts)
+                                             if kind in ("partial", "unknown")}
         self._begun: Any = None  # GradStats.begin of a sampled step, merged over the ranks by finish()
         self._pending: torch.Tensor | None = None
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
@@ -100,8 +103,11 @@ class GradientReader:
         g = param.grad
         if g is None:
             return None
-        if grad_layout(g) == "partial":
-            self.unsummarised.setdefault(self.names[i], _PARTIAL)
+        layout = grad_layout(g)
+        if layout in ("partial", "unknown") or self._layouts[i][0] == "unknown":
+            placements = ", ".join(str(p) for p in getattr(g, "placements", ()))
+            self.unsummarised.setdefault(self.names[i], _PARTIAL if layout == "partial" else
+                                         _UNKNOWN.format(placements))
             return None
         if g.is_sparse:
             self.unsummarised.setdefault(self.names[i], "sparse gradient: only dense gradients are summarised")

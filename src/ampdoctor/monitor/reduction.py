@@ -105,41 +105,44 @@ class ShardReduction:
         return merged
 
     # ---- the two collectives -----------------------------------------------------------------------------------
+    # Each builds the values it sends for every row once, from this rank's own rows, and then reduces them group by
+    # group in place: a row sharded over two mesh dimensions is reduced over the second group with what the first
+    # one merged. Masking per group from the local rows instead would drop the first merge on a rank whose own
+    # shard is empty (FSDP2 leaves some ranks without rows of a small tensor-parallel weight).
     def _max(self, out: torch.Tensor) -> torch.Tensor:
+        has = out[:, COL["has_grad"]] > 0
+        absmax, smallest = out[:, COL["absmax"]], out[:, COL["min_nonzero"]]
+        block = self._reduce(torch.stack([
+            torch.where(has & ~absmax.isnan(), absmax, -math.inf),
+            (has & absmax.isnan()).double(),
+            has.double(),
+            torch.where(has & ~smallest.isnan(), -smallest, -math.inf)], 1), "MAX")
         result = out.clone()
-        for group, rows in self.groups:
-            index = self._index_of(rows, out.device)
-            sub = result.index_select(0, index)
-            has = sub[:, COL["has_grad"]] > 0
-            absmax, smallest = sub[:, COL["absmax"]], sub[:, COL["min_nonzero"]]
-            block = torch.stack([
-                torch.where(has & ~absmax.isnan(), absmax, -math.inf),
-                (has & absmax.isnan()).double(),
-                has.double(),
-                torch.where(has & ~smallest.isnan(), -smallest, -math.inf)], 1)
-            block = self._all_reduce(block, group, "MAX").to(out.device)
-            has = block[:, 2] > 0
-            sub[:, COL["has_grad"]] = block[:, 2]
-            sub[:, COL["absmax"]] = torch.where(has & (block[:, 1] == 0), block[:, 0], math.nan)
-            sub[:, COL["min_nonzero"]] = torch.where(has, -block[:, 3], math.nan) if self.counts else math.nan
-            result[index] = sub
+        has = block[:, 2] > 0
+        result[:, COL["has_grad"]] = block[:, 2]
+        result[:, COL["absmax"]] = torch.where(has & (block[:, 1] == 0), block[:, 0], math.nan)
+        result[:, COL["min_nonzero"]] = torch.where(has, -block[:, 3], math.nan) if self.counts else math.nan
         return result
 
     def _sum(self, out: torch.Tensor) -> torch.Tensor:
+        has = (out[:, COL["has_grad"]] > 0)[:, None]
+        values = torch.cat([out[:, COL["numel"]:COL["numel"] + 1], out[:, COL["l2"]:COL["l2"] + 1].square(),
+                            out[:, _COUNTS]], 1)
+        values[:, 1:] = torch.where(has & ~values[:, 1:].isnan(), values[:, 1:], 0.0)
+        block = self._reduce(values, "SUM")
         result = out.clone()
-        for group, rows in self.groups:
-            index = self._index_of(rows, out.device)
-            sub = result.index_select(0, index)
-            has = (sub[:, COL["has_grad"]] > 0)[:, None]
-            values = torch.cat([sub[:, COL["numel"]:COL["numel"] + 1], sub[:, COL["l2"]:COL["l2"] + 1].square(),
-                                sub[:, _COUNTS]], 1)
-            values[:, 1:] = torch.where(has & ~values[:, 1:].isnan(), values[:, 1:], 0.0)
-            block = self._all_reduce(values, group, "SUM").to(out.device)
-            sub[:, COL["numel"]] = block[:, 0]
-            sub[:, COL["l2"]] = block[:, 1].sqrt()
-            sub[:, _COUNTS] = block[:, 2:] if self.counts else math.nan
-            result[index] = sub
+        result[:, COL["numel"]] = block[:, 0]
+        result[:, COL["l2"]] = block[:, 1].sqrt()
+        result[:, _COUNTS] = block[:, 2:] if self.counts else math.nan
         return result
+
+    def _reduce(self, block: torch.Tensor, op: str) -> torch.Tensor:
+        """All-reduce the rows of ``block`` over their groups in turn (one collective per group); rows outside
+        every group come back as they went (the caller keeps only the merged rows)."""
+        for group, rows in self.groups:
+            index = self._index_of(rows, block.device)
+            block[index] = self._all_reduce(block.index_select(0, index), group, op).to(block.device)
+        return block
 
     def _all_reduce(self, block: torch.Tensor, group: Any, op: str) -> torch.Tensor:
         import torch.distributed as dist

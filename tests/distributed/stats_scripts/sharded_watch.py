@@ -3,7 +3,10 @@
     python sharded_watch.py MODE WORLD OUT.json
 
 MODE: ``fsdp2`` (fully_shard, bf16 MixedPrecisionPolicy), ``fsdp1`` (FullyShardedDataParallel, FULL_SHARD),
-``partial`` (a Partial DTensor gradient), ``ddp_overflow`` (DDP; rank 1's forward overflows fp16, activations on).
+``partial`` (a Partial DTensor gradient), ``ddp_overflow`` (DDP; rank 1's forward overflows fp16, activations on),
+``fsdp1_orig`` (FSDP1 FULL_SHARD with ``use_orig_params=True``: the optimizer steps views into the flat parameter,
+some split across the ranks, some with no entry on a rank), ``dp_tp`` (4 ranks: a ("dp", "tp") mesh, tensor
+parallelism over tp and fully_shard over dp; a layer whose shards are empty on the dp=1 ranks).
 Every rank writes ``OUT.<rank>.json``. Nothing runs on import (pytest imports modules for doctests).
 """
 from __future__ import annotations
@@ -23,6 +26,31 @@ def _rows(watch):
 def _model(torch, nn):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 20), nn.ReLU(), nn.Linear(20, 3))
+
+
+def _tp_model(torch, nn):
+    """Column/row-parallel pairs, a 2-output column-parallel layer (1 row per tp rank: empty on the dp=1 ranks
+    once fully_shard splits it) and a plain layer that only fully_shard splits."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 20), nn.ReLU(), nn.Linear(20, 2),
+                         nn.Linear(2, 3))
+
+
+def _single(torch, nn, build, rank, steps):
+    """The same model trained alone on the same batches: the single-process statistics of the last step."""
+    from ampdoctor.monitor.grad_stats import GradStats
+    from ampdoctor.monitor.gradients import rows_to_dicts
+
+    model = build(torch, nn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        x, y = _batch(torch, rank, same=True)
+        nn.functional.mse_loss(model(x).float(), y).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad()
+    names = [n for n, _ in model.named_parameters()]
+    return rows_to_dicts(GradStats([g.numel() for g in grads]).compute(grads).tolist(), names)
 
 
 def _batch(torch, rank, same):
@@ -56,6 +84,26 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        elif mode == "fsdp1_orig":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+            result["local_numels"] = {n: p.numel() for n, p in model.named_parameters()}
+        elif mode == "dp_tp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            model = _tp_model(torch, nn)
+            parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                                   "4": ColwiseParallel(output_layouts=Replicate())})
+            for layer in (model[0], model[2], model[4], model[5]):
+                fully_shard(layer, mesh=mesh["dp"])
+            fully_shard(model, mesh=mesh["dp"])
+            result["placements"] = {n: [str(p) for p in q.placements] for n, q in model.named_parameters()}
+            result["local_numels"] = {n: q.to_local().numel() for n, q in model.named_parameters()}
         elif mode == "ddp_overflow":
             model = nn.Sequential(nn.Linear(12, 24), nn.BatchNorm1d(24), nn.Linear(24, 3))
             model = nn.parallel.DistributedDataParallel(model)
@@ -90,6 +138,10 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
                     weight.grad = DTensor.from_local(local, weight.device_mesh, [Partial()], run_check=False)
                 grads = [p.grad for p in model.parameters()]
                 full = [g.full_tensor() if hasattr(g, "full_tensor") and mode != "partial" else g for g in grads]
+                if mode == "fsdp1_orig":  # the whole gradient of every original parameter, gathered by FSDP
+                    from torch.distributed.fsdp import FullyShardedDataParallel
+                    with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+                        full = [p.grad.detach().clone() for p in model.parameters()]
                 opt.step()
                 opt.zero_grad()
         if mode == "fsdp1":  # reference: the flat parameter's whole gradient, gathered
@@ -99,9 +151,11 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
             dist.all_gather(gathered, flat)
             full = [torch.cat(gathered)[:sum(p.numel() for p in _model(torch, nn).parameters())]]
             result["pad"] = pad
-        if mode in ("fsdp2", "fsdp1"):
+        if mode in ("fsdp2", "fsdp1", "fsdp1_orig", "dp_tp"):
             ref = GradStats([g.numel() for g in full]).compute(full).tolist()
             result["reference"] = rows_to_dicts(ref, watch.param_names)
+        if mode in ("fsdp1_orig", "dp_tp"):
+            result["single"] = _single(torch, nn, _model if mode == "fsdp1_orig" else _tp_model, rank, steps=2)
         watch.detach()
         summary = watch.summary_data()
         result.update(stats=_rows(watch), gradients=summary["gradients"],
