@@ -162,3 +162,35 @@ def test_an_intermittent_collapse_after_clean_steps_is_amp603() -> None:
     finding = next(f for f in monitor.findings() if f.code == "AMP603")
     assert "65536 (step 0, the highest a step succeeded with)" in finding.detail
     assert monitor.current_scale < 2.0**8
+
+
+def test_a_long_calibration_from_a_large_init_scale_is_info_and_a_later_run_still_warns() -> None:
+    # init_scale 2**40: the fp16 backward overflows until the scale has halved some 25 times; then it trains.
+    # That cost the first steps (info, with the init_scale that would have saved them), it is not trouble.
+    monitor, _, scaler = train("foreach", 40, set(), monitor_every=7, init_scale=2.0**40)
+    (calibration,) = monitor.findings()
+    length = monitor.warmup[0]
+    assert calibration.code == "AMP604" and calibration.severity.value == "info" and length >= 8
+    assert monitor.skipped_steps == list(range(length))
+    assert f"the first {length} optimizer steps were skipped" in calibration.detail
+    assert f"from {2.0**40:g} down to {monitor.scale_at(length):g}" in calibration.detail
+    assert "AMP603" not in [f.code for f in monitor.findings()]
+    # the same calibration, then 3 skips in a row at steps 32-34: a warning about those, not about the start
+    later, _, _ = train("foreach", 40, {32, 33, 34}, monitor_every=7, init_scale=2.0**40)
+    (run,) = later.findings()
+    assert (run.code, run.severity.value, run.step) == ("AMP604", "warning", 32)
+    assert run.detail.startswith("3 consecutive optimizer steps skipped from step 32")
+
+
+def test_the_amp604_detail_has_the_counts_of_the_whole_run_not_those_at_detection() -> None:
+    # 3 skips in a row at steps 4-6 are detected at the sync after step 7; 2 more skips follow
+    monitor, _, _ = train("foreach", 16, {4, 5, 6, 10, 13}, monitor_every=8)
+    (finding,) = monitor.findings()
+    assert "5 of 16 steps skipped in all" in finding.detail
+
+
+def test_every_step_skipped_from_the_start_warns_while_it_lasts() -> None:
+    monitor, _, _ = train("foreach", 9, set(range(9)), init_scale=2.0**10)
+    codes = [(f.code, f.severity.value) for f in monitor.findings()]
+    assert ("AMP604", "warning") in codes
+    assert "every optimizer step skipped since step 0, 9 so far" in monitor.findings()[0].detail

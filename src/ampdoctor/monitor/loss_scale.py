@@ -10,9 +10,12 @@ scaler still records ``found_inf`` (``_check_inf_per_device``) and the kernel sk
 
 Alarms (host side, at each consume):
 
-* AMP604 when a run of consecutive skipped steps reaches ``skip_run`` (3), or a run that starts at step 0 reaches
-  ``warmup_skip_run`` (8; the scale often halves a few times from 2**16 while it calibrates), or more than
-  ``skip_fraction`` (5%) of at least 100 steps were skipped.
+* AMP604 (warning) when a run of consecutive skipped steps after step 0 reaches ``skip_run`` (3), or every step
+  since step 0 was skipped and there are ``warmup_skip_run`` (8) of them, or more than ``skip_fraction`` (5%) of at
+  least 100 steps were skipped. A run from step 0 that ended with a step that succeeded is calibration (the scale
+  halves from ``init_scale`` until the gradients fit): AMP604 is then info, from ``warmup_skip_run`` skips on (a
+  large ``init_scale`` such as 2**40 costs some 24 steps). The detail is written when the findings are read,
+  with the counts of the whole run so far.
 * AMP603 when the scale is below 1, or when it is still falling and has fallen far: at least ``collapse_factor``
   (2**8) below the reference, the last step was skipped, and it fell at least ``falling_factor`` (2**3) over the
   last ``window`` (32) steps. The reference is the highest scale a step succeeded with; before any did, the first
@@ -84,6 +87,9 @@ class ScaleMonitor:
         self.run = 0  # consecutive skipped steps up to the last consumed one
         self.run_start = 0
         self.longest_run: tuple[int, int] = (0, 0)  # (length, first step)
+        self.longest_later: tuple[int, int] = (0, 0)  # the longest run that started after step 0
+        self.warmup: tuple[int, bool] = (0, False)  # skips from step 0 on, and whether a step succeeded since
+        self.first_scale: float | None = None
         self._findings: list[Finding] = []
         self._reported: set[str] = set()
 
@@ -183,6 +189,7 @@ class ScaleMonitor:
                 self.peak = (step, scale)
             if self.reference is None:
                 self.reference = (step, min(scale, _DEFAULT_INIT_SCALE))
+                self.first_scale = scale
             if inf <= 0 and (self.succeeded is None or scale > self.succeeded[1]):
                 self.succeeded = self.reference = (step, scale)
             if self.lowest is None or scale < self.lowest[1]:
@@ -197,8 +204,13 @@ class ScaleMonitor:
                     self.skipped_steps.append(step)
                 if self.run > self.longest_run[0]:
                     self.longest_run = (self.run, self.run_start)
+                if self.run_start == 0:
+                    self.warmup = (self.run, False)
+                elif self.run > self.longest_later[0]:
+                    self.longest_later = (self.run, self.run_start)
             else:
                 self.run = 0
+                self.warmup = (self.warmup[0], True)
             self.steps += 1
         if "scale" in values:
             self.current_scale = values["scale"][0]
@@ -210,18 +222,32 @@ class ScaleMonitor:
 
     # ---- alarms -------------------------------------------------------------------------------------------
     def _check(self) -> None:
-        length, start = self.longest_run
-        needed = self.warmup_skip_run if start == 0 else self.skip_run
-        if "AMP604" not in self._reported and length >= needed:
-            self._report("AMP604", Severity.WARNING, start,
-                         f"{length} consecutive optimizer steps skipped from step {start} (inf/NaN gradients); "
-                         f"{self.skipped} of {self.steps} steps skipped so far")
-        elif "AMP604" not in self._reported and self.steps >= 100 and self.skipped > self.skip_fraction * self.steps:
-            self._report("AMP604", Severity.WARNING, self.steps - 1,
-                         f"{self.skipped} of {self.steps} optimizer steps skipped ({self.skipped / self.steps:.0%}), "
-                         f"more than {self.skip_fraction:.0%}")
+        if "AMP604" not in self._reported and self._skips() is not None:
+            self._report("AMP604", Severity.WARNING, 0, "")  # its place in the order; findings() writes it
         if "AMP603" not in self._reported and self.collapsing():
             self._report("AMP603", Severity.ERROR, self.steps - 1, self.collapse_detail())
+
+    def _skips(self) -> Finding | None:
+        """Return the AMP604 finding the skips so far call for, with today's counts, or None."""
+        (later, start), (warmup, ended) = self.longest_later, self.warmup
+        total = f"{self.skipped} of {self.steps} steps skipped in all"
+        if later >= self.skip_run:
+            return self._finding("AMP604", Severity.WARNING, start, f"{later} consecutive optimizer steps skipped "
+                                 f"from step {start} (inf/NaN gradients); {total}")
+        if warmup >= self.warmup_skip_run and not ended:
+            return self._finding("AMP604", Severity.WARNING, 0, f"every optimizer step skipped since step 0, "
+                                 f"{warmup} so far (inf/NaN gradients at every loss scale tried)")
+        if self.steps >= 100 and self.skipped > self.skip_fraction * self.steps:
+            return self._finding("AMP604", Severity.WARNING, self.steps - 1, f"{self.skipped} of {self.steps} "
+                                 f"optimizer steps skipped ({self.skipped / self.steps:.0%}), more than "
+                                 f"{self.skip_fraction:.0%}")
+        if warmup >= self.warmup_skip_run:
+            settled = self.scale_at(warmup)
+            return self._finding("AMP604", Severity.INFO, 0, f"the first {warmup} optimizer steps were skipped while "
+                                 f"the loss scale calibrated from {self.first_scale:g} down to {settled:g}, where "
+                                 f"a step succeeded; GradScaler(init_scale={settled:g}) would have trained them "
+                                 f"({total})")
+        return None
 
     def collapsing(self) -> bool:
         """Return whether the scale is below 1, or far below the reference and still falling (module docstring)."""
@@ -263,11 +289,15 @@ class ScaleMonitor:
 
     def _report(self, code: str, severity: Severity, step: int, detail: str) -> None:
         self._reported.add(code)
-        self._findings.append(Finding(code, severity, "GradScaler", detail, step))
+        self._findings.append(self._finding(code, severity, step, detail))
+
+    @staticmethod
+    def _finding(code: str, severity: Severity, step: int, detail: str) -> Finding:
+        return Finding(code, severity, "GradScaler", detail, step)
 
     def findings(self) -> list[Finding]:
-        """Return AMP603 and AMP604 findings so far (each at most once)."""
-        return list(self._findings)
+        """Return AMP603 and AMP604 findings so far (each at most once), AMP604 with the counts of today."""
+        return [self._skips() or f if f.code == "AMP604" else f for f in self._findings]
 
     def summary(self) -> dict[str, Any]:
         """Return a JSON-ready summary of the scale and the skipped steps."""
