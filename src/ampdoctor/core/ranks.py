@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["RankInfo", "from_environment", "from_process_group"]
+__all__ = ["RankInfo", "from_environment", "from_process_group", "launch_job"]
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,26 @@ def from_environment(environ: Mapping[str, str] | None = None) -> RankInfo | Non
     rank, world = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
     if rank is None or world is None or world < 2 or not 0 <= rank < world:
         return None
-    parts = [env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("TORCHELASTIC_RUN_ID")]
-    job = None
-    if any(parts):
-        # a restart of the same torchrun job (--max-restarts) is a new set of processes: a new exchange
-        parts.append(env.get("TORCHELASTIC_RESTART_COUNT") or "0")
-        job = re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(p or "" for p in parts))[:120]
     return RankInfo(rank, world, _int(env.get("LOCAL_RANK")), _int(env.get("LOCAL_WORLD_SIZE")),
-                    _int(env.get("GROUP_RANK")), job)
+                    _int(env.get("GROUP_RANK")), launch_job(env))
+
+
+def launch_job(environ: Mapping[str, str] | None = None) -> str | None:
+    """Return what names this launch for all its ranks (``RankInfo.job``), or ``None`` when nothing does.
+
+    Read alone for the launchers that set ``MASTER_ADDR``/``MASTER_PORT`` but not ``RANK`` (Lightning's
+    ``ddp_spawn``, whose rank comes from the process group).
+
+    >>> launch_job({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}), launch_job({})
+    ('127.0.0.1-29500--0', None)
+    """
+    env = os.environ if environ is None else environ
+    parts = [env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("TORCHELASTIC_RUN_ID")]
+    if not any(parts):
+        return None
+    # a restart of the same torchrun job (--max-restarts) is a new set of processes: a new exchange
+    parts.append(env.get("TORCHELASTIC_RESTART_COUNT") or "0")
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(p or "" for p in parts))[:120]
 
 
 def from_process_group() -> RankInfo | None:

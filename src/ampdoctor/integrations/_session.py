@@ -13,6 +13,7 @@ ampdoctor steps aside, and the training continues as if no callback were attache
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.integrations._clip_norms import ClipNorms
+from ampdoctor.integrations._ranks import CallbackRanks, write_text
 from ampdoctor.integrations._rules import CLIPPED, integration_finding
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
@@ -55,13 +57,19 @@ class CallbackSession:
             without it), as ``ampdoctor run --fix`` does.
         show: print the report to the console (the main process only, in a distributed run).
         console: the rich console to print to; stderr by default.
+        main: whether the framework calls this process its main one. A process that is not, in a job whose rank
+            cannot be read (no process group, no launcher's variables), writes no file: it would overwrite the
+            main one's.
+
+    In a job of several processes (found when it starts) every rank diagnoses its own replica and writes its own
+    flight recorder; at the end rank 0 prints and writes the one report of the job (``CallbackRanks``).
     """
 
     def __init__(self, *, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
-                 fix: bool = False, show: bool = True, console: Any = None) -> None:
+                 fix: bool = False, show: bool = True, console: Any = None, main: bool = True) -> None:
         self.json_path = None if json_path is None else os.fspath(json_path)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.every, self.activations, self.fix, self.show = every, activations, fix, show
+        self.every, self.activations, self.fix, self.show, self.main = every, activations, fix, show, main
         self.report = Report()
         self.setup: TrainingSetup | None = None
         self.clip_label = "clip_grad_norm_"
@@ -76,6 +84,8 @@ class CallbackSession:
         self._max_norm: Any = None
         self._broken = False
         self.started = self.finished = False
+        self.ranks: CallbackRanks | None = None   # None: a single process
+        self.failed_at: float | None = None       # when the crash was explained (the job's first crash wins)
 
     # ---- the start: before the first step -------------------------------------------------------------------
     def start(self, model: nn.Module, optimizers: list[Any], scaler: Any, autocast_dtype: torch.dtype | None, *,
@@ -94,11 +104,21 @@ class CallbackSession:
         if self.started:
             return
         self.started = True
+        call_safely(self._find_ranks, on_error=self.internal_error)
         call_safely(self._start, model, optimizers, scaler, autocast_dtype, accelerator, findings,
                     on_error=self.internal_error)
         call_safely(self.write, on_error=self.internal_error)
         if self.show:
             call_safely(self._print, self.report, on_error=self.internal_error)
+
+    def _find_ranks(self) -> None:
+        # Before the watch starts: each rank's flight recorder needs its own file.
+        self.ranks = CallbackRanks.detect()
+        if self.ranks is not None:
+            self.log_dir = self.ranks.log_dir(self.log_dir)
+            self.show = self.show and self.ranks.rank == 0
+        elif not self.main:
+            self.json_path = self.log_dir = None
 
     def _start(self, model: nn.Module, optimizers: list[Any], scaler: Any, autocast_dtype: torch.dtype | None,
                accelerator: Any, findings: Callable[[TrainingSetup], list[Finding]] | None) -> None:
@@ -196,6 +216,7 @@ class CallbackSession:
 
         if self.report.exception is not None:
             return   # the first report of a crash wins (a framework may pass it on twice)
+        self.failed_at = time.time()
         self.report.exception = {
             "type": type(exc).__name__,
             "message": str(exc)[:10_000],
@@ -227,13 +248,17 @@ class CallbackSession:
             for finding in call_safely(findings, on_error=self.internal_error) or []:
                 self.report.add(finding)
         self._guard = self._watch = self.setup = None   # drop every reference to the user's objects
-        call_safely(self.write, on_error=self.internal_error)
+        if self.ranks is None:
+            call_safely(self.write, on_error=self.internal_error)
         log_path = (self.report.extra.get("watch") or {}).get("log_path")
-        if log_path:
+        if log_path:   # each rank's own log ends with its own report
             from ampdoctor.monitor.recorder import append_report
 
             call_safely(append_report, log_path, self.report.to_dict(), on_error=self.internal_error)
-        if self.show:
+        if self.ranks is not None:   # rank 0 reports the job; a crashed rank itself where rank 0 could not
+            call_safely(self.ranks.end, self.report, self.failed_at, self.json_path, self.show, self._print,
+                        write_text, self.watch_summary, on_error=self.internal_error)
+        elif self.show:
             if self.watch_summary is not None and (self.report.extra.get("watch") or {}).get("steps"):
                 call_safely(self._print, self.watch_summary, on_error=self.internal_error)
             call_safely(self._print, self.report, on_error=self.internal_error)
@@ -268,14 +293,15 @@ class CallbackSession:
     # ---- output and isolation ---------------------------------------------------------------------------------
     def write(self) -> None:
         """Write the report's JSON to ``json_path`` (atomically: a crash mid-write leaves the previous one)."""
-        if self.json_path is None:
-            return
-        folder = os.path.dirname(os.path.abspath(self.json_path))
+        path = self.json_path if self.ranks is None else self.ranks.json_path(self.json_path)
+        if path is None:
+            return   # in a job, the ranks other than 0 hand their report to rank 0 at the end instead
+        folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
-        partial = f"{self.json_path}.partial"
+        partial = f"{path}.partial"
         with open(partial, "w", encoding="utf-8") as f:
             f.write(self.report.to_json())
-        os.replace(partial, self.json_path)
+        os.replace(partial, path)
 
     def _print(self, renderable: Any) -> None:
         if self._console is None:

@@ -7,7 +7,9 @@
 When the hooks fire (Lightning 2.x, ``lightning/pytorch/trainer/trainer.py``): ``on_fit_start`` runs after
 ``strategy.setup``, so the module is cast (``16-true``/``bf16-true`` convert the whole module), moved and wrapped,
 and the optimizers and the precision plugin's GradScaler exist; the sanity check and the first step come after it.
-``on_exception`` gets any exception out of ``fit``, then ``teardown`` runs and the exception is re-raised.
+``on_exception`` gets any exception out of ``fit``, then ``teardown`` runs and the exception is re-raised; except in
+the workers of ``ddp_spawn`` (``ddp_fork``, ``ddp_notebook``), where the launcher runs the fit without that handling:
+there an observer on ``trainer._run_stage`` sees the exception instead.
 
 Precision plugins, read from the trainer without constructing anything (``transformer-engine`` may not be
 importable): ``16-mixed``/``bf16-mixed`` are ``MixedPrecision``, autocast in fp16/bf16, with a GradScaler for
@@ -26,8 +28,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import unwrap_optimizer
+from ampdoctor.integrations._observe import on_exception
 from ampdoctor.integrations._session import CallbackSession, check_options
 
 __all__ = ["AmpDoctorCallback", "autocast_dtype_of", "precision_of"]
@@ -63,6 +67,7 @@ class _Hooks:
         self.json_path, self.log_dir, self.every = json_path, log_dir, every
         self.activations, self.fix = activations, fix
         self.session: CallbackSession | None = None
+        self._observer: Any = None
 
     @property
     def report(self) -> Report | None:
@@ -71,9 +76,10 @@ class _Hooks:
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         main = bool(getattr(trainer, "is_global_zero", True))
+        # Every rank diagnoses its replica; in a job of several processes the session hands its report to rank 0.
         self.session = session = CallbackSession(
-            json_path=self.json_path if main else None, log_dir=self.log_dir if main else None, every=self.every,
-            activations=self.activations, fix=self.fix and not _wrapped(trainer, pl_module), show=main)
+            json_path=self.json_path, log_dir=self.log_dir, every=self.every, activations=self.activations,
+            fix=self.fix and not _wrapped(trainer, pl_module), show=main, main=main)
         if self.fix and _wrapped(trainer, pl_module):
             session._event(f"ampdoctor fix=True: the LightningModule is already wrapped in "
                            f"{type(trainer.strategy.model).__name__}, whose buffers keep the old dtypes; nothing "
@@ -92,8 +98,13 @@ class _Hooks:
             session.clip_label = f"Trainer(gradient_clip_val={gradient_clip})"
         optimizers = [unwrap_optimizer(o) for o in getattr(trainer, "optimizers", [])]
         session.start(pl_module, optimizers, scaler, autocast_dtype_of(trainer))
+        if session.started and _spawned(trainer):   # no on_exception in this worker: watch the training itself
+            self._observer = call_safely(on_exception, trainer, "_run_stage",
+                                         lambda exc: self.on_exception(trainer, pl_module, exc),
+                                         on_error=session.internal_error)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._unobserve()
         if self.session is None or self.session.finished:
             return
         if isinstance(exception, Exception):   # not KeyboardInterrupt or SystemExit: nothing to explain
@@ -101,12 +112,30 @@ class _Hooks:
         self.session.finish()   # Lightning calls no teardown hook of a callback after an exception
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._unobserve()
         if self.session is not None:
             self.session.finish()
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            self._unobserve()
         if self.session is not None and stage == "fit":
             self.session.finish()
+
+    def _unobserve(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.remove()
+
+
+def _spawned(trainer: Any) -> bool:
+    """Whether this is a worker that ``ddp_spawn`` (``ddp_fork``, ``ddp_notebook``, XLA) started: the launcher runs
+    the fit there without Lightning's error handling, so no callback's ``on_exception`` is ever called in it."""
+    try:
+        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+    except ImportError:   # a Lightning that moved it: the crash goes unexplained, as before
+        return False
+    return isinstance(getattr(getattr(trainer, "strategy", None), "launcher", None), _MultiProcessingLauncher)
 
 
 def _wrapped(trainer: Any, pl_module: Any) -> bool:
@@ -134,5 +163,7 @@ class AmpDoctorCallback(*_bases()):  # type: ignore[misc]
         fix: before the first step, upcast trainable half parameters (under ``16-mixed``/``bf16-mixed``) or add
             fp32 master weights (``16-true``/``bf16-true``), as ``ampdoctor run --fix``.
 
-    Names are the LightningModule's (``head.weight``); the report is printed to stderr on the main process.
+    Names are the LightningModule's (``head.weight``); the report is printed to stderr on the main process. With
+    ``strategy="ddp"``/``"ddp_spawn"`` every rank diagnoses its replica and records to its own
+    ``ampdoctor.rank{r}.jsonl``; rank 0 prints and writes one report whose findings list the ranks that saw them.
     """

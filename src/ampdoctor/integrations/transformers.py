@@ -21,7 +21,7 @@ pre-clip gradient norm (AMP611).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -31,6 +31,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters
+from ampdoctor.integrations._observe import on_exception as _on_exception
 from ampdoctor.integrations._rules import HALF_MODEL, LOSS_HIDDEN, integration_finding
 from ampdoctor.integrations._session import CallbackSession, check_options
 
@@ -52,7 +53,9 @@ class AmpDoctorCallback(TrainerCallback):
         fix: before the first step, upcast trainable half parameters (the forward runs under accelerate's autocast
             with ``fp16``/``bf16``) or add fp32 master weights (no autocast), as ``ampdoctor run --fix``.
 
-    Names are the model's (``classifier.weight``); the report is printed to stderr on the main process.
+    Names are the model's (``classifier.weight``); the report is printed to stderr on the main process. Under
+    torchrun every rank diagnoses its replica and records to its own ``ampdoctor.rank{r}.jsonl``; rank 0 prints and
+    writes one report whose findings list the ranks that saw them.
     """
 
     def __init__(self, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
@@ -75,9 +78,10 @@ class AmpDoctorCallback(TrainerCallback):
         main = bool(getattr(state, "is_world_process_zero", True))
         self._args = args
         trainer = _calling_trainer()
+        # Every rank diagnoses its replica; in a job of several processes the session hands its report to rank 0.
         self.session = session = CallbackSession(
-            json_path=self.json_path if main else None, log_dir=self.log_dir if main else None, every=self.every,
-            activations=self.activations, fix=self.fix, show=main)
+            json_path=self.json_path, log_dir=self.log_dir, every=self.every, activations=self.activations,
+            fix=self.fix, show=main, main=main)
         if model is None or optimizer is None:
             return   # nothing to diagnose; on_train_end reports that nothing was seen
         accelerator = getattr(trainer, "accelerator", None)
@@ -213,37 +217,3 @@ def _calling_trainer() -> Any:
             return candidate
         frame = frame.f_back
     return None
-
-
-def _on_exception(owner: Any, name: str, callback: Callable[[BaseException], None]) -> "_Observer":
-    """Observe ``owner.name`` for exceptions: ``callback(exc)`` runs, then the exception propagates unchanged."""
-    original = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except BaseException as exc:
-            try:
-                callback(exc)
-            except Exception:
-                pass   # ampdoctor's own failure must not replace the user's exception
-            raise
-
-    return _Observer(owner, name, wrapper)
-
-
-class _Observer:
-    """An instance attribute set over a method; ``remove()`` puts back exactly what was there."""
-
-    def __init__(self, owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
-        self.owner, self.name, self.wrapper = owner, name, wrapper
-        self.had, self.previous = name in vars(owner), vars(owner).get(name)
-        setattr(owner, name, wrapper)
-
-    def remove(self) -> None:
-        if vars(self.owner).get(self.name) is not self.wrapper:
-            return   # someone set it again since: theirs stays
-        if self.had:
-            setattr(self.owner, self.name, self.previous)
-        else:
-            delattr(self.owner, self.name)
