@@ -112,8 +112,9 @@ WATCH_FAULTS = [
           error=_disk_full),
     Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
     Fault("activation-record", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_close", "Activation", after=1),
-    Fault("whole-sync", lambda: ampdoctor.monitor.watcher.Watch, "_sync", "watch", after=2),
-    Fault("whole-sync-no-scaler", lambda: ampdoctor.monitor.watcher.Watch, "_sync", "watch", loop="bf16-weights", after=2),
+    Fault("whole-sync", lambda: ampdoctor.monitor.watcher, "HostCopy", "watch", after=2),
+    Fault("whole-sync-no-scaler", lambda: ampdoctor.monitor.watcher, "HostCopy", "watch", loop="bf16-weights",
+          after=2),
 ]
 
 

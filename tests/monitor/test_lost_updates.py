@@ -122,3 +122,23 @@ def test_weights_that_are_fp32_at_step_time_lose_nothing() -> None:
     with master:
         monitor = run(model, master.optimizer, steps=3)
     assert monitor.findings() == [] and monitor.summary()["params"] == {}
+
+
+def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path) -> None:
+    # The step ends in the watch's optimizer post-hook; the lost-update counts come from a post-hook too. Theirs
+    # must run first, or step k's counts land in step k + 1's record and the last ones in a "partial" line.
+    import json
+
+    torch.manual_seed(0)
+    model = nn.Linear(64, 64).to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)  # every bf16 update rounds away
+    w = watch(model, opt, every=1, dense=0, log_dir=str(tmp_path))
+    for _ in range(3):
+        model(torch.randn(8, 64, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    w.detach()
+    steps = [json.loads(line) for line in (tmp_path / "ampdoctor.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r.get("type") == "step"]
+    assert [(r["step"], r.get("partial", False)) for r in steps] == [(0, False), (1, False), (2, False)]
+    assert all(r["lost_updates"] == {"weight": 1.0, "bias": 1.0} for r in steps)

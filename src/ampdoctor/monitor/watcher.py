@@ -135,7 +135,10 @@ class Watch(WatchResults):
             return self
         opt, scaler = self._optimizer, self._scaler
         self.attached = True
-        try:
+        try:  # the lost-update hooks first: without a scaler the step ends in our post-hook, after theirs
+            named = list(zip(self.param_names, self._params))
+            self._lost = LostUpdateMonitor(named, sample=self.sample, on_error=lambda e: self._fail("lost_updates", e))
+            self._lost.attach(opt)
             if scaler is not None:
                 self._scale_monitor = ScaleMonitor(scaler, capacity=min(self.every, 1024),
                                                    on_error=lambda e: self._fail("scale", e)).attach()
@@ -147,9 +150,6 @@ class Watch(WatchResults):
             else:
                 self._handles.append(opt.register_step_pre_hook(self._optimizer_pre_hook))
                 self._handles.append(opt.register_step_post_hook(self._step_done))
-            named = list(zip(self.param_names, self._params))
-            self._lost = LostUpdateMonitor(named, sample=self.sample, on_error=lambda e: self._fail("lost_updates", e))
-            self._lost.attach(opt)
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
