@@ -7,7 +7,8 @@ d=$(mktemp -d)
 echo "== torch: $($py -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())')"
 echo "== 1. CUDA-marked tests"
 timeout 200 $py -m pytest -q -p no:cacheprovider -m cuda tests/explanations/test_crash.py tests/guard/test_scaler_guard.py \
-  tests/monitor/test_activations.py tests/monitor/test_grad_stats.py tests/repairs/test_master_weights.py 2>&1 | tail -4
+  tests/monitor/test_activations.py tests/monitor/test_grad_stats.py tests/monitor/test_deferred_read.py \
+  tests/repairs/test_master_weights.py 2>&1 | tail -4
 echo "== 2. seed error on CUDA: run, then run --fix"
 timeout 60 $py -m ampdoctor run --no-watch --json $d/seed.json bench/gpu/seed_cuda.py 2>&1 | grep -E "^(ValueError|AMP|ampdoctor)" ; echo "exit ${PIPESTATUS[0]}"
 timeout 60 $py -m ampdoctor run --fix bench/gpu/seed_cuda.py 2>&1 | grep -E "^(done|ampdoctor|AMP)"; echo "exit ${PIPESTATUS[0]}"

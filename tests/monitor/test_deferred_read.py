@@ -21,18 +21,19 @@ from ampdoctor.monitor import host_sync
 SKIPS = (3, 4, 9)  # the forward overflows fp16 at these steps: inf gradients, the GradScaler skips them
 
 
-def train(log_dir: Path, *, every: int, activations: bool, steps: int = 14) -> tuple[ampdoctor.Watch, list[dict]]:
+def train(log_dir: Path, *, every: int, activations: bool, steps: int = 14,
+          device: str = "cpu") -> tuple[ampdoctor.Watch, list[dict]]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Linear(16, 1)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
     gen = torch.Generator().manual_seed(1)
     w = ampdoctor.watch(model, opt, scaler, every=every, dense=0, activations=activations, log_dir=str(log_dir))
     for step in range(steps):
-        x, y = torch.randn(4, 8, generator=gen), torch.randn(4, 1, generator=gen)
+        x, y = torch.randn(4, 8, generator=gen).to(device), torch.randn(4, 1, generator=gen).to(device)
         if step in SKIPS:
             x = x * 1e6  # above 65504 after the first fp16 Linear
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(device, dtype=torch.float16):
             loss = nn.functional.mse_loss(model(x).float(), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -98,3 +99,16 @@ def test_the_deferred_copy_is_read_at_the_end_of_the_next_step(tmp_path, monkeyp
     assert seen == [0, 1, 2]  # step k's values are read when step k + 1 ends
     w.detach()
     assert w.sampled_steps == 3 and w.host_syncs == 3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("every", [1, 3])
+def test_on_cuda_the_deferred_read_sees_what_an_immediate_read_sees(tmp_path, monkeypatch, every) -> None:
+    # the real thing: a non_blocking copy into pinned memory, read after its event at the end of the next step
+    monkeypatch.setattr(host_sync, "DEFER", False)
+    at_once = comparable(*train(tmp_path / "now", every=every, activations=True, device="cuda"))
+    monkeypatch.setattr(host_sync, "DEFER", True)
+    later = comparable(*train(tmp_path / "later", every=every, activations=True, device="cuda"))
+    assert at_once["summary"]["scale"]["skipped_steps"] == list(SKIPS)
+    assert later == at_once
