@@ -71,11 +71,12 @@ class Plan:
 
 
 def count_sample(values: torch.Tensor, plan: Plan, simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor,
-           limits: tuple[torch.Tensor, torch.Tensor], limits8: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                 limits: tuple[torch.Tensor, torch.Tensor], limits8: tuple[torch.Tensor, torch.Tensor],
+                 squares: bool = True) -> torch.Tensor:
     """Count per parameter, over the examined entries ``values`` concatenated (``plan.segment`` says whose):
     nonfinite, zeros, negligible, examined, signal (finite, above ``floor``), then for each format the signal
     entries that round to 0, round past max, are below the smallest normal; then the smallest finite non-zero
-    ``|v|`` (inf if none) and the sum of ``(v / amax)**2`` over the finite entries.
+    ``|v|`` (inf if none) and the sum of ``(v / amax)**2`` over the finite entries (NaN unless ``squares``).
 
     Every count is ``count(y < t)`` for a limit ``t`` of ``_limits``, read off one histogram per parameter
     (``bucketize``, ``index_add_`` at ``segment * bins + bucket``, ``cumsum``). ``y`` is a code (-3 non-finite, -2
@@ -89,7 +90,8 @@ def count_sample(values: torch.Tensor, plan: Plan, simulate: torch.Tensor, floor
     nb = limits[0].numel() + 1
     hists, ones = plan.buffers(nb, CHUNK)
     smallest = torch.full((rows,), math.inf, dtype=torch.float32, device=values.device)
-    sumsq = torch.zeros(rows, dtype=torch.float64, device=values.device)
+    sumsq = torch.zeros(rows, dtype=torch.float64, device=values.device) if squares else \
+        torch.full((rows,), math.nan, dtype=torch.float64, device=values.device)
     # inf/NaN amax: the scale fp8_max / amax is 0 (or NaN), and every finite entry becomes 0
     amax = torch.where(torch.isfinite(absmax), absmax, math.inf).float()
     for start in range(0, values.numel(), CHUNK):
@@ -98,11 +100,13 @@ def count_sample(values: torch.Tensor, plan: Plan, simulate: torch.Tensor, floor
         finite = torch.isfinite(a)
         code = torch.where(finite, torch.where(a > floor, 0.0, torch.where(a > 0, -2.0, -1.0)), -3.0)
         r = a / amax.index_select(0, segment)
+        signal = code == 0
         for hist, y, (bounds, _) in zip(hists, (a * simulate, r), (limits, limits8)):
-            bins = torch.bucketize(torch.where(code == 0, y, code), bounds, right=True)
+            bins = torch.bucketize(torch.where(signal, y, code), bounds, right=True)
             hist.index_add_(0, bins.add_(plan.offset[start:start + CHUNK]), ones[:bins.numel()])
         smallest.scatter_reduce_(0, segment, torch.where(finite & (a > 0), a, math.inf), "amin")
-        sumsq.index_add_(0, segment, torch.where(r < math.inf, r, 0.0).double().square())  # NaN, inf: 0
+        if squares:
+            sumsq.index_add_(0, segment, torch.where(r < math.inf, r, 0.0).double().square())  # NaN, inf: 0
     parts = []
     for hist, (_, order) in zip(hists, (limits, limits8)):
         n = hist.view(rows, nb).cumsum(1)[:, :-1].index_select(1, order).double()  # count(y < t), listed order

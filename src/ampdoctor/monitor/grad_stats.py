@@ -187,8 +187,10 @@ class GradStats:
                 if values is None:
                     values = self._values(rows, gs, gdev)[0]
                 if self.counts:
+                    # the squares only replace an overflowed float32 L2; on CPU reading that flag costs nothing
+                    squares = gdev.type != "cpu" or bool(torch.isinf(l2).any())
                     counts = self._counts(rows, values, gdev, begun.simulate.to(gdev, non_blocking=True),
-                                          floor.to(gdev, non_blocking=True), local, amax)
+                                          floor.to(gdev, non_blocking=True), local, amax, squares)
                     min_nonzero, sumsq, counts = counts[:, -2], counts[:, -1], counts[:, :-2]
                     unit = torch.where(torch.isfinite(amax), amax, local)  # what count_sample divided by
                 else:
@@ -249,14 +251,15 @@ class GradStats:
             / plan.lengths
 
     def _counts(self, rows: tuple[int, ...], values: torch.Tensor, device: torch.device, simulate: torch.Tensor,
-                floor: torch.Tensor, local: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+                floor: torch.Tensor, local: torch.Tensor, absmax: torch.Tensor, squares: bool = True) -> torch.Tensor:
         """Return ``[P, 6 + 3*len(FORMATS)]``: nonfinite, zeros, negligible, sampled, sampled_nonzero, the format
         counts, the smallest non-zero |g| examined, and the sum of ``(g / abs-max)**2`` (see ``_sum_squares``).
         ``local`` is the abs-max of these entries' own tensor; ``absmax`` the one merged over every rank's shard
         (the fp8 scaling, the overflow proof)."""
         plan = self._plan(rows, device)
         absmax, local = absmax.to(device), local.to(device)
-        block = count_sample(values, plan, simulate, floor, absmax, limits(device, False), limits(device, True))
+        block = count_sample(values, plan, simulate, floor, absmax, limits(device, False), limits(device, True),
+                             squares)
         numel = self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64)
         up = numel / block[:, 3]  # examined -> whole parameter (exact when all were examined)
         block[:, 0:3] *= up[:, None]
