@@ -72,11 +72,12 @@ class Plan:
 
 def count_sample(values: torch.Tensor, plan: Plan, simulate: torch.Tensor, floor: torch.Tensor, absmax: torch.Tensor,
                  limits: tuple[torch.Tensor, torch.Tensor], limits8: tuple[torch.Tensor, torch.Tensor],
-                 squares: bool = True) -> torch.Tensor:
+                 squares: bool = True, all_finite: bool = False) -> torch.Tensor:
     """Count per parameter, over the examined entries ``values`` concatenated (``plan.segment`` says whose):
     nonfinite, zeros, negligible, examined, signal (finite, above ``floor``), then for each format the signal
     entries that round to 0, round past max, are below the smallest normal; then the smallest finite non-zero
     ``|v|`` (inf if none) and the sum of ``(v / amax)**2`` over the finite entries (NaN unless ``squares``).
+    ``all_finite``: the caller knows that every entry is finite, and the non-finite code is skipped.
 
     Every count is ``count(y < t)`` for a limit ``t`` of ``_limits``, read off one histogram per parameter
     (``bucketize``, ``index_add_`` at ``segment * bins + bucket``, ``cumsum``). ``y`` is a code (-3 non-finite, -2
@@ -97,14 +98,17 @@ def count_sample(values: torch.Tensor, plan: Plan, simulate: torch.Tensor, floor
     for start in range(0, values.numel(), CHUNK):
         a = values[start:start + CHUNK].abs().float()
         segment = plan.segment[start:start + CHUNK]
-        finite = torch.isfinite(a)
-        code = torch.where(finite, torch.where(a > floor, 0.0, torch.where(a > 0, -2.0, -1.0)), -3.0)
+        positive = a > 0  # NaN is not
+        code = torch.where(a > floor, 0.0, torch.where(positive, -2.0, -1.0))
+        if not all_finite:  # (the caller knows every entry is finite: their tensors' abs-max are)
+            finite = torch.isfinite(a)
+            code, positive = torch.where(finite, code, -3.0), finite & positive
         r = a / amax.index_select(0, segment)
         signal = code == 0
         for hist, y, (bounds, _) in zip(hists, (a * simulate, r), (limits, limits8)):
             bins = torch.bucketize(torch.where(signal, y, code), bounds, right=True)
             hist.index_add_(0, bins.add_(plan.offset[start:start + CHUNK]), ones[:bins.numel()])
-        smallest.scatter_reduce_(0, segment, torch.where(finite & (a > 0), a, math.inf), "amin")
+        smallest.scatter_reduce_(0, segment, torch.where(positive, a, math.inf), "amin")
         if squares:
             sumsq.index_add_(0, segment, torch.where(r < math.inf, r, 0.0).double().square())  # NaN, inf: 0
     parts = []

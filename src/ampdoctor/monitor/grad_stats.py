@@ -187,10 +187,13 @@ class GradStats:
                 if values is None:
                     values = self._values(rows, gs, gdev)[0]
                 if self.counts:
-                    # the squares only replace an overflowed float32 L2; on CPU reading that flag costs nothing
-                    squares = gdev.type != "cpu" or bool(torch.isinf(l2).any())
+                    # On CPU reading a flag costs nothing: the squares, which only replace an overflowed float32
+                    # L2, are summed only then, and the non-finite code only when an abs-max says there is one.
+                    cpu = gdev.type == "cpu"
+                    squares, finite = (bool(torch.isinf(l2).any()), bool(torch.isfinite(local).all())) if cpu \
+                        else (True, False)
                     counts = self._counts(rows, values, gdev, begun.simulate.to(gdev, non_blocking=True),
-                                          floor.to(gdev, non_blocking=True), local, amax, squares)
+                                          floor.to(gdev, non_blocking=True), local, amax, squares, finite)
                     min_nonzero, sumsq, counts = counts[:, -2], counts[:, -1], counts[:, :-2]
                     unit = torch.where(torch.isfinite(amax), amax, local)  # what count_sample divided by
                 else:
@@ -251,7 +254,8 @@ class GradStats:
             / plan.lengths
 
     def _counts(self, rows: tuple[int, ...], values: torch.Tensor, device: torch.device, simulate: torch.Tensor,
-                floor: torch.Tensor, local: torch.Tensor, absmax: torch.Tensor, squares: bool = True) -> torch.Tensor:
+                floor: torch.Tensor, local: torch.Tensor, absmax: torch.Tensor, squares: bool = True,
+                all_finite: bool = False) -> torch.Tensor:
         """Return ``[P, 6 + 3*len(FORMATS)]``: nonfinite, zeros, negligible, sampled, sampled_nonzero, the format
         counts, the smallest non-zero |g| examined, and the sum of ``(g / abs-max)**2`` (see ``_sum_squares``).
         ``local`` is the abs-max of these entries' own tensor; ``absmax`` the one merged over every rank's shard
@@ -259,7 +263,7 @@ class GradStats:
         plan = self._plan(rows, device)
         absmax, local = absmax.to(device), local.to(device)
         block = count_sample(values, plan, simulate, floor, absmax, limits(device, False), limits(device, True),
-                             squares)
+                             squares, all_finite)
         numel = self._constant(("numel", rows), device, [self.numels[i] for i in rows], torch.float64)
         up = numel / block[:, 3]  # examined -> whole parameter (exact when all were examined)
         block[:, 0:3] *= up[:, None]
