@@ -5,8 +5,9 @@ copy into pinned host memory and records an event after it; when the next step i
 dense start, an escalation) the watch reads the values at the end of that next step, when the device has long
 finished, so the read does not drain the pipeline. The price: ``Watch.last_grads`` and the alarms lag one step
 there, and an escalation after trouble (its activation hooks) starts one step later. Before a step that is not
-sampled the copy is read at once: one sync in ``every`` steps. Any ``non_blocking`` device-to-host copy is read only after its event: the tensors are first gathered
-on the accelerator (host-to-device and device-to-device copies are ordered on the streams).
+sampled the copy is read at once: one sync in ``every`` steps. Any ``non_blocking`` device-to-host copy is read
+only after its event: the tensors are first gathered on the accelerator (host-to-device and device-to-device copies
+are ordered on the streams).
 """
 
 from __future__ import annotations
