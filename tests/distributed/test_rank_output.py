@@ -151,6 +151,28 @@ def test_accelerate_launch_on_torchrun_gives_the_same_one_report(tmp_path: Path)
     assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP101", [0, 1])]
 
 
+def test_the_accelerate_example_under_a_two_process_launch_is_diagnosed_and_fix_says_why_it_cannot(tmp_path) -> None:
+    # examples/accelerate_train.py: a stray .half() head under accelerate's fp16 GradScaler, prepared into DDP by
+    # accelerate in each of 2 processes. --fix would upcast the head after DDP built its buckets: it refuses, says
+    # how to repair before wrapping, and leaves the run as it was (the seed error on both ranks).
+    launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    if not os.path.exists(launcher):
+        pytest.skip("accelerate is not installed")
+    example = Path(__file__).parents[2] / "examples" / "accelerate_train.py"
+    code, output = _launch(tmp_path, "--fix", "--json", "report.json", str(example),
+                           launcher=[launcher, "launch", "--multi_gpu", "--num_processes", "2",
+                                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    assert code != 0, output[-3000:]
+    lines = _ampdoctor_lines(output)
+    assert lines.count("ampdoctor findings") == 1, output[-5000:]
+    assert "ampdoctor --fix refused: the model is wrapped in DistributedDataParallel" in " ".join(lines)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(f["code"], f["where"], f["ranks"]) for f in report["findings"]][:1] == [("AMP101", "head", [0, 1])]
+    assert report["changes"] == []
+    assert sorted((e["rank"], e["type"]) for e in report["ranks"]["exceptions"]) == [(0, "ValueError"),
+                                                                                     (1, "ValueError")]
+
+
 def test_a_forward_overflow_on_one_rank_is_named_with_that_rank_and_every_rank_skipped(tmp_path: Path) -> None:
     # Rank 1 alone overflows in its forward; DDP's all-reduce spreads the inf, so both ranks skip every step. The
     # merged report names the module on rank 1 (no re-run under DDP: it would wait in collectives rank 0 never
