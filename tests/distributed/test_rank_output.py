@@ -151,26 +151,35 @@ def test_accelerate_launch_on_torchrun_gives_the_same_one_report(tmp_path: Path)
     assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP101", [0, 1])]
 
 
-def test_the_accelerate_example_under_a_two_process_launch_is_diagnosed_and_fix_says_why_it_cannot(tmp_path) -> None:
-    # examples/accelerate_train.py: a stray .half() head under accelerate's fp16 GradScaler, prepared into DDP by
-    # accelerate in each of 2 processes. --fix would upcast the head after DDP built its buckets: it refuses, says
-    # how to repair before wrapping, and leaves the run as it was (the seed error on both ranks).
+@pytest.mark.parametrize("fix", [False, True])
+def test_the_accelerate_example_under_a_two_process_launch(tmp_path: Path, fix: bool) -> None:
+    # examples/accelerate_train.py: a stray .half() head under accelerate's fp16 GradScaler, wrapped into DDP by
+    # accelerate's prepare() in each of 2 processes. Diagnosed on both ranks; --fix upcasts the bare head just
+    # before DDP builds its gradient buckets (after that it would have to refuse), and the job trains to the end.
     launcher = os.path.join(os.path.dirname(sys.executable), "accelerate")
     if not os.path.exists(launcher):
         pytest.skip("accelerate is not installed")
     example = Path(__file__).parents[2] / "examples" / "accelerate_train.py"
-    code, output = _launch(tmp_path, "--fix", "--json", "report.json", str(example),
+    code, output = _launch(tmp_path, *(["--fix"] if fix else []), "--json", "report.json", str(example),
                            launcher=[launcher, "launch", "--multi_gpu", "--num_processes", "2",
                                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
-    assert code != 0, output[-3000:]
     lines = _ampdoctor_lines(output)
-    assert lines.count("ampdoctor findings") == 1, output[-5000:]
-    assert "ampdoctor --fix refused: the model is wrapped in DistributedDataParallel" in " ".join(lines)
     report = json.loads((tmp_path / "report.json").read_text())
-    assert [(f["code"], f["where"], f["ranks"]) for f in report["findings"]][:1] == [("AMP101", "head", [0, 1])]
-    assert report["changes"] == []
-    assert sorted((e["rank"], e["type"]) for e in report["ranks"]["exceptions"]) == [(0, "ValueError"),
-                                                                                     (1, "ValueError")]
+    assert report["ranks"]["reported"] == [0, 1]
+    if not fix:
+        assert code != 0, output[-3000:]
+        assert lines.count("ampdoctor findings") == 1, output[-5000:]
+        assert [(f["code"], f["where"], f["ranks"]) for f in report["findings"]][:1] == [("AMP101", "head", [0, 1])]
+        assert sorted((e["rank"], e["type"]) for e in report["ranks"]["exceptions"]) == [(0, "ValueError"),
+                                                                                         (1, "ValueError")]
+        return
+    assert code == 0, output[-5000:]
+    assert report["changes"] == ["head.weight: upcast torch.float16 -> torch.float32",
+                                 "head.bias: upcast torch.float16 -> torch.float32"]   # the same on both ranks: once
+    assert report["findings"] == [] and report["ranks"]["exceptions"] == []
+    assert "ampdoctor --fix resolved AMP101 (1 place), AMP104 (1 place)" in lines
+    assert sum(line.startswith("done: 4 optimizer steps") for line in lines) == 1   # accelerator.print: rank 0
+    assert not any("refused" in line for line in lines)
 
 
 def test_a_forward_overflow_on_one_rank_is_named_with_that_rank_and_every_rank_skipped(tmp_path: Path) -> None:

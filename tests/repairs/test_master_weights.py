@@ -12,6 +12,17 @@ from torch import nn
 import ampdoctor.repairs.master_weights
 from ampdoctor.repairs.master_weights import MasterWeights, is_managed
 
+
+@pytest.fixture(autouse=True)
+def _no_global_hooks_left_behind():
+    """Remove the global forward pre-hooks a test's MasterWeights left attached on purpose (a wrapper dropped while
+    its optimizer lives, the docstring example): a later test elsewhere asserts that nothing of ours is left."""
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    before = set(hooks)
+    yield
+    for key in set(hooks) - before:
+        del hooks[key]
+
 X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 Y = X[:, :1] * 2 + X[:, 1:2].sin()
 _U = 2.0**-11  # fp16 unit roundoff: 11 significant bits

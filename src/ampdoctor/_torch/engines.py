@@ -77,7 +77,9 @@ def ddp_wrappers(params: Iterable[torch.Tensor]) -> list[nn.Module]:
     if not ids:
         return []
     ddp = torch.nn.parallel.DistributedDataParallel
-    return [m for m in _scan(lambda o: isinstance(o, ddp)) if any(id(p) in ids for p in m.module.parameters())]
+    # a DDP still in its __init__ (ampdoctor's --fix runs just before it) has no .module and no buckets yet
+    return [m for m in _scan(lambda o: isinstance(o, ddp))
+            if isinstance(getattr(m, "module", None), nn.Module) and any(id(p) in ids for p in m.module.parameters())]
 
 
 def engine_family(obj: Any) -> str | None:

@@ -25,7 +25,7 @@ from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
-from ampdoctor.runner.frameworks import framework_autocast
+from ampdoctor.runner.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
 
@@ -100,7 +100,36 @@ class Doctor:
         # Before the script's first line: names it binds at import (`from torch.nn.utils import clip_grad_norm_`)
         # are then the observed ones.
         self._handles += self._observers.attach(scaler_classes())
+        if self.fix:
+            self._handles.append(observe(torch.nn.parallel.DistributedDataParallel, "__init__",
+                                         before=self._before_ddp, on_error=self._internal_error))
         return self
+
+    def _before_ddp(self, ddp: Any, module: Any = None, *args: Any, **kwargs: Any) -> None:
+        """--fix under DDP (the script's own, or accelerate's ``prepare``): repair the bare model now, before the
+        reducer builds its buckets for the parameters' dtypes; after that an upcast would break them (refused).
+        Only when the forward's autocast is already known (``frameworks.autocast_ahead``)."""
+        module = kwargs.get("module", module)
+        if self._broken or not isinstance(module, nn.Module) or self._repairs.knows(module):
+            return
+        if not any(p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) for p in module.parameters()):
+            return
+        from ampdoctor.preflight.engine import run_preflight
+
+        live = scan()
+        dtype = autocast_ahead(_accelerator(), live.scalers)
+        if dtype is None:
+            return
+        scaler = next((s for s in live.scalers if is_enabled(s)), None)
+        setup = TrainingSetup([module], live.optimizers, scaler, dtype, _accelerator(), facts=self._observers.facts)
+        found = run_preflight(setup)
+        before = len(self.report.changes)
+        self._repairs.apply(setup, [module], {id(module): dtype})
+        if len(self.report.changes) > before:
+            _, fixed, line = split_repaired(found, run_preflight(setup), "--fix", "the script itself")
+            if line:
+                self.report.extra["fixed"] = [f.to_dict() for f in fixed]
+                self.on_event(line)
 
     def detach(self) -> None:
         # Reverse order of attachment: the watch's observers sit on top of the guard's on the same scaler.

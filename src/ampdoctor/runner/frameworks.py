@@ -40,6 +40,25 @@ def framework_autocast(module: nn.Module, accelerator: Any = None) -> torch.dtyp
     return None
 
 
+def autocast_ahead(accelerator: Any, scalers: list[Any]) -> torch.dtype | None:
+    """Return the autocast dtype the coming forwards will run under, known before any ran, or None.
+
+    For a repair before ``DistributedDataParallel`` builds its buckets (``--fix``): an Accelerator whose
+    ``prepare`` wraps ``forward`` in autocast (``native_amp`` with ``mixed_precision`` fp16/bf16), else an enabled
+    GradScaler, which is there for fp16 autocast. Anything else is not known yet.
+
+    >>> autocast_ahead(None, [torch.amp.GradScaler("cpu")])
+    torch.float16
+    """
+    if accelerator is not None and getattr(accelerator, "native_amp", False):
+        dtype = _ACCELERATE.get(str(getattr(accelerator, "mixed_precision", "no")))
+        if dtype is not None:
+            return dtype
+    from ampdoctor._torch.scaler import is_enabled
+
+    return torch.float16 if any(is_enabled(s) for s in scalers) else None
+
+
 def is_placement_reload(optimizer: Any, depth: int = 12) -> bool:
     """Return whether the running ``optimizer.load_state_dict`` is accelerate moving it to its device.
 
