@@ -8,6 +8,7 @@ gradients.`` without naming the head.
     ampdoctor run examples/accelerate_train.py          # names head.weight and head.bias, explains the crash
     ampdoctor run --fix examples/accelerate_train.py    # upcasts the head and trains to the end
     accelerate launch --cpu --num_processes 1 -m ampdoctor run examples/accelerate_train.py
+    accelerate launch --multi_gpu --num_processes 2 -m ampdoctor run --fix examples/accelerate_train.py  # 2 ranks
 
 Options: ``--accumulate N`` (``accelerator.accumulate`` over N micro-batches), ``--no-clip`` (the crash then comes
 from ``optimizer.step()``), ``--no-stray`` (no ``.half()``: a clean run), ``--bf16``, ``--steps N``,
