@@ -10,8 +10,8 @@ timeout 200 $py -m pytest -q -p no:cacheprovider -m cuda tests/explanations/test
   tests/monitor/test_activations.py tests/monitor/test_grad_stats.py tests/monitor/test_deferred_read.py \
   tests/repairs/test_master_weights.py 2>&1 | tail -4
 echo "== 2. seed error on CUDA: run, then run --fix"
-timeout 60 $py -m ampdoctor run --no-watch --json $d/seed.json bench/gpu/seed_cuda.py 2>&1 | grep -E "^(ValueError|AMP|ampdoctor)" ; echo "exit ${PIPESTATUS[0]}"
-timeout 60 $py -m ampdoctor run --fix bench/gpu/seed_cuda.py 2>&1 | grep -E "^(done|ampdoctor|AMP)"; echo "exit ${PIPESTATUS[0]}"
+timeout 60 $py -m ampdoctor run --no-watch --json $d/seed.json tests/scripts/seed.py 20 cuda 2>&1 | grep -E "^(ValueError|AMP|ampdoctor)" ; echo "exit ${PIPESTATUS[0]}"
+timeout 60 $py -m ampdoctor run --fix tests/scripts/seed.py 20 cuda 2>&1 | grep -E "^(loss|ampdoctor|AMP)" | tail -4; echo "exit ${PIPESTATUS[0]}"
 echo "== 3. accelerate fp16 (real CUDA GradScaler): run, then run --fix"
 timeout 90 $py -m ampdoctor run --no-watch bench/gpu/accelerate_fp16.py 2>&1 | grep -E "^(ValueError|AMP|ampdoctor|    head|    2)"; echo "exit ${PIPESTATUS[0]}"
 timeout 90 $py -m ampdoctor run --fix bench/gpu/accelerate_fp16.py 2>&1 | grep -E "^(done|ampdoctor|AMP)"; echo "exit ${PIPESTATUS[0]}"

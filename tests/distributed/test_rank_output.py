@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from launch_jobs import clean_environment, free_port, run_job
 
 from ampdoctor.monitor.recorder import read_log, read_runs
 from ampdoctor.ui.cli import main
@@ -26,41 +25,19 @@ SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 TIMEOUT = 120  # the runs take 5-20 s; a hang must fail the test, not the suite
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path: Path, *args: str, launcher: list[str] | None = None, default_folder: bool = False,
             port: int | None = None) -> tuple[int, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and
-           not k.startswith(("TORCHELASTIC_", "AMPDOCTOR_"))}
-    env.update(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
+    env = clean_environment(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
     if not default_folder:   # a killed rank 0 leaves the other ranks' files: here, not in the temporary directory
         env["AMPDOCTOR_RANK_DIR"] = str(tmp_path / "exchange")
-    port = str(port or _free_port())
+    port = str(port or free_port())
     # No --max-restarts: with gloo, torchrun's own restart fails here now and then without ampdoctor too
     # (attempt 1's connectFullMesh reaches attempt 0's address), so a relaunch stands for the restart.
     launch = launcher or [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                           "--master-port", port]
     if launcher:
         launch = launch + ["--main_process_port", port]
-    # its own session, killed as a group on timeout: the workers must not outlive a hung job
-    proc = subprocess.Popen([*launch, "-m", "ampdoctor", "run", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)   # torchrun passes it to its workers (each in a session of its own)
-        try:
-            out, err = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-        raise AssertionError(f"the job hung for {TIMEOUT} s:\n{out[-3000:]}\n{err[-3000:]}") from None
-    return proc.returncode, out + err
+    return run_job([*launch, "-m", "ampdoctor", "run", *args], tmp_path, env, TIMEOUT)
 
 
 def _ampdoctor_lines(output: str) -> list[str]:
@@ -69,7 +46,7 @@ def _ampdoctor_lines(output: str) -> list[str]:
 
 
 def test_the_seed_error_on_every_rank_is_one_diagnosis_listing_both_ranks(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     code, output = _launch(tmp_path, "--json", "report.json", "--log-dir", "logs", str(SCRIPT), "seed",
                            default_folder=True, port=port)
     assert code != 0, output[-3000:]   # the script's own failure, passed on by torchrun

@@ -116,12 +116,12 @@ class Doctor:
             return
         from ampdoctor.preflight.engine import run_preflight
 
-        live = scan()
-        dtype = autocast_ahead(_accelerator(), live.scalers)
+        live, accelerator = scan(), _accelerator()   # two scans of the live objects, once per DDP built
+        dtype = autocast_ahead(accelerator, live.scalers)
         if dtype is None:
             return
         scaler = next((s for s in live.scalers if is_enabled(s)), None)
-        setup = TrainingSetup([module], live.optimizers, scaler, dtype, _accelerator(), facts=self._observers.facts)
+        setup = TrainingSetup([module], live.optimizers, scaler, dtype, accelerator, facts=self._observers.facts)
         found = run_preflight(setup)
         before = len(self.report.changes)
         self._repairs.apply(setup, [module], {id(module): dtype})

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
@@ -323,28 +323,28 @@ def _report(args: argparse.Namespace) -> int:
         _check_writable(args.html, "--html")
     out.print(render_loaded(loaded))
     if args.html:
-        try:
-            write_html(loaded, args.html)
-        except (OSError, ValueError) as exc:
-            raise _UsageError(f"cannot write --html {args.html!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        _say(out, f"ampdoctor: HTML report written to {args.html}", wrap=False)
+        _export(out, f"cannot write --html {args.html!r}", lambda: write_html(loaded, args.html),
+                lambda _: f"ampdoctor: HTML report written to {args.html}")
     if args.png:
         from ampdoctor.ui.figures import write_pngs
 
-        try:
-            paths = write_pngs(loaded, args.png)
-        except (OSError, ValueError) as exc:
-            raise _UsageError(f"--png {args.png!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        _say(out, f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}", wrap=False)
+        _export(out, f"--png {args.png!r}", lambda: write_pngs(loaded, args.png),
+                lambda paths: f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}")
     if args.tensorboard:
         from ampdoctor.ui.tensorboard_export import write_tensorboard
 
-        try:
-            n = write_tensorboard(loaded, args.tensorboard)
-        except (OSError, ValueError) as exc:
-            raise _UsageError(f"--tensorboard {args.tensorboard!r}: {getattr(exc, 'strerror', None) or exc}") from None
-        _say(out, f"ampdoctor: {n} scalar value(s) written for TensorBoard to {args.tensorboard}", wrap=False)
+        _export(out, f"--tensorboard {args.tensorboard!r}", lambda: write_tensorboard(loaded, args.tensorboard),
+                lambda n: f"ampdoctor: {n} scalar value(s) written for TensorBoard to {args.tensorboard}")
     return _strict_status(loaded.report, out) if args.strict else 0
+
+
+def _export(out: Console, what: str, write: Callable[[], Any], said: Callable[[Any], str]) -> None:
+    """Write one of ``report``'s files; a path that cannot be written is bad input (exit 2), not a traceback."""
+    try:
+        result = write()
+    except (OSError, ValueError) as exc:
+        raise _UsageError(f"{what}: {getattr(exc, 'strerror', None) or exc}") from None
+    _say(out, said(result), wrap=False)
 
 
 def _strict_status(report: object, console: Console) -> int:
