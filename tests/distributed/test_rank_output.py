@@ -159,10 +159,26 @@ def test_the_accelerate_example_under_a_two_process_launch(tmp_path: Path, fix: 
     assert not any("refused" in line for line in lines)
 
 
+def test_a_forward_overflow_on_every_rank_is_one_finding_with_each_ranks_numbers(tmp_path: Path) -> None:
+    # Both ranks overflow in the same module at the same step, with inputs of their own: one AMP601 listing both
+    # ranks, rank 0's detail, and the line where rank 1's differs; the JSON keeps each rank's whole detail.
+    code, output = _launch(tmp_path, "--json", "r.json", "--every", "1", str(SCRIPT), "overflow", "6")
+    assert code == 0, output
+    lines = _ampdoctor_lines(output)
+    assert sum(line.startswith("AMP601 error") for line in lines) == 1, output[-5000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    [amp601] = [f for f in report["findings"] if f["code"] == "AMP601"]
+    assert amp601["ranks"] == [0, 1] and amp601["where"] == "0 (Linear)", amp601
+    assert "The numbers above are rank 0's.\nOn rank 1: Origin: aten._to_copy.default in '0' (Linear)" \
+        in amp601["detail"], amp601["detail"]
+    kept = [d for d in report["ranks"]["details"] if d["code"] == "AMP601"]
+    assert [d["rank"] for d in kept] == [0, 1] and "on rank 1" in kept[1]["detail"]
+
+
 def test_a_forward_overflow_on_one_rank_is_named_with_that_rank_and_every_rank_skipped(tmp_path: Path) -> None:
     # Rank 1 alone overflows in its forward; DDP's all-reduce spreads the inf, so both ranks skip every step. The
-    # merged report names the module on rank 1 (no re-run under DDP: it would wait in collectives rank 0 never
-    # joins) and reports the skips on both ranks.
+    # merged report names the module on rank 1 and reports the skips on both ranks. (The re-run that dumps frames
+    # re-runs the bare module, which enters no collective; DDP's own forward, which would, is never re-run.)
     code, output = _launch(tmp_path, "--json", "r.json", "--every", "1", str(SCRIPT), "overflow1", "12")
     assert code == 0, output
     findings = json.loads((tmp_path / "r.json").read_text())["findings"]

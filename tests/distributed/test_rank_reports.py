@@ -35,13 +35,37 @@ def _report(*findings: Finding, exception: str | None = None) -> Report:
 def test_findings_seen_by_every_rank_merge_and_those_that_differ_stay_apart() -> None:
     same = Finding("AMP101", Severity.ERROR, "2", HALF)
     merged = merge_rank_reports({
-        1: _report(same, Finding("AMP603", Severity.WARNING, "0", "12% underflow")),
+        1: _report(same, Finding("AMP603", Severity.WARNING, "0", "12% underflow"),
+                   Finding("AMP603", Severity.WARNING, "0", "2% underflow", step=9)),
         0: _report(same, Finding("AMP603", Severity.WARNING, "0", "3% underflow")),
     }, expected=range(2))
-    assert [(f.code, f.detail, f.ranks) for f in merged.findings] == [
-        ("AMP101", HALF, (0, 1)), ("AMP603", "3% underflow", (0,)), ("AMP603", "12% underflow", (1,))]
+    assert [(f.code, f.detail, f.ranks, f.step) for f in merged.findings] == [
+        ("AMP101", HALF, (0, 1), None),
+        ("AMP603", "3% underflow\nThe numbers above are rank 0's.\nOn rank 1: 12% underflow", (0, 1), None),
+        ("AMP603", "2% underflow", (1,), 9)]   # another step: apart
+    assert merged.extra["ranks"]["details"] == [
+        {"code": "AMP603", "where": "0", "step": None, "rank": 0, "detail": "3% underflow"},
+        {"code": "AMP603", "where": "0", "step": None, "rank": 1, "detail": "12% underflow"}]
     assert merged.observed == {"models": 2, "optimizers": 2, "scalers": 2}
     assert merged.missing_ranks == [] and not merged.ok
+
+
+def test_a_finding_every_rank_saw_with_its_own_numbers_is_one_finding_naming_each_difference() -> None:
+    def first_nonfinite(rank: int, absmax: str) -> Finding:
+        return Finding("AMP601", Severity.ERROR, "0 (Linear)", f"output NaN at step 1 on rank {rank}: the first "
+                       f"module\nOrigin: to_copy: abs-max {absmax} -> inf\nFrames", step=1)
+    merged = merge_rank_reports({r: _report(first_nonfinite(r, f"{r + 2}e+05")) for r in range(6)})
+    [finding] = merged.findings
+    assert finding.ranks == tuple(range(6))
+    assert finding.detail.splitlines() == [
+        "output NaN at step 1 on rank 0: the first module", "Origin: to_copy: abs-max 2e+05 -> inf", "Frames",
+        "The numbers above are rank 0's.", "On rank 1: Origin: to_copy: abs-max 3e+05 -> inf",
+        "On rank 2: Origin: to_copy: abs-max 4e+05 -> inf", "On rank 3: Origin: to_copy: abs-max 5e+05 -> inf",
+        "2 more ranks saw other numbers; the JSON report has each rank's detail (ranks.details)."]
+    assert [d["rank"] for d in merged.extra["ranks"]["details"]] == list(range(6))
+    # the same words on every rank but the rank's own number: one detail, no per-rank lines
+    merged = merge_rank_reports({r: _report(first_nonfinite(r, "2e+05")) for r in range(2)})
+    assert merged.findings[0].detail == first_nonfinite(0, "2e+05").detail and "details" not in merged.extra["ranks"]
 
 
 def test_the_first_crash_is_the_reports_exception_and_a_missing_rank_is_never_all_clear() -> None:
@@ -190,8 +214,8 @@ def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeyp
         # rank 1 is "killed": no end line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ampdoctor.rank0.jsonl", "ampdoctor.rank1.jsonl"]
     loaded = load_any(str(tmp_path))
-    assert [(f.code, f.ranks) for f in loaded.report.findings] == [("AMP101", (0, 1)), ("AMP603", (0,)),
-                                                                    ("AMP603", (1,))]
+    assert [(f.code, f.ranks) for f in loaded.report.findings] == [("AMP101", (0, 1)), ("AMP603", (0, 1))]
+    assert loaded.report.findings[1].detail.endswith("\nOn rank 1: 12% underflow")
     assert loaded.notes[0] == "rank 0: 1 sampled step(s), last sampled step 0; ended"
     assert loaded.notes[1].startswith("rank 1: 1 sampled step(s), last sampled step 0; no end line")
     assert sorted(loaded.ranks) == [0, 1] and loaded.header["rank"] == 0

@@ -35,8 +35,8 @@ class Finding:
             GradScaler('cuda') is enabled …"``), or ``None``. Findings with one code and one cause are shown as one
             row listing the places (``core.grouping``); the JSON keeps each.
         ranks: the ranks of a distributed run (torchrun) that saw this very finding, e.g. ``(0, 1)``, or ``None``
-            outside a distributed run. Findings that differ between ranks (another place, other numbers) are kept
-            apart, each with its own ranks.
+            outside a distributed run. Ranks that saw one finding at the same place and step share it
+            (``ampdoctor.core.report.merge_rank_reports``); another place or step stays apart.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'

@@ -136,10 +136,13 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
                        failed_at: Mapping[int, float] | None = None, notes: Iterable[str] = ()) -> Report:
     """Return one report of a distributed run from each rank's own report.
 
-    A finding seen by several ranks (same code, place, detail, step, process) becomes one finding listing them in
-    ``ranks``; findings that differ by rank stay apart, each with its own ranks. The exception is the first crash
-    (by ``failed_at``, seconds since the epoch; else the lowest rank that crashed), with its ``rank``; every crash is
-    in ``extra["ranks"]["exceptions"]``. Ranks in ``expected`` without a report are listed as ``missing``.
+    A finding seen by several ranks (same code, severity, place, step, process and cause) becomes one finding
+    listing them in ``ranks``. Where the ranks' details differ (their own numbers), the lowest rank's detail is
+    kept, with one line per other rank (up to ``SHOWN_RANK_LINES``) giving the first line of its own detail that
+    differs; every rank's whole detail stays in ``extra["ranks"]["details"]``. Findings at another place or step
+    stay apart. The exception is the first crash (by ``failed_at``, seconds since the epoch; else the lowest rank
+    that crashed), with its ``rank``; every crash is in ``extra["ranks"]["exceptions"]``. Ranks in ``expected``
+    without a report are listed as ``missing``.
 
     >>> a = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
     >>> b = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
@@ -150,15 +153,27 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
     order = sorted(reports)
     merged = Report(environment=reports[order[0]].environment if order else {})
     where: dict[tuple[object, ...], int] = {}
+    seen_by: list[list[tuple[int, str]]] = []   # per merged finding: (rank, its own detail)
     for rank in order:
         for f in reports[rank].findings:
-            key = (f.code, f.severity, f.where, f.detail, f.step, f.process, f.cause)
-            if key in where:
-                seen = merged.findings[where[key]]
-                merged.findings[where[key]] = replace(seen, ranks=tuple(sorted({*(seen.ranks or ()), rank})))
-            else:
-                where[key] = len(merged.findings)
+            key = (f.code, f.severity, f.where, f.step, f.process, f.cause)
+            if key in where and all(r != rank for r, _ in seen_by[where[key]]):
+                seen_by[where[key]].append((rank, f.detail))
+            else:   # new, or a second one of this rank (kept apart: it is not another rank's view of the first)
+                where.setdefault(key, len(merged.findings))
                 merged.findings.append(replace(f, ranks=f.ranks or (rank,)))
+                seen_by.append([(rank, f.detail)])
+    details = []
+    for i, seen in enumerate(seen_by):
+        if len(seen) == 1:
+            continue
+        first = merged.findings[i]
+        ranks = tuple(sorted({r for r, _ in seen} | set(first.ranks or ())))
+        detail = _rank_detail(seen)
+        merged.findings[i] = replace(first, ranks=ranks, detail=detail)
+        if detail != first.detail:   # numbers differ: keep each rank's own
+            details += [{"code": first.code, "where": first.where, "step": first.step, "rank": r, "detail": d}
+                        for r, d in seen]
     crashed = [r for r in order if reports[r].exception is not None]
     times = failed_at or {}
     if crashed:
@@ -182,8 +197,37 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
         "exceptions": [{"rank": r, "type": reports[r].exception.get("type", ""),
                         "message": reports[r].exception.get("message", "")[:2000]} for r in crashed],
         **({"notes": list(notes)} if notes else {}),
+        **({"details": details} if details else {}),
     }
     return merged
+
+
+SHOWN_RANK_LINES = 3
+
+
+def _rank_detail(seen: list[tuple[int, str]]) -> str:
+    """Return the detail of a finding seen on several ranks: the lowest rank's, then for each other rank whose
+    detail differs the first line that differs (``"rank N"`` in a line is not a difference)."""
+    base_rank, base = seen[0]
+    lines = base.splitlines()
+    other = []
+    for rank, detail in seen[1:]:
+        if detail == base:
+            continue
+        own = detail.splitlines()
+        same = [a.replace(f"rank {base_rank}", "rank _") == b.replace(f"rank {rank}", "rank _")
+                for a, b in zip(lines, own)]
+        differs = next((b for b, s in zip(own, same) if not s), None) or (own[len(lines)] if len(own) > len(
+            lines) else None)
+        if differs is not None:
+            other.append((rank, differs))
+    if not other:
+        return base
+    shown = [f"On rank {r}: {line.strip()}" for r, line in other[:SHOWN_RANK_LINES]]
+    if len(other) > SHOWN_RANK_LINES:
+        shown.append(f"{len(other) - SHOWN_RANK_LINES} more ranks saw other numbers; the JSON report has each "
+                     "rank's detail (ranks.details).")
+    return "\n".join([base, f"The numbers above are rank {base_rank}'s.", *shown])
 
 
 def missing_ranks_sentence(missing: list[int]) -> str:

@@ -9,6 +9,7 @@ MODE:
     crash1      rank 1 alone calls ``scaler.unscale_`` twice at step 2 (in torchrun's first attempt only), while
                 rank 0 goes on into the next all-reduce
     kill1       rank 1 SIGKILLs itself at step 6
+    overflow    every rank feeds inputs whose forward overflows fp16 in its first Linear, at every step
     overflow1   rank 1 alone feeds inputs whose forward overflows fp16 in its first Linear, at every step: DDP's
                 gradient sum carries the inf to rank 0, so both ranks' GradScalers skip every step
 """
@@ -37,7 +38,7 @@ scaler = torch.amp.GradScaler("cpu")
 torch.manual_seed(1 + rank)
 for step in range(steps):
     x, y = torch.randn(4, 8), torch.randn(4, 4)
-    if mode == "overflow1" and rank == 1:
+    if mode == "overflow" or (mode == "overflow1" and rank == 1):
         x = x * 1e5   # above 65504 after the first Linear in fp16
     with torch.autocast("cpu", dtype=torch.float16):
         loss = (ddp(x).float() - y).pow(2).mean()
