@@ -92,6 +92,7 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)
+    #   (LoRA adapters only; modules_to_save copies stay half: upcast them)
     # diffusers: cast_training_params(model, dtype=torch.float32)
 AMP104 adam-eps-underflow: Adam eps is below what the parameter or state dtype
     can represent
@@ -146,6 +147,7 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16 GradSca
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)
+    #   (LoRA adapters only; modules_to_save copies stay half: upcast them)
     # diffusers: cast_training_params(model, dtype=torch.float32)
 AMP104 adam-eps-underflow: Adam eps is below what the parameter or state dtype can represent
     Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8, so eps=1e-8 becomes 0 and entries with

@@ -94,6 +94,7 @@ RULES: tuple[Rule, ...] = (
         "# by hand: for p in model.parameters():\n"
         "#     if p.requires_grad: p.data = p.data.float()\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
+        "#   (LoRA adapters only; modules_to_save copies stay half: upcast them)\n"
         "# diffusers: cast_training_params(model, dtype=torch.float32)",
         E, "preflight", (r"Attempting to unscale FP16 gradients",), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
     ),
