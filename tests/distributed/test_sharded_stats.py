@@ -64,6 +64,11 @@ def test_fsdp2_bf16_statistics_merged_over_two_ranks_equal_one_process(fsdp2) ->
         # and against the full gradients gathered (full_tensor) in the same run
         assert_same_stats(rank["stats"], rank["reference"])
     assert two[0]["stats"] == two[1]["stats"]  # every rank reports the same merged numbers
+    for rank in (*two, one):   # the DTensor norm clip_grad_norm_ returned did not break the watch (it did: AMP001)
+        assert rank["clip_norm"][0] == "DTensor" and rank["findings"] == [], (rank["clip_norm"], rank["findings"])
+        # a replicated DTensor: the norm before clipping, read locally, the same as one process's
+        assert rank["clip_norm"][1] == ["R"]
+        assert rank["gradients"]["pre_clip_norm"] == pytest.approx(one["gradients"]["pre_clip_norm"], rel=1e-6)
     merged = two[0]["gradients"]["merged_over_ranks"]
     assert merged == {"params": 6, "collectives": 4}  # 2 sampled steps x (one MAX + one SUM): not one per tensor
     assert two[0]["host_syncs"] == 2

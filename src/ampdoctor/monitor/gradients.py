@@ -26,7 +26,7 @@ import torch
 
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
-from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats
+from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats, local_tensor
 from ampdoctor.monitor.reduction import ShardReduction
 
 __all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_record", "gradient_alarms",
@@ -137,7 +137,13 @@ class GradientReader:
         return self.reduction is not None
 
     def note_clip(self, total_norm: Any, scaled: bool) -> None:
-        """Keep the norm a clipping call returned (the norm before clipping) and whether it clipped scaled grads."""
+        """Keep the norm a clipping call returned (the norm before clipping) and whether it clipped scaled grads.
+
+        Of DTensor gradients (FSDP2, tensor parallelism) ``clip_grad_norm_`` returns a DTensor: a replicated one is
+        read locally; a partial one (each rank's part of the norm) is left alone, as reading it would take a
+        collective on this rank's initiative (the merged rows still give the global norm)."""
+        if isinstance(total_norm, torch.Tensor) and getattr(total_norm, "placements", None) is not None:
+            total_norm = local_tensor(total_norm)
         if isinstance(total_norm, torch.Tensor) and total_norm.numel() == 1:
             flag = torch.full((1,), float(scaled), device=total_norm.device)
             self._clip = torch.cat([total_norm.detach().reshape(1).float(), flag])

@@ -2,7 +2,8 @@
 
     python sharded_watch.py MODE WORLD OUT.json
 
-MODE: ``fsdp2`` (fully_shard, bf16 MixedPrecisionPolicy), ``fsdp1`` (FullyShardedDataParallel, FULL_SHARD),
+MODE: ``fsdp2`` (fully_shard, bf16 MixedPrecisionPolicy, clip_grad_norm_ handed
+to the watch as ``ampdoctor run`` does), ``fsdp1`` (FullyShardedDataParallel, FULL_SHARD),
 ``partial`` (a Partial DTensor gradient), ``ddp_overflow`` (DDP; rank 1's forward overflows fp16, activations on),
 ``fsdp1_orig`` (FSDP1 FULL_SHARD with ``use_orig_params=True``: the optimizer steps views into the flat parameter,
 some split across the ranks, some with no entry on a rank), ``dp_tp`` (4 ranks: a ("dp", "tp") mesh, tensor
@@ -133,6 +134,10 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
             else:
                 loss = nn.functional.mse_loss(model(x).float(), y)
                 loss.backward()
+                if mode == "fsdp2":  # of DTensor grads, clip_grad_norm_ returns a DTensor norm; 1e9: no clipping
+                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+                    watch.note_clip(norm)   # as `ampdoctor run` and the integrations hand it over
+                    result["clip_norm"] = [type(norm).__name__, [str(p) for p in norm.placements]]
                 if mode == "partial":  # a pending sum over the ranks, as tensor parallelism leaves some grads
                     local = weight.grad.full_tensor() / world
                     weight.grad = DTensor.from_local(local, weight.device_mesh, [Partial()], run_check=False)
