@@ -132,6 +132,31 @@ def _half():
     return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1)).half()
 
 
+def test_the_watch_reads_a_sharded_grad_scaler_and_a_step_it_skipped(process_group):
+    # ShardedGradScaler keeps its inf flags as shape-(1,) tensors, not GradScaler's (): copying one into the
+    # watch's row raised (AMP001), the loss-scale part went off, and the inf gradients of the skipped first step
+    # were then reported as "not skipped" (AMP608).
+    import ampdoctor
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ShardedGradScaler("cpu")
+    assert scaler.get_scale() == 65536.0
+    with ampdoctor.watch(model, opt, scaler, every=1) as watch:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(2, 4)).float().sum()   # inf gradients at 65536 and at 32768
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert [f.code for f in watch.findings()] == []
+    scale = watch.summary_data()["scale"]
+    assert scale["skipped_steps"] == [0, 1] and scale["current"] == scaler.get_scale() == 16384.0, scale
+
+
 def test_master_weights_refuses_a_ddp_model(process_group):
     ddp = nn.parallel.DistributedDataParallel(_half())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)

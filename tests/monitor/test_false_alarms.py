@@ -192,3 +192,26 @@ def test_a_real_nonfinite_gradient_without_a_scaler_still_raises_amp608() -> Non
               steps=2)
     finding = next(f for f in w.findings() if f.code == "AMP608")
     assert finding.step == 0 and "weight" in finding.where
+
+
+def test_no_unskipped_claim_once_the_loss_scale_part_is_off(monkeypatch) -> None:
+    # When the watch's loss-scale part fails (AMP001), it no longer knows which steps the GradScaler skipped, so
+    # the inf gradients of a skipped step must not be called "not skipped" (AMP608). Positive control: the same
+    # run without a GradScaler, where nobody skips, raises AMP608.
+    from ampdoctor.monitor.loss_scale import ScaleMonitor
+
+    def broken(self, new_scale=None):
+        raise RuntimeError("the loss-scale part fails")
+
+    monkeypatch.setattr(ScaleMonitor, "_before_update", broken)
+
+    def overflow(data):
+        return torch.full((4, 8), 3e4), torch.zeros(4, 1)   # fp16 Linear output: |y| > 65504 -> inf
+
+    def loss_fn(model, x, y):
+        return (model(x).float() - y).pow(2).mean()
+
+    w = train(nn.Linear(8, 1), overflow, loss_fn, steps=3)
+    assert [f.code for f in w.findings() if f.code in ("AMP001", "AMP608")] == ["AMP001"]
+    w = train(nn.Linear(8, 1), overflow, loss_fn, steps=3, init_scale=None)
+    assert "AMP608" in [f.code for f in w.findings()]

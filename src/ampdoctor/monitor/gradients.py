@@ -222,7 +222,7 @@ def gradient_record(values: dict[str, list[float]], names: Sequence[str],
 
 
 def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]], step: int, *, scaler: bool,
-                    stats: str) -> Iterator[tuple[str, Severity, str, str]]:
+                    stats: str, skips_known: bool = True) -> Iterator[tuple[str, Severity, str, str]]:
     """Yield ``(code, severity, where, detail)`` for the alarms a step record raises (AMP608, AMP605).
 
     Args:
@@ -231,13 +231,15 @@ def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]],
         step: the step number.
         scaler: whether the watch has a GradScaler (AMP605 is about the loss scale).
         stats: the watch's statistics level; ``"norms"`` has no counts, so no AMP605.
+        skips_known: whether a skipped step would be in the record (False: the GradScaler's part of the watch is
+            off after an internal error, and "not skipped" cannot be said: no AMP608).
     """
     grads = record.get("gradients")
     if not grads or grads["global_norm"] is None:
         return
     skipped = step in (record.get("scale") or {}).get("skipped", [])
     bad = [n for n, s in params.items() if not math.isfinite(s["absmax"])]  # abs-max is inf/NaN iff an entry is
-    if not math.isfinite(grads["global_norm"]) and bad and not skipped:
+    if not math.isfinite(grads["global_norm"]) and bad and not skipped and skips_known:
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
                f"global gradient norm {grads['global_norm']} at step {step} and the step was not skipped "
                f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")

@@ -126,12 +126,13 @@ class ScaleMonitor:
         found = [f for flags in found_inf_flags(scaler).values() for f in flags]
         buffer = self._row_buffer(scale.device)
         row = buffer[self._pending]
-        row[0].copy_(scale)  # before update(): the scale this step's backward used
+        # one-element tensors of shape () (GradScaler) or (1,) (ShardedGradScaler's flags)
+        row[0].copy_(scale.reshape(()))  # before update(): the scale this step's backward used
         if found:
             # copy now: update() adds the other optimizers' flags into the first tensor in place
-            row[1].copy_(found[0])
+            row[1].copy_(found[0].reshape(()))
             for f in found[1:]:
-                row[1].add_(f.to(scale.device, non_blocking=True))
+                row[1].add_(f.reshape(()).to(scale.device, non_blocking=True))
         else:  # update() will raise "No inf checks were recorded" unless new_scale is given
             row[1].zero_()
         self._in_update = True

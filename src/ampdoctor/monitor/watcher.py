@@ -353,7 +353,10 @@ class Watch(WatchResults):
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int) -> None:
-        for alarm in gradient_alarms(record, self.last_grads, step, scaler=self._scaler is not None, stats=self.stats):
+        # with the scale part off (its own error) nobody knows whether the step was skipped: no AMP608
+        skips = self._scaler is None or "scale" not in self._parts.off
+        for alarm in gradient_alarms(record, self.last_grads, step, scaler=self._scaler is not None, stats=self.stats,
+                                     skips_known=skips):
             self._parts.report(alarm[0], alarm[1], alarm[2], step, alarm[3])
 
     def _guard(self, part: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
