@@ -188,3 +188,24 @@ def test_a_forward_overflow_on_one_rank_is_named_with_that_rank_and_every_rank_s
     assert amp604["ranks"] == [0, 1], amp604   # the same skips on both ranks: one finding, both ranks
     collapse = [f for f in findings if f["code"] == "AMP603"]   # per rank: rank 1's also names the module
     assert sorted(r for f in collapse for r in f["ranks"]) == [0, 1], collapse
+
+
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+def test_fsdp_scripts_as_the_public_examples_write_them_are_watched_on_every_rank(tmp_path: Path, mode: str) -> None:
+    # FSDP1 with fp16 MixedPrecision, a ShardedGradScaler and model.clip_grad_norm_; FSDP2 with a bf16 policy and
+    # clip_grad_norm_ on DTensor gradients. Each once broke a part of the watch (AMP001: the ShardedGradScaler's
+    # (1,)-shaped inf flags; clip_grad_norm_'s DTensor norm), which then watched nothing and said so only in AMP001.
+    code, output = _launch(tmp_path, "--json", "r.json", str(Path(SCRIPT).with_name("fsdp_train.py")), mode)
+    assert code == 0, output[-5000:]
+    lines = _ampdoctor_lines(output)
+    report = json.loads((tmp_path / "r.json").read_text())
+    watch = report["watch"]
+    assert watch["off"] == [] and watch["sampled_steps"] == 10, watch["off"]
+    assert watch["gradients"]["merged_over_ranks"]["collectives"] == 20   # 10 sampled steps, one MAX + one SUM
+    assert watch["gradients"]["pre_clip_norm"] == pytest.approx(watch["gradients"]["global_norm"], rel=1e-4)
+    if mode == "fsdp1":   # reduce_dtype=float16 over 2 ranks: AMP210 on both, and the loss scale is watched
+        assert [(f["code"], f["ranks"]) for f in report["findings"]] == [("AMP210", [0, 1])]
+        assert watch["scale"]["skipped_steps"] == [] and "loss scale 6.55e+04" in "\n".join(lines)
+    else:
+        assert report["findings"] == [] and report["ok"]
+        assert "ampdoctor: no mixed-precision problems found" in lines
