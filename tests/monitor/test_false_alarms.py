@@ -215,3 +215,23 @@ def test_no_unskipped_claim_once_the_loss_scale_part_is_off(monkeypatch) -> None
     assert [f.code for f in w.findings() if f.code in ("AMP001", "AMP608")] == ["AMP001"]
     w = train(nn.Linear(8, 1), overflow, loss_fn, steps=3, init_scale=None)
     assert "AMP608" in [f.code for f in w.findings()]
+
+
+def test_no_unskipped_claim_for_a_step_that_crashed_before_it_ended() -> None:
+    # The classic crash: an fp16 parameter under a GradScaler, whose unscale_ raises inside scaler.step(). The
+    # watch read that step's (non-finite) gradients just before; they are recorded when the watch detaches, as a
+    # partial step. That step neither stepped nor skipped, so AMP608 ("not skipped") would be false; it said
+    # "at step -1" too (corpus case a04).
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1).half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with watch(model, opt, scaler, every=1) as w:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.full((4, 8), 3e4, dtype=torch.float16)).float().sum()   # inf: gradients non-finite
+        scaler.scale(loss).backward()
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+            scaler.step(opt)
+    assert w.last_record is not None and w.last_record.get("partial")   # the crashed step's gradients were read
+    assert not math.isfinite(w.last_record["gradients"]["global_norm"])
+    assert [f.code for f in w.findings() if f.code == "AMP608"] == []

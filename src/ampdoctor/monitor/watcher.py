@@ -309,7 +309,6 @@ class Watch(WatchResults):
         if not copy.deferred or partial or not self._sampling.sampled(step + 1):
             self._consume()
 
-
     def _consume(self) -> None:
         """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise alarms."""
         if self._deferred is None:
@@ -323,7 +322,7 @@ class Watch(WatchResults):
         if "lost_updates" in host:
             self._guard("lost_updates",
                         lambda: record.update(lost_updates=self._lost.consume(host["lost_updates"], step)))
-        self._guard("gradients", lambda: self._check_gradients(record, step))
+        self._guard("gradients", lambda: self._check_gradients(record, step, partial))
         if not partial:
             self._guard("watch", lambda: self._escalate(record, step))
         if partial:
@@ -352,9 +351,10 @@ class Watch(WatchResults):
             self._armed = (self._activations, self.steps)  # it hooks the next step; read a step later: that one
 
     # ---- alarms ---------------------------------------------------------------------------------------------
-    def _check_gradients(self, record: dict[str, Any], step: int) -> None:
-        # with the scale part off (its own error) nobody knows whether the step was skipped: no AMP608
-        skips = self._scaler is None or "scale" not in self._parts.off
+    def _check_gradients(self, record: dict[str, Any], step: int, partial: bool = False) -> None:
+        # whether the step was skipped is unknown with the scale part off (its own error) or a step that never
+        # ended (partial: read at detach, e.g. after a crash inside it): then no AMP608
+        skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
         for alarm in gradient_alarms(record, self.last_grads, step, scaler=self._scaler is not None, stats=self.stats,
                                      skips_known=skips):
             self._parts.report(alarm[0], alarm[1], alarm[2], step, alarm[3])

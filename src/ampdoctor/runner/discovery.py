@@ -115,7 +115,8 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules
         modules: every live module (from `scan`), to find parents and owners.
 
     A module seen in a forward whose parameters no optimizer trains (an EMA copy, a frozen teacher) is left out
-    when there are optimizers; without optimizers the seen modules are the models. An engine module (DeepSpeed's
+    when there are optimizers, unless an optimizer holds tensors that no live module owns (built over a model
+    object that was then replaced) and the seen module has trainable parameters; without optimizers the seen modules are the models. An engine module (DeepSpeed's
     ``DeepSpeedEngine``, Megatron-LM's ``DistributedDataParallel``) is kept: its optimizer steps fp32 flat copies,
     not the module's parameters, and the pre-flight rules need it to say that the engine owns the precision.
     """
@@ -136,10 +137,20 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules
         if not trained or engine_family(root) or any(id(p) in trained for p in root.parameters()):
             roots.setdefault(id(root), root)
     covered = {id(p) for r in roots.values() for p in r.parameters()}
+    orphans = False   # optimizer tensors that no live module owns: the model they came from is gone
     for o in optimizers:
         for p in optimizer_tensors(o):
             if id(p) not in covered and id(p) in owner:
                 root = outermost(owner[id(p)], parents)
                 roots.setdefault(id(root), root)
                 covered.update(id(q) for q in root.parameters())
+            orphans = orphans or id(p) not in owner
+    if orphans:
+        # The optimizer was built over a model object that was since replaced (re-created, reloaded): the module
+        # that trains now shares no tensor with it. It is the model all the same, so the rules can say that its
+        # parameters are in no optimizer and the optimizer's tensors in no model (AMP301, AMP302).
+        for m in seen:
+            root = outermost(m, parents)
+            if id(root) not in roots and any(p.requires_grad for p in root.parameters()):
+                roots.setdefault(id(root), root)
     return list(roots.values())

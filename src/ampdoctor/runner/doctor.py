@@ -301,7 +301,7 @@ class Doctor:
         from ampdoctor.monitor.watcher import watch
 
         setup = self.setup
-        if setup is None or not setup.optimizers:
+        if setup is None or not setup.optimizers or not setup.models:
             return
         model = max(setup.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
         if any(p.is_meta for p in model.parameters()):

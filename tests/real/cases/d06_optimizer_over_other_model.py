@@ -3,8 +3,6 @@
 #   (reloads it from a checkpoint) and trains the new one: no optimizer parameter ever gets a .grad
 #   -> AssertionError: No inf checks were recorded for this optimizer.
 # expect: AMP406 AMP301
-# known-gap: AMP301 is not reported when none of the optimizer's tensors belong to the model that is trained
-#   (model replaced after the optimizer was built); AMP406 only says 'the model is unknown'
 import torch
 from torch import nn
 
