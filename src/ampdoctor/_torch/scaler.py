@@ -24,7 +24,7 @@ except ImportError:  # fallback: the same three stages, so comparisons still wor
 
 __all__ = ["OptState", "optimizer_state", "stage", "found_inf_flags", "live_scale", "growth_tracker",
            "init_scale", "init_growth_tracker", "scaler_device", "is_enabled", "has_state_machine",
-           "optimizer_found_inf", "unscales_itself"]
+           "optimizer_found_inf", "unscales_itself", "patched_to_allow_fp16"]
 
 
 def has_state_machine(scaler: Any) -> bool:
@@ -116,3 +116,34 @@ def unscales_itself(optimizer: Any) -> bool:
     False
     """
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def patched_to_allow_fp16(scaler: Any) -> bool:
+    """Return whether ``scaler``'s ``_unscale_grads_`` was replaced on the instance by one that accepts float16
+    gradients, as kohya-ss/sd-scripts' ``patch_accelerator_for_fp16_training`` does (it passes ``allow_fp16=True``):
+    then ``unscale_()`` does not raise "Attempting to unscale FP16 gradients." and fp16 parameters train in place.
+
+    The replacement is tried once on a one-element float16 gradient of ampdoctor's own (a throwaway optimizer:
+    nothing of the user's is read or written). A GradScaler without such a patch is never called.
+
+    >>> scaler = torch.amp.GradScaler("cpu")
+    >>> patched_to_allow_fp16(scaler)
+    False
+    >>> original = scaler._unscale_grads_
+    >>> scaler._unscale_grads_ = lambda opt, inv, found, allow_fp16: original(opt, inv, found, True)
+    >>> patched_to_allow_fp16(scaler)
+    True
+    """
+    replaced = getattr(scaler, "__dict__", {}).get("_unscale_grads_")
+    if not callable(replaced) or not is_enabled(scaler):
+        return False
+    try:
+        device = scaler_device(scaler) or "cpu"
+        probe = torch.zeros(1, dtype=torch.float16, device=device, requires_grad=True)
+        probe.grad = torch.zeros_like(probe)
+        with torch.no_grad():
+            replaced(torch.optim.SGD([probe], lr=0.0), torch.ones((), device=device),
+                     torch.zeros((), device=device), False)
+    except Exception:   # it refused fp16 ("Attempting to unscale FP16 gradients."), or the device is absent
+        return False
+    return True

@@ -21,12 +21,11 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ampdoctor._torch.autograd import in_backward
+from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
-from ampdoctor.monitor.op_replay import NonfiniteOp
-from ampdoctor._torch.distributed import process_rank
-from ampdoctor.monitor.replay import Frame, Replay, explain, replay_blocked, rerun
+from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_line, replay_blocked, rerun
 
 __all__ = ["ActivationMonitor", "HEADROOM_FACTOR"]
 
@@ -304,6 +303,8 @@ class ActivationMonitor:
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
+        else:  # no frames: say at least whether its own weights are already non-finite
+            lines += [line for line in [nonfinite_weights_line(self._require_model(), self._names[i])] if line]
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))
@@ -376,8 +377,7 @@ class ActivationMonitor:
         return self._findings[-1]
 
     def _require_model(self) -> nn.Module:
-        model = self._model()
-        if model is None:
+        if (model := self._model()) is None:
             raise RuntimeError("the model watched by this ActivationMonitor no longer exists")
         return model
 

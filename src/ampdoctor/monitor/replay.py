@@ -220,3 +220,24 @@ def render_frames(frames: list[Frame]) -> str:
         lines.append(f"{'':18}{frame.name} {frame.cls}")
         lines += [f"{lo:8.2e} {hi:8.2e} {role}" for _, role, lo, hi in frame.rows]
     return "\n".join(lines)
+
+
+def nonfinite_weights_line(model: nn.Module, name: str) -> str | None:
+    """Return a sentence when module ``name``'s own parameters already hold inf/NaN, else None.
+
+    Said when no re-run gives frames (the step's inputs were not kept, or a re-run could hang the ranks): a module
+    whose weights are non-finite outputs NaN whatever its input, and no loss scale or upcast of its compute helps.
+    Reads this rank's local values only (a DTensor's local shard): no collective. One host sync per parameter of
+    that one module, on the error path.
+    """
+    module = model if name == "(root)" else model.get_submodule(name)
+    bad = []
+    for pname, p in module.named_parameters(recurse=False):
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if local.numel() and not bool(torch.isfinite(local.detach()).all()):
+            bad.append(pname)
+    if not bad:
+        return None
+    return (f"Its weights already hold inf/NaN ({', '.join(bad)}): an earlier optimizer step wrote them, so the "
+            "output is NaN whatever the input. Look for that update: Adam's eps at 0 in half precision (AMP104), "
+            "pure half-precision updates (AMP103), or a step taken on inf/NaN gradients (AMP608).")

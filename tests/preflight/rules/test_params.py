@@ -326,3 +326,27 @@ def test_amp105_quiet(dtype, fused):
     model = nn.Linear(4, 4).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), fused=fused)
     assert list(fused_optimizer_fp16_params(TrainingSetup(model, opt, cpu_scaler()))) == []
+
+
+def test_a_scaler_patched_to_accept_fp16_grads_is_pure_fp16_training_not_a_crash() -> None:
+    # kohya-ss/sd-scripts' --full_fp16 replaces the scaler's _unscale_grads_ by one that passes allow_fp16=True:
+    # unscale_() no longer raises, and the fp16 weights are updated in place (AMP103), not refused (AMP101).
+    from ampdoctor.preflight.engine import check
+
+    model = nn.Linear(4, 4).half()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, eps=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    assert [f.code for f in check(model, opt, scaler).findings] == ["AMP101"]
+    original = scaler._unscale_grads_
+    scaler._unscale_grads_ = lambda opt_, inv, found, allow_fp16: original(opt_, inv, found, True)   # the patch
+    [finding] = check(model, opt, scaler).findings
+    assert finding.code == "AMP103" and "patched to accept float16 gradients" in finding.detail
+    # the claim holds: a real step runs, with fp16 gradients
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(2, 4, dtype=torch.float16)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    assert all(p.grad.dtype == torch.float16 for p in model.parameters())
+    # a wrapper that still refuses fp16 (it only logs) changes nothing: AMP101 stays
+    scaler._unscale_grads_ = lambda opt_, inv, found, allow_fp16: original(opt_, inv, found, allow_fp16)
+    assert [f.code for f in check(model, opt, scaler).findings] == ["AMP101"]

@@ -18,7 +18,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf, fsdp2_param_dtype
-from ampdoctor._torch.scaler import init_scale, is_enabled, scaler_device
+from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp16, scaler_device
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 
@@ -35,8 +35,9 @@ def is_sharded_scaler(scaler: Any) -> bool:
 
 
 def plain_scaler_enabled(setup: TrainingSetup) -> bool:
-    """Return whether an enabled GradScaler that refuses fp16 gradients (not a ShardedGradScaler) is present."""
-    return setup.scaler_enabled and not is_sharded_scaler(setup.scaler)
+    """Return whether an enabled GradScaler that refuses fp16 gradients is present: not a ShardedGradScaler, nor
+    one whose ``_unscale_grads_`` was patched to accept them (``patched_to_allow_fp16``)."""
+    return setup.scaler_enabled and not is_sharded_scaler(setup.scaler) and not patched_to_allow_fp16(setup.scaler)
 
 
 def scaler_label(scaler: Any) -> str:

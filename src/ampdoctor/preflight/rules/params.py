@@ -3,7 +3,8 @@
 Only metadata is read (``dtype``, ``shape``, ``requires_grad``), so the rules work on meta-device models and cost
 one pass over the parameters. How the parameter rules split the work:
 
-* fp16 trainable parameters under an enabled GradScaler that refuses fp16 grads: AMP101 (plus AMP105 when the
+* fp16 trainable parameters under an enabled GradScaler that refuses fp16 grads (not a ShardedGradScaler, nor one
+  patched to accept them, as kohya-ss sd-scripts does): AMP101 (plus AMP105 when the
   optimizer is fused, which hides the error until the first explicit ``unscale_()``).
 * bf16 trainable parameters under an enabled GradScaler or fp16 autocast: AMP102.
 * any other fp16/bf16 trainable parameter (no scaler, a ShardedGradScaler, bf16 autocast) is updated without an fp32
@@ -24,7 +25,7 @@ import torch
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check
-from ampdoctor._torch.scaler import unscales_itself
+from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
@@ -220,6 +221,8 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
     if not half:
         return
     scaler = scaler_label(setup.scaler) if setup.scaler_enabled else "no enabled GradScaler"
+    if setup.scaler_enabled and patched_to_allow_fp16(setup.scaler):
+        scaler += " (its _unscale_grads_ patched to accept float16 gradients, so unscale_() does not raise)"
     mastered = has_master(setup)
     if not setup.optimizers:
         trainable = setup.trainable()
