@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -96,3 +99,44 @@ def test_delegating_wrappers_do_not_prefix_the_names():
     modules = list(wrapped.modules())
     assert trained_models([wrapped], [opt], modules) == [net]
     assert trained_models([net[2]], [opt], modules) == [net]
+
+
+def test_an_optimizer_per_parameter_is_one_amp103_and_the_watch_says_what_it_covers(tmp_path):
+    # torchtune's optimizer in backward: 4 AdamW, one per bf16 parameter. Pre-flight: one AMP103 for all of them,
+    # not one per parameter. The watch follows one optimizer, so its tables cover 1 of the 4 tensors: it says so.
+    # In a process of its own: the script's tensor hooks hold its model and optimizers in a cycle that the garbage
+    # collector does not free, and later in-process runs of this test session would find them.
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "ampdoctor", "run", "--json", str(out),
+                           os.path.join(SCRIPTS, "optimizer_in_backward.py")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    report, err = json.loads(out.read_text()), done.stderr
+    assert done.returncode == 0, err
+    [amp103] = report["findings"]
+    assert amp103["code"] == "AMP103" and amp103["where"] == "4 optimizers", amp103
+    assert amp103["detail"].startswith("4 AdamW optimizers (as when each parameter has its own") and "update 4 of 4" in \
+        amp103["detail"]
+    assert report["watch"]["coverage"] == {"optimizer": "optimizer[0] (AdamW)", "other_optimizers": 3,
+                                           "trainable": 4, "tensors": 1}
+    assert "watched: the 1 of 4 trainable tensors that optimizer[0] (AdamW) steps; 3 other\n    optimizers are " \
+        "not watched" in err
+
+
+def test_a_compiled_model_gets_no_warning_about_ampdoctors_hooks(tmp_path, capsys):
+    # torch.compile warns on the first call while any global module hook exists; ampdoctor's discovery hooks are
+    # global, so every compiled script printed "Using `torch.compile(module)` when there are global hooks".
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        code, report, captured = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "compiled_model.py"))
+    assert code == 0 and report["findings"] == [], captured.err
+    assert [str(w.message) for w in seen if "global hooks" in str(w.message)] == []
+    assert report["observed"]["models"] == 1
+    # a global hook of the user's keeps torch's warning
+    handle = nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            run_json(tmp_path, capsys, os.path.join(SCRIPTS, "compiled_model.py"))
+    finally:
+        handle.remove()
+    assert [w for w in seen if "global hooks" in str(w.message)]

@@ -123,6 +123,11 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
     parts: list[Any] = [Wrapped(
         f"ampdoctor watch: {_count(data['steps'], 'step')}, {data['sampled_steps']} sampled (every {data['every']}), "
         f"stats={data['stats']}, {_count(data['host_syncs'], 'host sync')}", style="bold")]
+    if data.get("coverage"):   # ampdoctor run: the model is stepped by several optimizers, the watch follows one
+        c = data["coverage"]
+        parts.append(Wrapped(f"watched: the {c['tensors']} of {c['trainable']} trainable tensors that {c['optimizer']} "
+                             f"steps; {_count(c['other_optimizers'], 'other optimizer')} "
+                             f"{'is' if c['other_optimizers'] == 1 else 'are'} not watched", style="yellow"))
     scale_line = _scale_line(data.get("scale"))
     if scale_line:
         parts.append(Wrapped(scale_line))

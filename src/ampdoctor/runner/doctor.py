@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ampdoctor._torch.module_hooks import any_global_module_hook, silence_compile_hook_warning
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely, internal_error_finding
@@ -69,6 +70,7 @@ class Doctor:
         self._forward_handles: list[Any] = []
         self._guard: Any = None
         self._watch: Any = None
+        self._coverage: dict[str, Any] | None = None  # which part of the model the watched optimizer steps
         self.watch_summary: Any = None  # a rich renderable, once the watch has been detached
         self._repairs = RunRepairs(self.report, self.on_event)
         self._observers = GlobalObservers(self, self._internal_error)
@@ -88,6 +90,8 @@ class Doctor:
         if self._attached:
             return self
         self._attached = True
+        if not any_global_module_hook():   # only ours: torch.compile would warn about them on every script
+            silence_compile_hook_warning()
         m = torch.nn.modules.module
         self._forward_handles = [
             m.register_module_forward_pre_hook(self._on_forward_pre),
@@ -309,14 +313,24 @@ class Doctor:
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
         self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                             activations=self.activations)
+        if others := [o for o in setup.optimizers if o is not optimizer and owns_any(o, model)]:
+            from ampdoctor.explanations.naming import optimizer_label   # the watch follows one optimizer: say so
+            trainable = {id(p) for p in model.parameters() if p.requires_grad}
+            self._coverage = {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
+                              "trainable": len(trainable), "tensors": sum(
+                                  id(p) in trainable for g in optimizer.param_groups for p in g["params"])}
 
     def _collect_guard(self) -> None:
         for finding in self._guard.findings():
             self.report.add(finding)
 
     def _collect_watch(self) -> None:
-        self.watch_summary = self._watch.summary(findings=False)  # the findings go to the report's one table
+        from ampdoctor.monitor.summary import render_watch
+
         watch_report = self._watch.report()
+        if self._coverage is not None:
+            watch_report.extra["watch"]["coverage"] = self._coverage
+        self.watch_summary = render_watch(watch_report.extra["watch"], None)  # findings: in the report's one table
         for finding in watch_report.findings:
             self.report.add(finding)
         self.report.extra.update(watch_report.extra)

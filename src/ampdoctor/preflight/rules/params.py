@@ -237,21 +237,30 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
                 f"An update smaller than {' or '.join(_LOST_BELOW[d] for d in present)} rounds away.",
             )
         return
+    groups = []
     for oi, opt in enumerate(setup.optimizers):
         for gi, group in enumerate(opt.param_groups):
-            tensors = group["params"]
-            members = [(i, t) for i, t in enumerate(tensors)
+            members = [(i, t) for i, t in enumerate(group["params"])
                        if t.requires_grad and t.dtype in half and not mastered(t)]
-            if not members:
-                continue
-            dtypes = sorted({t.dtype for _, t in members}, key=str)
-            yield Finding(
-                "AMP103", rule.severity, f"optimizer[{oi}] group {gi}",
-                f"{type(unwrap_optimizer(opt)).__name__} (lr={_lr(group.get('lr'))}) updates {len(members)} of "
-                f"{len(tensors)} tensors in place in half precision ({_dtype_counts(t for _, t in members)}), with "
-                f"{scaler} and no fp32 master copy: {listing([_tensor_label(setup, i, t) for i, t in members])}. An "
-                f"update smaller than {' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
-            )
+            if members:
+                groups.append((f"optimizer[{oi}] group {gi}", type(unwrap_optimizer(opt)).__name__,
+                               _lr(group.get("lr")), len(group["params"]), members))
+    if len(setup.optimizers) > 3 and len(groups) > 3 and len({(name, lr) for _, name, lr, _, _ in groups}) == 1:
+        # one optimizer per parameter (torchtune's optimizer in backward): one finding, not one per parameter
+        _, name, lr, _, _ = groups[0]
+        members = [m for *_, ms in groups for m in ms]
+        groups = [(f"{len(setup.optimizers)} optimizers", f"{len(groups)} {name} optimizers (as when each parameter "
+                   "has its own, stepped in backward)", lr, sum(n for *_, n, _ in groups), members)]
+    for where, name, lr, total, members in groups:
+        dtypes = sorted({t.dtype for _, t in members}, key=str)
+        verb = "update" if where.endswith("optimizers") else "updates"
+        yield Finding(
+            "AMP103", rule.severity, where,
+            f"{name} (lr={lr}) {verb} {len(members)} of {total} tensors in place in "
+            f"half precision ({_dtype_counts(t for _, t in members)}), with {scaler} and no fp32 master copy: "
+            f"{listing([_tensor_label(setup, i, t) for i, t in members])}. An update smaller than "
+            f"{' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
+        )
 
 
 def _is_adam_family(group: dict) -> bool:
