@@ -140,3 +140,17 @@ def test_a_compiled_model_gets_no_warning_about_ampdoctors_hooks(tmp_path, capsy
     finally:
         handle.remove()
     assert [w for w in seen if "global hooks" in str(w.message)]
+
+
+def test_two_models_with_two_optimizers_the_watch_says_it_follows_one(tmp_path, capsys):
+    # The PyTorch AMP example with two models and two optimizers under one GradScaler: the watch follows
+    # optimizer[0], so its tables cover model0 only; it says so instead of leaving model1 out silently.
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), os.path.join(SCRIPTS, "amp_multiple_models.py")])
+    report, err = json.loads(out.read_text()), capsys.readouterr().err
+    assert code == 0 and report["findings"] == [], err
+    assert report["observed"]["models"] == 2 and report["observed"]["optimizers"] == 2
+    assert report["watch"]["coverage"] == {"optimizer": "optimizer[0] (SGD)", "other_optimizers": 1,
+                                           "trainable": 8, "tensors": 4}
+    assert "watched: the 4 of 8 trainable tensors that optimizer[0] (SGD) steps; 1 other\n    optimizer is not " \
+        "watched" in err

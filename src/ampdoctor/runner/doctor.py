@@ -25,7 +25,7 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models
+from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models, unwrap_module
 from ampdoctor.runner.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
@@ -64,8 +64,7 @@ class Doctor:
         self.setup: TrainingSetup | None = None
         self.models: list[nn.Module] = []
         self._autocast: dict[int, torch.dtype | None] = {}
-        self._depth = 0
-        self._scans = 0
+        self._depth = self._scans = 0
         self._handles: list[Any] = []
         self._forward_handles: list[Any] = []
         self._guard: Any = None
@@ -75,8 +74,7 @@ class Doctor:
         self._repairs = RunRepairs(self.report, self.on_event)
         self._observers = GlobalObservers(self, self._internal_error)
         self._accelerator_found: Any = None
-        self._broken = False
-        self._attached = False
+        self._broken = self._attached = False
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
         self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
@@ -185,7 +183,7 @@ class Doctor:
             if not any(p.requires_grad for p in module.parameters()):
                 return
             self.models.append(module)
-            self._seen["models"].add(id(module))
+            self._seen["models"].add(id(unwrap_module(module)))   # DDP(model), torch.compile(model): one model
         dtype = _autocast_dtype(first.device.type) or framework_autocast(module, self._framework_accelerator())
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
@@ -263,6 +261,7 @@ class Doctor:
         self._handles += self._observers.attach_fsdp()   # FSDP is imported by now if the script uses it
         self._diagnosed.update(self.setup.optimizers)
         self._seen["optimizers"].update(id(unwrap_optimizer(o)) for o in self.setup.optimizers)
+        self._seen["models"].update(id(m) for m in self.setup.models)   # also those not called yet (found by owner)
         if self.setup.scaler is not None:
             self._seen["scalers"].add(id(self.setup.scaler))
         found = run_preflight(self.setup)
@@ -313,9 +312,9 @@ class Doctor:
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
         self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                             activations=self.activations)
-        if others := [o for o in setup.optimizers if o is not optimizer and owns_any(o, model)]:
+        if others := [o for o in setup.optimizers if o is not optimizer and any(owns_any(o, m) for m in setup.models)]:
             from ampdoctor.explanations.naming import optimizer_label   # the watch follows one optimizer: say so
-            trainable = {id(p) for p in model.parameters() if p.requires_grad}
+            trainable = {id(p) for m in setup.models for p in m.parameters() if p.requires_grad}
             self._coverage = {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
                               "trainable": len(trainable), "tensors": sum(
                                   id(p) in trainable for g in optimizer.param_groups for p in g["params"])}
