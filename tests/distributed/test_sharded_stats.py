@@ -107,6 +107,20 @@ def _unwrapped(stats: dict) -> dict:
     return {name.replace("_fsdp_wrapped_module.", ""): row for name, row in stats.items()}
 
 
+def test_a_collective_inside_the_forward_stops_the_one_rank_replay_before_it_starts(tmp_path) -> None:
+    # No wrapper, so nothing tells that the forward communicates: a module all-reduces in it (as SyncBatchNorm
+    # does). Rank 1 alone overflows, and its activation monitor re-runs the forward to dump frames: the re-run's
+    # all-reduce would wait for rank 0, or pair with rank 0's next forward. It is stopped before it starts.
+    # The module's all-reduce carries rank 1's inf into rank 0's forward too, so rank 0 replays as well: each rank
+    # names its own first non-finite module, and each re-run stops at the collective.
+    ranks = run(tmp_path, "collective_forward", 2)
+    for rank, module in ((1, "0 (Linear)"), (0, "1 (CrossRankCenter)")):
+        amp601 = next(f for f in ranks[rank]["findings"] if f["code"] == "AMP601")
+        assert (amp601["where"], amp601["step"]) == (module, 1) and f"on rank {rank}" in amp601["detail"], amp601
+        assert f"c10d.allreduce_.default) on rank {rank} of 2; the re-run stopped before it" in amp601["detail"]
+        assert len(ranks[rank]["losses"]) == 3   # both ranks trained to the end: nobody waited
+
+
 def test_fsdp1_use_orig_params_statistics_per_original_parameter_equal_one_process(tmp_path) -> None:
     ranks = run(tmp_path, "fsdp1_orig", 2)
     # 875 entries split 438 / 437: 2.weight is split across the ranks, five parameters have no entry on one rank

@@ -25,7 +25,7 @@ from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
-from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_line, replay_blocked, rerun
+from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_lines, replay_blocked, rerun
 
 __all__ = ["ActivationMonitor", "HEADROOM_FACTOR"]
 
@@ -75,8 +75,7 @@ class ActivationMonitor:
         self._scaler = weakref.ref(scaler) if scaler is not None else lambda: None
         self.first_nonfinite_module: str | None = None
         self._handles: list[Any] = []
-        self._active = False  # the one flag every hook checks
-        self._driven = self._broken = self._replaying = False
+        self._active = self._driven = self._broken = self._replaying = False  # _active: the flag every hook checks
         self._calls = self._records = self._sampled = self._replays = 0
         self._record: StepRecord | None = None
         self._findings: list[Finding] = []
@@ -301,10 +300,11 @@ class ActivationMonitor:
                 frames, op = self._diagnose(rec.replay)
             except Exception as exc:  # a failed re-run costs the frames, not the monitor
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
+                lines += nonfinite_weights_lines(self._require_model(), self._names[i])
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
         else:  # no frames: say at least whether its own weights are already non-finite
-            lines += [line for line in [nonfinite_weights_line(self._require_model(), self._names[i])] if line]
+            lines += nonfinite_weights_lines(self._require_model(), self._names[i])
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))

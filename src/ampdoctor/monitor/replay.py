@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
@@ -137,8 +138,10 @@ def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], N
     handles = [m.register_forward_hook(functools.partial(dump, n or "(root)"), with_kwargs=True)
                for n, m in model.named_modules()]
     op: NonfiniteOp | str | None = None
+    guard = NoCollectives() if distributed_world() > 1 else contextlib.nullcontext()
     try:
-        replay.run(model, model)
+        with guard:
+            replay.run(model, model)
         for handle in handles:
             handle.remove()
         culprit = kept[-1] if done else None
@@ -153,13 +156,37 @@ def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], N
                 return tracer.found
 
             try:
-                op = replay.run(model, trace)
+                with guard:
+                    op = replay.run(model, trace)
             except Exception as exc:  # the frames are still worth reporting
                 op = f"{type(exc).__name__}: {exc}"
     finally:
         for handle in handles:
             handle.remove()
     return list(kept), op
+
+
+class CollectiveInReplay(RuntimeError):
+    """A re-run on one rank reached a collective: it was stopped before the collective started."""
+
+
+class NoCollectives(TorchDispatchMode):
+    """Stop a re-run at its first collective, before it starts.
+
+    ``replay_blocked`` keeps re-runs away from models known to communicate in their forward (DDP, FSDP, DTensor).
+    Others do too (``SyncBatchNorm``, a hand-written all-reduce in a forward): on one rank alone that collective
+    would wait for ranks that never join it. torch.distributed's collectives, eager (``c10d``) and functional
+    (``_c10d_functional``), are dispatcher ops, so this mode sees each before it runs and raises instead.
+    """
+
+    NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd"})
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace in self.NAMESPACES:
+            raise CollectiveInReplay(
+                f"the forward calls a collective ({func}) on rank {process_rank()} of {distributed_world()}; the "
+                "re-run stopped before it, so no rank is kept waiting (the forward hooks still name the module)")
+        return func(*args, **(kwargs or {}))
 
 
 def replay_blocked(model: nn.Module) -> str | None:
@@ -222,11 +249,13 @@ def render_frames(frames: list[Frame]) -> str:
     return "\n".join(lines)
 
 
-def nonfinite_weights_line(model: nn.Module, name: str) -> str | None:
-    """Return a sentence when module ``name``'s own parameters already hold inf/NaN, else None.
+def nonfinite_weights_lines(model: nn.Module, name: str) -> list[str]:
+    """Return a sentence (in a list) when module ``name``'s own parameters already hold inf/NaN, else ``[]``.
 
     Said when no re-run gives frames (the step's inputs were not kept, or a re-run could hang the ranks): a module
     whose weights are non-finite outputs NaN whatever its input, and no loss scale or upcast of its compute helps.
+    Read when the step is recorded, after its optimizer step: the weights may have turned non-finite in this very
+    update, so the sentence says "after this step" and leaves the earlier cause as a condition.
     Reads this rank's local values only (a DTensor's local shard): no collective. One host sync per parameter of
     that one module, on the error path.
     """
@@ -237,7 +266,7 @@ def nonfinite_weights_line(model: nn.Module, name: str) -> str | None:
         if local.numel() and not bool(torch.isfinite(local.detach()).all()):
             bad.append(pname)
     if not bad:
-        return None
-    return (f"Its weights already hold inf/NaN ({', '.join(bad)}): an earlier optimizer step wrote them, so the "
-            "output is NaN whatever the input. Look for that update: Adam's eps at 0 in half precision (AMP104), "
-            "pure half-precision updates (AMP103), or a step taken on inf/NaN gradients (AMP608).")
+        return []
+    return [f"Its weights hold inf/NaN after this step ({', '.join(bad)}). If an earlier optimizer step wrote them "
+            "(Adam's eps at 0 in half precision, AMP104; pure half-precision updates, AMP103; a step taken on inf/NaN "
+            "gradients, AMP608), the output is NaN whatever the input."]

@@ -7,7 +7,8 @@ to the watch as ``ampdoctor run`` does), ``fsdp1`` (FullyShardedDataParallel, FU
 ``partial`` (a Partial DTensor gradient), ``ddp_overflow`` (DDP; rank 1's forward overflows fp16, activations on),
 ``fsdp1_orig`` (FSDP1 FULL_SHARD with ``use_orig_params=True``: the optimizer steps views into the flat parameter,
 some split across the ranks, some with no entry on a rank), ``dp_tp`` (4 ranks: a ("dp", "tp") mesh, tensor
-parallelism over tp and fully_shard over dp; a layer whose shards are empty on the dp=1 ranks).
+parallelism over tp and fully_shard over dp; a layer whose shards are empty on the dp=1 ranks),
+``collective_forward`` (no wrapper; a module all-reduces in its forward, rank 1's forward overflows at step 1).
 Every rank writes ``OUT.<rank>.json``. Nothing runs on import (pytest imports modules for doctests).
 """
 from __future__ import annotations
@@ -35,6 +36,16 @@ def _tp_model(torch, nn):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 20), nn.ReLU(), nn.Linear(20, 2),
                          nn.Linear(2, 3))
+
+
+def _CrossRankCenter(torch, dist):
+    """A module whose forward all-reduces (like SyncBatchNorm): it subtracts the mean over every rank's batch."""
+    class CrossRankCenter(torch.nn.Module):
+        def forward(self, x):
+            mean = x.detach().float().mean().reshape(1)
+            dist.all_reduce(mean)
+            return x - (mean / dist.get_world_size()).to(x.dtype)
+    return CrossRankCenter()
 
 
 def _single(torch, nn, build, rank, steps):
@@ -108,13 +119,16 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
         elif mode == "ddp_overflow":
             model = nn.Sequential(nn.Linear(12, 24), nn.BatchNorm1d(24), nn.Linear(24, 3))
             model = nn.parallel.DistributedDataParallel(model)
+        elif mode == "collective_forward":
+            model = nn.Sequential(nn.Linear(12, 24), _CrossRankCenter(torch, dist), nn.Linear(24, 3))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu") if mode == "ddp_overflow" else None
-        watch = ampdoctor.watch(model, opt, scaler, every=1, stats="full", activations=mode == "ddp_overflow")
+        watch = ampdoctor.watch(model, opt, scaler, every=1, stats="full",
+                                activations=mode in ("ddp_overflow", "collective_forward"))
         if mode == "partial":
             from torch.distributed.tensor import DTensor, Partial
             weight = model[4].weight
-        for step in range(2):
+        for step in range(3 if mode == "collective_forward" else 2):
             x, y = _batch(torch, rank, same=mode != "fsdp1")
             if mode == "ddp_overflow":
                 if rank == 1 and step == 1:
@@ -131,6 +145,15 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
                 unchanged = all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
                 result.setdefault("steps", []).append({"found_inf": found, "scale": scale_before,
                                                        "params_unchanged": unchanged})
+            elif mode == "collective_forward":
+                if rank == 1 and step == 1:
+                    x = x * 1e6  # fp16 overflows in rank 1's first Linear only
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = nn.functional.mse_loss(model(x).float(), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                result.setdefault("losses", []).append(loss.item())
             else:
                 loss = nn.functional.mse_loss(model(x).float(), y)
                 loss.backward()
