@@ -274,8 +274,8 @@ class ScaleMonitor:
         since = "the highest a step succeeded with" if self.succeeded is not None else "its start, at most 65536"
         text = (f"loss scale fell from {ref:g} (step {ref_step}, {since}) to {low:g} after step {self.steps - 1}, "
                 f"{self.skipped} of {self.steps} steps skipped, the last {self.run} in a row. When the scale keeps "
-                f"halving, the inf/NaN come from the forward pass (an activation above 65504), not from the scaling: "
-                f"no smaller scale can fix them.")
+                f"halving, the inf/NaN come from the forward pass (an activation above 65504, or weights that already "
+                f"hold inf/NaN), not from the scaling: no smaller scale can fix them.")
         if first_nonfinite_module:
             text += f" First module with a non-finite output: {first_nonfinite_module}."
         else:
