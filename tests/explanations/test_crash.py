@@ -515,3 +515,14 @@ def test_a_constant_that_overflows_fp16_is_explained_on_the_real_error():
     scores = torch.zeros(2, 3, dtype=torch.float16)
     exc = raised(scores.fill_, 1e5)   # torch 2.13: "value cannot be converted to type c10::Half without overflow"
     assert codes(explain_exception(exc)) == ["AMP503"]
+
+
+def test_nonfinite_total_norm_over_several_modules_is_one_finding_naming_them():
+    model = mlp()
+    model(torch.randn(4, 8)).sum().backward()
+    model[0].bias.grad[0] = float("nan")
+    model[2].weight.grad[0, 0] = float("inf")
+    exc = raised(nn.utils.clip_grad_norm_, model.parameters(), 1.0, error_if_nonfinite=True)
+    [finding] = explain_exception(exc, TrainingSetup(model))
+    assert (finding.code, finding.where) == ("AMP608", "2 modules (0, 2)")
+    assert finding.detail.startswith("non-finite gradients: 0.bias, 2.weight;")

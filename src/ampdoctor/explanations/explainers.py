@@ -165,9 +165,13 @@ def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         ready = [o for o in setup.optimizers if not optimizer_state(setup.scaler, o)]
         if ready and live_scale(setup.scaler) is not None:
             scaled = "; the gradients were still scaled (clip before scaler.unscale_: AMP408)"
-    return [finding(rule.code, module, f"non-finite gradients: {_names([p.name for p in params])}{scaled}; "
-                    "under fp16 let scaler.step() skip the step instead of raising", step)
-            for module, params in group_by_module(bad).items()]
+    modules = list(group_by_module(bad))   # one finding for the one clip call, not one per module
+    if not modules:
+        return []
+    where = modules[0] if len(modules) == 1 else f"{len(modules)} modules ({', '.join(modules[:3])}" + (
+        ", …)" if len(modules) > 3 else ")")
+    return [finding(rule.code, where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}; under fp16 "
+                    "let scaler.step() skip the step instead of raising", step)]
 
 
 _EXPLAINERS = {
