@@ -27,6 +27,36 @@ def any_global_module_hook() -> bool:
     return bool(probe()) if callable(probe) else False
 
 
-def silence_compile_hook_warning() -> None:
-    """Ignore torch.compile's global-hook warning from now on (call before registering ampdoctor's own)."""
-    warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING, category=UserWarning)
+class SilencedWarning:
+    """A warnings filter that ``remove()`` takes out again, like a hook's ``RemovableHandle``.
+
+    Only its own entry is removed (the script may have added filters since), and the filters' version is bumped as
+    ``warnings.filterwarnings`` does, so no location keeps the "ignored" it cached meanwhile.
+    """
+
+    def __init__(self, message: str, category: type[Warning]) -> None:
+        warnings.filterwarnings("ignore", message=message, category=category)
+        self._entry: tuple | None = warnings.filters[0]
+
+    def remove(self) -> None:
+        entry, self._entry = self._entry, None
+        if entry is not None and entry in warnings.filters:
+            warnings.filters.remove(entry)
+            mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held",
+                                                                              None)
+            if callable(mutated):
+                mutated()
+
+
+def silence_compile_hook_warning() -> SilencedWarning:
+    """Ignore torch.compile's global-hook warning until the returned handle is removed (register it with
+    ampdoctor's own global hooks, and remove it with them).
+
+    >>> import warnings
+    >>> before = list(warnings.filters)
+    >>> handle = silence_compile_hook_warning()
+    >>> handle.remove()
+    >>> warnings.filters == before
+    True
+    """
+    return SilencedWarning(COMPILE_HOOK_WARNING, UserWarning)

@@ -88,13 +88,12 @@ class Doctor:
         if self._attached:
             return self
         self._attached = True
-        if not any_global_module_hook():   # only ours: torch.compile would warn about them on every script
-            silence_compile_hook_warning()
+        # only ours: torch.compile would warn about them on every script (the filter goes when they go)
+        quiet = [] if any_global_module_hook() else [silence_compile_hook_warning()]
         m = torch.nn.modules.module
         self._forward_handles = [
             m.register_module_forward_pre_hook(self._on_forward_pre),
-            m.register_module_forward_hook(self._on_forward_post, always_call=True),
-        ]
+            m.register_module_forward_hook(self._on_forward_post, always_call=True), *quiet]
         self._handles += [*self._forward_handles, register_optimizer_step_pre_hook(self._on_optimizer_step)]
         for cls in scaler_classes():
             if "scale" in vars(cls):
