@@ -154,3 +154,15 @@ def test_two_models_with_two_optimizers_the_watch_says_it_follows_one(tmp_path, 
                                            "trainable": 8, "tensors": 4}
     assert "watched: the 4 of 8 trainable tensors that optimizer[0] (SGD) steps; 1 other\n    optimizer is not " \
         "watched" in err
+
+
+def test_zero_redundancy_optimizer_is_one_optimizer_not_two(tmp_path, capsys):
+    # ZeroRedundancyOptimizer steps its own per-rank AdamW inside its step. Counted as a second optimizer, it was
+    # "1 other optimizer is not watched", and, never diagnosed, it sent the Doctor back to a scan on every step.
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), os.path.join(SCRIPTS, "zero_optimizer.py")])
+    report, err = json.loads(out.read_text()), capsys.readouterr().err
+    assert code == 0 and report["findings"] == [], err
+    assert report["observed"] == {"models": 1, "optimizers": 1, "scalers": 1}
+    assert "coverage" not in report["watch"] and "not watched" not in err
+    assert report["watch"]["sampled_steps"] == 6

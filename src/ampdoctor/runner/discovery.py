@@ -62,16 +62,41 @@ def real_optimizers(optimizers: Iterable[Any]) -> list[Any]:
 
     Lightning's ``LightningOptimizer``, accelerate's ``AcceleratedOptimizer``, Fabric's wrapper and
     ``ampdoctor.MasterWeights`` delegate to one torch optimizer; diagnosing both would report everything twice.
+    A ``ZeroRedundancyOptimizer``'s own per-rank optimizer (``.optim``) is left out: it is ZeRO's internal part.
     """
+    optimizers = list(optimizers)
     chains = [optimizer_chain(o) for o in optimizers]
     wrapped = {id(inner) for chain in chains for inner in chain[1:]}
+    internal = {id(o) for o in internal_optimizers(optimizers)}
     real: dict[int, Any] = {}
     for chain in chains:
         inner = chain[-1]
-        if id(chain[0]) in wrapped and chain[0] is not inner:
-            continue  # a wrapper inside another wrapper: its chain is reached from the outer one
+        if (id(chain[0]) in wrapped and chain[0] is not inner) or id(inner) in internal:
+            continue  # a wrapper inside another wrapper (its chain is reached from the outer one), or ZeRO's part
         real.setdefault(id(inner), inner)
     return list(real.values())
+
+
+def internal_optimizers(optimizers: Iterable[Any]) -> list[Any]:
+    """Return the optimizers that are an internal part of others: a ``ZeroRedundancyOptimizer`` holds every
+    parameter and steps its own per-rank optimizer over this rank's partition (``.optim``), not a second optimizer
+    of the script."""
+    return [o.optim for o in optimizers if type(o).__name__ == "ZeroRedundancyOptimizer"
+            and isinstance(getattr(o, "optim", None), torch.optim.Optimizer)]
+
+
+def watch_coverage(optimizer: Any, setup: Any) -> dict[str, Any] | None:
+    """Return which part of the trained models ``optimizer`` (the one a watch follows) steps, when other
+    optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None."""
+    from ampdoctor.explanations.naming import optimizer_label
+
+    trainable = {id(p) for m in setup.models for p in m.parameters() if p.requires_grad}
+    others = [o for o in setup.optimizers
+              if o is not optimizer and any(id(p) in trainable for p in optimizer_tensors(o))]
+    if not others:
+        return None
+    return {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
+            "trainable": len(trainable), "tensors": sum(id(p) in trainable for p in optimizer_tensors(optimizer))}
 
 
 # Wrappers that only delegate to the user's module: names are the wrapped module's (``encoder.0.weight``, not

@@ -25,7 +25,8 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.runner.discovery import instances, real_optimizers, scaler_classes, scan, trained_models, unwrap_module
+from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
+                                        trained_models, unwrap_module, watch_coverage)
 from ampdoctor.runner.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
@@ -78,6 +79,7 @@ class Doctor:
         # What this process trained, by identity, for the report's `observed` counts (kept after detach).
         self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
+        self._internal: weakref.WeakSet = weakref.WeakSet()  # optimizers inside others' steps (ZeRO's own)
         # This process's rank, read from torch.distributed at the first look (the script may destroy its group
         # before the end); None outside a process group of several ranks.
         self.rank_info: RankInfo | None = None
@@ -232,6 +234,8 @@ class Doctor:
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         real = unwrap_optimizer(optimizer)
+        if real in self._internal:
+            return   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
         self._seen["optimizers"].add(id(real))
         if self._broken or (self.setup is not None and real in self._diagnosed):
             return
@@ -259,6 +263,7 @@ class Doctor:
         self.setup = self._build_setup(scaler)
         self._handles += self._observers.attach_fsdp()   # FSDP is imported by now if the script uses it
         self._diagnosed.update(self.setup.optimizers)
+        self._internal.update(internal_optimizers(self.setup.optimizers))
         self._seen["optimizers"].update(id(unwrap_optimizer(o)) for o in self.setup.optimizers)
         self._seen["models"].update(id(m) for m in self.setup.models)   # also those not called yet (found by owner)
         if self.setup.scaler is not None:
@@ -311,12 +316,7 @@ class Doctor:
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
         self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                             activations=self.activations)
-        if others := [o for o in setup.optimizers if o is not optimizer and any(owns_any(o, m) for m in setup.models)]:
-            from ampdoctor.explanations.naming import optimizer_label   # the watch follows one optimizer: say so
-            trainable = {id(p) for m in setup.models for p in m.parameters() if p.requires_grad}
-            self._coverage = {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
-                              "trainable": len(trainable), "tensors": sum(
-                                  id(p) in trainable for g in optimizer.param_groups for p in g["params"])}
+        self._coverage = watch_coverage(optimizer, setup)   # the watch follows one optimizer: say what it covers
 
     def _collect_guard(self) -> None:
         for finding in self._guard.findings():
