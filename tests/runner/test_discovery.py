@@ -166,3 +166,15 @@ def test_zero_redundancy_optimizer_is_one_optimizer_not_two(tmp_path, capsys):
     assert report["observed"] == {"models": 1, "optimizers": 1, "scalers": 1}
     assert "coverage" not in report["watch"] and "not watched" not in err
     assert report["watch"]["sampled_steps"] == 6
+
+
+def test_the_watch_follows_the_dense_model_not_a_sparse_embedding(tmp_path, capsys):
+    # The sparse embedding is the larger model, but its gradients are sparse and cannot be summarised: watching it
+    # showed no gradient table at all. The dense head is watched, and the summary says what is left out.
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), os.path.join(SCRIPTS, "sparse_embedding.py")])
+    report, err = json.loads(out.read_text()), capsys.readouterr().err
+    assert code == 0 and report["findings"] == [], err
+    assert report["watch"]["coverage"] == {"optimizer": "optimizer[1] (AdamW)", "other_optimizers": 1,
+                                           "trainable": 5, "tensors": 4}
+    assert sorted(report["watch"]["gradients"]["params"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]

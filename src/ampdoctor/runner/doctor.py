@@ -26,7 +26,7 @@ from ampdoctor.core.ranks import RankInfo, from_process_group
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
-                                        trained_models, unwrap_module, watch_coverage)
+                                        trained_models, unwrap_module, watch_coverage, watched_size)
 from ampdoctor.runner.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
@@ -310,7 +310,7 @@ class Doctor:
         setup = self.setup
         if setup is None or not setup.optimizers or not setup.models:
             return
-        model = max(setup.models, key=lambda m: sum(p.numel() for p in m.parameters() if p.requires_grad))
+        model = max(setup.models, key=watched_size)
         if any(p.is_meta for p in model.parameters()):
             return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
