@@ -10,6 +10,7 @@ flags are seen, so the guard and the watch stay quiet rather than guess. `unscal
 from __future__ import annotations
 
 import enum
+import weakref
 from typing import Any
 
 import torch
@@ -137,6 +138,19 @@ def patched_to_allow_fp16(scaler: Any) -> bool:
     replaced = getattr(scaler, "__dict__", {}).get("_unscale_grads_")
     if not callable(replaced) or not is_enabled(scaler):
         return False
+    try:   # the pre-flight asks from several rules: try each replacement once (held weakly: no stale ids)
+        known = _PATCH_ALLOWS.get(replaced)
+        if known is None:
+            known = _PATCH_ALLOWS[replaced] = _accepts_fp16(replaced, scaler)
+        return known
+    except TypeError:   # not weakly referenceable: try it every time
+        return _accepts_fp16(replaced, scaler)
+
+
+_PATCH_ALLOWS: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def _accepts_fp16(replaced: Any, scaler: Any) -> bool:
     try:
         device = scaler_device(scaler) or "cpu"
         probe = torch.zeros(1, dtype=torch.float16, device=device, requires_grad=True)

@@ -256,15 +256,14 @@ def nonfinite_weights_lines(model: nn.Module, name: str) -> list[str]:
     whose weights are non-finite outputs NaN whatever its input, and no loss scale or upcast of its compute helps.
     Read when the step is recorded, after its optimizer step: the weights may have turned non-finite in this very
     update, so the sentence says "after this step" and leaves the earlier cause as a condition.
-    Reads this rank's local values only (a DTensor's local shard): no collective. One host sync per parameter of
-    that one module, on the error path.
+    Reads this rank's local values only (a DTensor's local shard): no collective. One host read for that one
+    module's parameters, on the error path.
     """
     module = model if name == "(root)" else model.get_submodule(name)
-    bad = []
-    for pname, p in module.named_parameters(recurse=False):
-        local = p.to_local() if hasattr(p, "to_local") else p
-        if local.numel() and not bool(torch.isfinite(local.detach()).all()):
-            bad.append(pname)
+    own = [(pname, p.to_local() if hasattr(p, "to_local") else p) for pname, p in module.named_parameters(recurse=False)]
+    own = [(pname, local.detach()) for pname, local in own if local.numel()]
+    finite = torch.stack([torch.isfinite(t).all().cpu() for _, t in own]).tolist() if own else []   # one read
+    bad = [pname for (pname, _), ok in zip(own, finite) if not ok]
     if not bad:
         return []
     return [f"Its weights hold inf/NaN after this step ({', '.join(bad)}). If an earlier optimizer step wrote them "

@@ -244,16 +244,14 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
                        if t.requires_grad and t.dtype in half and not mastered(t)]
             if members:
                 groups.append((f"optimizer[{oi}] group {gi}", type(unwrap_optimizer(opt)).__name__,
-                               _lr(group.get("lr")), len(group["params"]), members))
-    if len(setup.optimizers) > 3 and len(groups) > 3 and len({(name, lr) for _, name, lr, _, _ in groups}) == 1:
+                               _lr(group.get("lr")), len(group["params"]), members, "updates"))
+    if len(setup.optimizers) > 3 and len(groups) > 3 and len({(g[1], g[2]) for g in groups}) == 1:
         # one optimizer per parameter (torchtune's optimizer in backward): one finding, not one per parameter
-        _, name, lr, _, _ = groups[0]
-        members = [m for *_, ms in groups for m in ms]
-        groups = [(f"{len(setup.optimizers)} optimizers", f"{len(groups)} {name} optimizers (as when each parameter "
-                   "has its own, stepped in backward)", lr, sum(n for *_, n, _ in groups), members)]
-    for where, name, lr, total, members in groups:
+        groups = [(f"{len(setup.optimizers)} optimizers", f"{len(groups)} {groups[0][1]} optimizers (as when each "
+                   "parameter has its own, stepped in backward)", groups[0][2], sum(g[3] for g in groups),
+                   [m for g in groups for m in g[4]], "update")]
+    for where, name, lr, total, members, verb in groups:
         dtypes = sorted({t.dtype for _, t in members}, key=str)
-        verb = "update" if where.endswith("optimizers") else "updates"
         yield Finding(
             "AMP103", rule.severity, where,
             f"{name} (lr={lr}) {verb} {len(members)} of {total} tensors in place in "
