@@ -272,3 +272,11 @@ def test_minilm_gradient_table_is_a_line_per_module_at_100_columns(minilm_watch,
     assert_fits(text, 100, shown)
     assert len(text.splitlines()) <= 20 + 5   # watch line, title, header, u/o note, left-out note
     assert all(re.search(rf"^{re.escape(m)} +\d", text, re.MULTILINE) for m in shown)
+
+
+@pytest.mark.parametrize("params, line", [(1, "1 sharded parameter merged over their ranks (2 all-reduces so far)"),
+                                          (14, "14 sharded parameters merged over their ranks (2 all-reduces so far)")])
+def test_the_merged_parameters_line_counts_in_words(params, line):
+    data = watch_data()
+    data["gradients"]["merged_over_ranks"] = {"params": params, "collectives": 2}
+    assert line in render(render_watch(data, None), 100, False).splitlines()

@@ -159,7 +159,7 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
             f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
     if grads.get("merged_over_ranks"):
         merged = grads["merged_over_ranks"]
-        parts.append(Wrapped(f"{merged['params']} sharded parameters merged over their ranks "
+        parts.append(Wrapped(f"{_count(merged['params'], 'sharded parameter')} merged over their ranks "
                              f"({merged['collectives']} all-reduces so far)", style="dim"))
     lost = data.get("lost_updates")
     if lost and lost.get("params"):
