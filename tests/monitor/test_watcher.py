@@ -449,3 +449,63 @@ def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
     watch_data = json.loads((tmp_path / "r.json").read_text())["watch"]
     assert watch_data["sampled_steps"] == 10 and watch_data["host_syncs"] >= 9  # the first: attached mid-step
     assert watch_data["gradients"]["params"]   # Lightning steps with a closure: read when it returns
+
+
+# ---- the one-step look at activations on step 0 -------------------------------------------------------------------
+class Loud(nn.Module):
+    """fp16 autocast: ``boost`` overflows fp16 only when its input is large; ``near`` sits near the fp16 maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boost = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 1)
+        with torch.no_grad():
+            self.boost.weight.fill_(1000.0)
+            self.boost.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.boost(x))
+
+
+def _loud_loop(w_kw: dict, x: torch.Tensor, steps: int, stop_at_nan: bool = False):
+    torch.manual_seed(0)
+    model = Loud()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)  # no skipped step: a skip arms the look again
+    w = watch(model, opt, scaler, **w_kw)
+    hooks = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().mean()
+        if stop_at_nan and not math.isfinite(loss.item()):
+            break  # what `sys.exit(1)` after "Loss is nan" does to the watch: no step ends
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        hooks.append(len(model.boost._forward_hooks))
+    w.detach()
+    return w, hooks
+
+
+def test_a_loop_that_stops_at_its_first_nan_loss_still_names_the_module() -> None:
+    # 1000 * 4 * 20 = 80000 > 65504: inf out of boost at the first forward; no optimizer step ever ends
+    w, _ = _loud_loop({"every": 50}, torch.full((2, 4), 20.0), steps=3, stop_at_nan=True)
+    assert w.steps == 0
+    found = [(f.code, f.where, f.step) for f in w.findings()]
+    assert found == [("AMP601", "boost (Linear)", 0)], found
+    assert not w.summary_data()["off"]
+
+
+def test_the_step_0_look_is_one_step_and_reports_no_headroom_warning() -> None:
+    # 1000 * 4 * 3 = 12000: finite, above fp16's 65504 / 8, which a watch with activations=True flags (AMP606)
+    x = torch.full((2, 4), 3.0)
+    w, hooks = _loud_loop({"every": 50}, x, steps=4)
+    assert w.findings() == [], [f.code for f in w.findings()]
+    assert hooks == [0, 0, 0, 0]  # its hooks are gone once step 0 is recorded
+    assert w.summary_data()["scale"]["skipped_steps"] == []
+    full, _ = _loud_loop({"every": 50, "activations": True}, x, steps=4)
+    assert "AMP606" in {f.code for f in full.findings()}  # the positive control: the headroom is there
+    # dense=0 (the steady state only): no look at step 0
+    w0, _ = _loud_loop({"every": 50, "dense": 0}, torch.full((2, 4), 20.0), steps=3, stop_at_nan=True)
+    assert w0.findings() == []

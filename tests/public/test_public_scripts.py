@@ -68,6 +68,9 @@ VARIANTS = {
     "hf-bf16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "bf16"),)),
     "hf-fp16-checkpoint": Variant("hf_no_trainer_style.py", ("--fp16-checkpoint",),
                                   (("ACCELERATE_MIXED_PRECISION", "no"),)),
+    "mae-fp16": Variant("mae_style.py"),
+    "mae-uint16": Variant("mae_style.py", ("--uint16-pixels",)),
+    "mae-half": Variant("mae_style.py", ("--half",)),
 }
 MODES = {"plain": (), "doctor": ("run",), "fix": ("run", "--fix")}
 
@@ -183,7 +186,9 @@ def named_once(run: Result) -> None:
         grouped = re.fullmatch(r"\d+ (?:modules|places)", where)
         rows += [(code, place.strip()) for place in (block.split("\n")[1:] if grouped else [where])]
     for code, where in keys:
-        printed = [r for r in rows if r[0] == code and r[1] and where.startswith(r[1])]
+        # the place whole, or its start where it wraps (not a parent module's name: "attn" is not "attn.out_proj")
+        printed = [r for r in rows if r[0] == code and r[1] and where.startswith(r[1])
+                   and (len(where) == len(r[1]) or where[len(r[1])] in " ,(" or r[1].endswith(","))]
         assert len(printed) == 1, f"{code} at {where!r} printed {len(printed)} times on the console"
 
 
@@ -451,3 +456,48 @@ def test_lightning_bf16_mixed_is_clean_and_watched(runs):
     assert doctor.returncode == 0 and doctor.codes() == [], doctor.tail()
     # Lightning steps with a closure: the gradients are read when it returns
     assert doctor.report["watch"]["sampled_steps"] == 8 and doctor.report["watch"]["gradients"]["params"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# facebookresearch/mae: the GradScaler inside a callable wrapper, accumulation, sys.exit(1) on a non-finite loss
+
+@uses("mae-fp16/plain", "mae-fp16/doctor")
+def test_mae_trains_the_same_under_ampdoctor_and_is_clean(runs):
+    doctor = runs["mae-fp16/doctor"]
+    same_training(runs["mae-fp16/plain"], doctor)
+    assert doctor.codes() == [] and doctor.report["ok"], doctor.tail()
+    # 16 micro-batches, one optimizer step per two: the wrapper's scaler is found and every step is watched
+    assert doctor.report["watch"]["steps"] == 8 and doctor.report["watch"]["scale"]["steps"] == 8, doctor.tail()
+    assert "ampdoctor: no mixed-precision problems found" in doctor.stderr
+
+
+@uses("mae-uint16/plain", "mae-uint16/doctor")
+def test_mae_nan_loss_exit_names_the_overflowing_module(runs):
+    """Was a false all-clear: the script stops with sys.exit(1) at its first NaN loss, before any optimizer step,
+    and ampdoctor printed "no mixed-precision problems found". Raw 16-bit pixels overflow fp16 in the patch
+    embedding's convolution; the watch's one-step look at activations on step 0 names it."""
+    plain, doctor = runs["mae-uint16/plain"], runs["mae-uint16/doctor"]
+    assert plain.returncode == doctor.returncode == 1, doctor.tail()
+    assert "Loss is nan, stopping training" in plain.stdout and "Loss is nan, stopping training" in doctor.stdout
+    assert [(f["code"], f["where"]) for f in doctor.findings] == [("AMP601", "patch_embed (Conv2d)")], doctor.tail()
+    assert "output inf at step 0" in doctor.findings[0]["detail"]
+    assert not doctor.report["ok"] and doctor.report["exit_status"] == 1
+    assert "no mixed-precision problems found" not in doctor.stderr
+    named_once(doctor)
+
+
+@uses("mae-half/doctor")
+def test_mae_stray_half_is_the_seed_error_named_once(runs):
+    doctor = runs["mae-half/doctor"]
+    assert doctor.returncode == 1 and "Attempting to unscale FP16 gradients." in doctor.stderr, doctor.tail()
+    assert list(dict.fromkeys(doctor.codes())) == ["AMP101", "AMP104"], doctor.codes()
+    # one AMP101 per module with parameters (the model's own tokens under "(root)"), printed as one group
+    seed = [f["where"] for f in doctor.findings if f["code"] == "AMP101"]
+    assert len(seed) == 24 and "patch_embed" in seed and "decoder_pred" in seed, seed
+    assert "the whole model was cast" in doctor.findings[0]["detail"]
+    # the group prints its first 8 modules and "and 16 more": each finding in the JSON once, each line once
+    assert doctor.stderr.count("AMP101 error 24 modules") == 1 and "and 16 more" in doctor.stderr, doctor.tail()
+    keys = [(f["code"], f["where"]) for f in doctor.findings]
+    assert len(keys) == len(set(keys)), keys
+    for group in ("optimizer[0] group 0", "optimizer[0] group 1"):
+        assert doctor.stderr.count(f"AMP104 error {group}:") == 1, doctor.tail()

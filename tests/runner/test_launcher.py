@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+from ampdoctor.core.report import Report
 from ampdoctor.ui.cli import main
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
@@ -91,8 +92,20 @@ def test_unrelated_exception_passes_through_unchanged(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("status", ["0", "3"])
-def test_exit_status_of_the_script_is_kept(status, capsys):
-    assert main(["run", script("exit_status.py"), status]) == int(status)
+def test_exit_status_of_the_script_is_kept(status, capsys, tmp_path):
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), script("exit_status.py"), status]) == int(status)
+    err, report = " ".join(capsys.readouterr().err.split()), json.loads(out.read_text())
+    if status == "0":
+        assert report["ok"] and "exit_status" not in report
+        assert "ampdoctor: no mixed-precision problems found" in err
+    else:  # a script that stops itself (sys.exit after "Loss is nan") earned no all-clear, on the console or in JSON
+        assert not report["ok"] and report["exit_status"] == 3 and report["findings"] == []
+        sentence = ("the script exited with status 3 after 1 optimizer step, and ampdoctor found no mixed-precision "
+                    "cause for it: this is no all-clear")
+        assert report["why_not_ok"] == sentence and f"ampdoctor: {sentence}" in err
+        assert "no mixed-precision problems found" not in err
+        assert Report.from_dict(report).exit_status == 3
 
 
 def test_missing_script_is_a_usage_error(capsys):

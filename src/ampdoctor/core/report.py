@@ -28,6 +28,8 @@ class Report:
         extra: other sections (watch summaries), JSON-ready.
         observed: how many models, optimizers and GradScalers a run saw (``ampdoctor run``); None for a
             ``check()`` of given objects. A run that saw none of them has diagnosed nothing, so it is never ``ok``.
+        exit_status: the script's non-zero exit status under ``ampdoctor run`` (``sys.exit(1)`` after a NaN loss,
+            Ctrl-C's 130, a crash's 1), else None. A run that stopped so is never ``ok``: it is no all-clear.
 
     A distributed run's report (`merge_rank_reports`) also has ``extra["ranks"]``; a rank whose report never
     arrived is listed under ``missing`` there, and makes the report not ``ok``: it was not diagnosed.
@@ -43,6 +45,7 @@ class Report:
     changes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     observed: dict[str, int] | None = None
+    exit_status: int | None = None
 
     @property
     def saw_nothing(self) -> bool:
@@ -59,7 +62,7 @@ class Report:
     @property
     def ok(self) -> bool:
         """True when there is no error or warning finding, no exception, and the run saw what it trained."""
-        return (self.exception is None and not self.saw_nothing and not self.missing_ranks
+        return (self.exception is None and not self.saw_nothing and not self.missing_ranks and not self.exit_status
                 and not any(f.severity is not Severity.INFO for f in self.findings))
 
     def codes(self) -> list[str]:
@@ -90,8 +93,10 @@ class Report:
             "environment": dict(self.environment),
             "changes": self.changes,
             **({} if self.observed is None else {"observed": self.observed}),
+            **({"exit_status": self.exit_status} if self.exit_status else {}),
             **({"why_not_ok": NOTHING_OBSERVED} if self.saw_nothing else
-               {"why_not_ok": missing_ranks_sentence(self.missing_ranks)} if self.missing_ranks else {}),
+               {"why_not_ok": missing_ranks_sentence(self.missing_ranks)} if self.missing_ranks else
+               {"why_not_ok": exit_sentence(self)} if self.exit_status and not self.exception else {}),
             **self.extra,
         }
 
@@ -118,13 +123,15 @@ class Report:
         exception = _typed(data, "exception", dict, None)
         if exception is not None:
             exception = {str(k): str(v) for k, v in exception.items()}
-        known = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok"}
+        known = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok",
+                 "exit_status"}
         observed = _typed(data, "observed", dict, None)
         return cls(findings, exception, _typed(data, "environment", dict, {}),
                    [str(c) for c in _typed(data, "changes", list, [])],
                    {k: v for k, v in data.items() if k not in known},
                    None if observed is None else {str(k): int(v) for k, v in observed.items()
-                                                  if isinstance(v, int)})
+                                                  if isinstance(v, int)},
+                   _typed(data, "exit_status", int, None))
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         from ampdoctor.ui.console import render_report
@@ -174,6 +181,7 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
         if detail != first.detail:   # numbers differ: keep each rank's own
             details += [{"code": first.code, "where": first.where, "step": first.step, "rank": r, "detail": d}
                         for r, d in seen]
+    merged.exit_status = next((reports[r].exit_status for r in order if reports[r].exit_status), None)
     crashed = [r for r in order if reports[r].exception is not None]
     times = failed_at or {}
     if crashed:
@@ -235,6 +243,14 @@ def missing_ranks_sentence(missing: list[int]) -> str:
     names = ", ".join(map(str, missing))
     return (f"no report from rank{'s' if len(missing) > 1 else ''} {names}: not diagnosed (killed, still running, "
             "or on a node whose files rank 0 cannot read)")
+
+
+def exit_sentence(report: Report) -> str:
+    """Return why a run that exited with a non-zero status and no exception is not ``ok``."""
+    steps = (report.extra.get("watch") or {}).get("steps")
+    after = f" after {steps} optimizer step{'' if steps == 1 else 's'}" if isinstance(steps, int) else ""
+    found = "" if report.findings else ", and ampdoctor found no mixed-precision cause for it"
+    return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear"
 
 
 def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:

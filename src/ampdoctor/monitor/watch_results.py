@@ -12,7 +12,16 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 from ampdoctor.monitor.summary import render_watch
 
-__all__ = ["WatchResults"]
+__all__ = ["WatchResults", "armed_findings", "ARMED_CODES"]
+
+# What a monitor armed for one step reports: the first inf/NaN output or input. Its headroom (AMP606) and inf
+# output gradients (AMP602, what a GradScaler's skips are for) are left to a watch with activations=True.
+ARMED_CODES = ("AMP601", "AMP609")
+
+
+def armed_findings(monitor: Any) -> list[Finding]:
+    """Return the findings of an ``ActivationMonitor`` armed for one step (see ``ARMED_CODES``)."""
+    return [f for f in monitor.findings() if f.code in ARMED_CODES]
 
 
 class WatchResults:
@@ -25,6 +34,22 @@ class WatchResults:
     _parts: Any
     _grads: Any
     _scaler: Any
+    _recorder: Any
+
+    @property
+    def log_path(self) -> str | None:
+        """The flight recorder's file, if any."""
+        return None if self._recorder is None else str(self._recorder.path)
+
+    @property
+    def last_grads(self) -> dict[str, dict[str, float]]:
+        """The per-parameter gradient statistics of the last sampled step, by parameter name."""
+        return self._grads.last
+
+    @property
+    def norm_history(self) -> list[tuple[int, float]]:
+        """``(step, global gradient norm)`` of the sampled steps, up to 10_000."""
+        return self._grads.norm_history
 
     def summary_data(self) -> dict[str, Any]:  # the watch's own (it reads the watch's settings)
         raise NotImplementedError
@@ -43,7 +68,9 @@ class WatchResults:
 
     def _activation_findings(self) -> list[Finding]:
         live, kept = self._activations, self._activation_result
-        return live.findings() if live is not None else (kept[1] if kept else [])
+        if live is not None:
+            return armed_findings(live) if getattr(self, "_armed", None) else live.findings()
+        return kept[1] if kept else []
 
     def summary(self, findings: bool = True) -> Any:
         """Return a rich renderable of the summary and (unless ``findings=False``) the findings."""

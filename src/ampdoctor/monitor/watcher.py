@@ -10,7 +10,9 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
   whether they still carry the loss scale.
 * **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
 * **Lost updates** around the optimizer step of a sampled step (``LostUpdateMonitor``).
-* **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps.
+* **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps. Without it,
+  one is armed for a single step, step 0 (with a dense start) and the step after trouble, to name the first module
+  with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
 The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
@@ -45,7 +47,7 @@ from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, module_rollup, run_formats
-from ampdoctor.monitor.watch_results import WatchResults
+from ampdoctor.monitor.watch_results import WatchResults, armed_findings
 from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, scaler_of, steps_through, watched_chain
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
@@ -116,7 +118,7 @@ class Watch(WatchResults):
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an escalation's ActivationMonitor, step
+        self._sampling, self._armed = Sampling(every, dense), None  # _armed: a one-step ActivationMonitor, step before
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -152,6 +154,8 @@ class Watch(WatchResults):
                 self._handles.append(opt.register_step_post_hook(self._step_done))
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
+            elif self._sampling.dense:
+                self._guard("activations", lambda: self._arm_activations(-1))
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
                 self._guard("recorder", self._open_recorder)
             self._set_sampling(self._sampling.sampled(self.steps))
@@ -164,6 +168,16 @@ class Watch(WatchResults):
         from ampdoctor.monitor.activations import ActivationMonitor
         self._activations = ActivationMonitor(self._model, setup=types.SimpleNamespace(scaler=self._scaler))
         self._activations.attach()
+
+    def _arm_activations(self, after: int) -> None:
+        """Hook the step after ``after`` only; its record is read at that step's end (or at detach)."""
+        self._attach_activations()
+        self._armed = (self._activations, after)
+
+    def _disarm(self) -> None:
+        armed, self._armed, self._activations = self._armed[0], None, None
+        self._activation_result = (armed.summary(), armed_findings(armed))
+        armed.detach()
 
     def _open_recorder(self) -> None:
         params = [{"name": n, "module": m, "dtype": d, "shape": list(p.shape)} for n, m, d, p in
@@ -191,8 +205,9 @@ class Watch(WatchResults):
             if "activations" not in self._parts.off:
                 self._guard("activations", activations.detach)  # records the pending step, removes the hooks
             call_safely(activations._remove_hooks)  # a part that is off keeps no hook either
-            self._activation_result = call_safely(lambda: (activations.summary(), activations.findings()))
-            self._activations = None
+            keep = armed_findings if self._armed else lambda monitor: monitor.findings()
+            self._activation_result = call_safely(lambda: (activations.summary(), keep(activations)))
+            self._activations = self._armed = None
         if self._recorder is not None:
             self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
@@ -207,21 +222,6 @@ class Watch(WatchResults):
 
     def __exit__(self, *exc: object) -> None:
         self.detach()
-
-    @property
-    def log_path(self) -> str | None:
-        """The flight recorder's file, if any."""
-        return None if self._recorder is None else str(self._recorder.path)
-
-    @property
-    def last_grads(self) -> dict[str, dict[str, float]]:
-        """The per-parameter gradient statistics of the last sampled step, by parameter name."""
-        return self._grads.last
-
-    @property
-    def norm_history(self) -> list[tuple[int, float]]:
-        """``(step, global gradient norm)`` of the sampled steps, up to 10_000."""
-        return self._grads.norm_history
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def _before_scaler_step(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
@@ -336,19 +336,13 @@ class Watch(WatchResults):
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: dict[str, Any], step: int) -> None:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
-        armed, armed_at = self._armed or (None, 0)
-        if armed is not None and step > armed_at:  # its step is recorded: keep what it found, drop its hooks
-            self._armed = None
-            kept = [f for f in armed.findings() if f.code in ("AMP601", "AMP609")]  # an inf grad is what skips are for
-            self._activation_result = (armed.summary(), kept)
-            armed.detach()
-            self._activations = None
+        if self._armed is not None and step > self._armed[1]:  # its step is recorded: keep what it found
+            self._guard("activations", self._disarm)
         escalated = self._sampling.escalate(record, step)
         if self._grads.reduces:  # the sampled steps, and so the collectives, must follow the step count alone
             self._sampling.escalated_at = None
         if escalated and self._activations is None and self._model is not None and "activations" not in self._parts.off:
-            self._guard("activations", self._attach_activations)
-            self._armed = (self._activations, self.steps)  # it hooks the next step; read a step later: that one
+            self._guard("activations", lambda: self._arm_activations(self.steps))
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int, partial: bool = False) -> None:

@@ -99,6 +99,7 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
     if children is not None and children.merge_into(doctor.report):
         # A parent that failed because its child failed is explained by what the child's Doctor found.
         explained = explained or any(f.process is not None for f in doctor.report.findings)
+    doctor.report.exit_status = exit_code or None
     return RunResult(exit_code, doctor.report, explained)
 
 

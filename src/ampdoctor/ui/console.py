@@ -21,8 +21,8 @@ from rich.text import Text
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence
-from ampdoctor.ui.plain import INDENT, PlainLines, wrap
+from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence
+from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _WHERE_ALL = "all are in the JSON report written with --json PATH"
@@ -238,7 +238,7 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         parts.append(Text(f"{rank}{report.exception.get('type')}: {report.exception.get('message')}",
                           style="bold red"))
     if getattr(report, "missing_ranks", None):
-        parts.append(Text(f"ampdoctor: {missing_ranks_sentence(report.missing_ranks)}", style="bold yellow"))
+        parts.append(Sentence(f"ampdoctor: {missing_ranks_sentence(report.missing_ranks)}", style="bold yellow"))
     if report.changes:
         parts.append(_Changes(list(report.changes)))
     if report.findings:
@@ -248,9 +248,11 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         if panel is not None:
             parts.append(panel)
     elif getattr(report, "saw_nothing", False):
-        parts.append(Text(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
-                          "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
-                          style="bold yellow"))
+        parts.append(Sentence(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
+                              "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
+                              style="bold yellow"))
+    elif getattr(report, "exit_status", None) and not report.exception:
+        parts.append(Sentence(f"ampdoctor: {exit_sentence(report)}", style="bold yellow"))
     elif not report.exception and not getattr(report, "missing_ranks", None):
         parts.append(Text("ampdoctor: no mixed-precision problems found", style="green"))
     return Group(*parts)

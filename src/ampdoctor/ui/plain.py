@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from rich.console import RenderableType
 from rich.text import Text
 
-__all__ = ["INDENT", "PlainLines", "wrap"]
+__all__ = ["INDENT", "PlainLines", "Sentence", "wrap"]
 
 INDENT = "    "
 
@@ -55,3 +55,14 @@ class PlainLines:
             yield self.table(options.max_width)
         else:
             yield from self.lines(options.max_width)
+
+
+class Sentence:
+    """A message drawn as ``wrap`` lines at the width it is drawn at: no trailing space, later lines indented."""
+
+    def __init__(self, text: str, style: str = "") -> None:
+        self.text, self.style = text, style
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Text]:
+        for line in wrap(self.text, options.max_width):
+            yield Text(line, style=self.style)
