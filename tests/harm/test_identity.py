@@ -19,6 +19,7 @@ import gc
 import io
 import json
 import runpy
+import shutil
 import struct
 import sys
 import threading
@@ -557,3 +558,23 @@ def test_a_detached_doctor_does_not_keep_the_training_objects_alive(tmp_path, ca
     assert "AMP601" in result.report.codes()
     alive = [type(r()).__name__ for r in sink.objects if r() is not None]
     assert alive == [], f"{alive} kept alive by the detached Doctor"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="needs a C++ compiler: torch.compile's inductor builds its CPU kernels with one")
+@pytest.mark.parametrize("options", [(), ("--activations",)], ids=["defaults", "activations"])
+def test_ampdoctor_run_leaves_a_compiled_model_bitwise_identical(options, tmp_path, capsys):
+    """The watch looks at the activations of step 0 on the defaults (and of every sampled step with --activations)
+    through forward hooks. Traced into an inductor graph, a hook that reads a module's output makes the graph store
+    it, which changes the fusions and the numbers (the losses differed in the 5th digit); and dynamo warned about
+    our code on the console. The hooks now return at once while dynamo traces them."""
+    base = run_script_plain("compiled_loop.py", tmp_path / "base.pt")
+    gc.collect()
+    code = main(["run", *options, "--json", str(tmp_path / "report.json"), script_path("compiled_loop.py"),
+                 str(tmp_path / "run.pt")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert_same_training(base, torch.load(tmp_path / "run.pt"))
+    assert "Dynamo" not in err and "ampdoctor/monitor" not in err, err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["watch"]["steps"] == 6 and not report["watch"]["off"], report["watch"]

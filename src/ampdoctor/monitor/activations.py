@@ -4,9 +4,10 @@ Cost model. On a sampled step each module's forward hook runs one ``torch.aminma
 copy, no host sync) and keeps the two 0-d results; outputs that require grad get a ``Tensor.register_hook`` probe
 that does the same for their gradient. ``step_record()`` copies everything to the host in one sync, then finds
 the first non-finite value in call order and in backward order. Unsampled steps: one bool check per hook.
-
-Re-run contract: on a module's first non-finite output the monitor re-runs that forward (never where it runs
-collectives); ``ampdoctor.monitor.replay`` says what it keeps and why training is bitwise unaffected.
+Compiled code is not looked into: a hook traced by ``torch.compile`` would change the graph (what it reads must be
+materialised), so every hook returns at once while dynamo traces it. Re-run contract: on a module's first
+non-finite output the monitor re-runs that forward (never where it runs collectives); ``ampdoctor.monitor.replay``
+says what it keeps and why training is bitwise unaffected.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class ActivationMonitor:
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def _on_root_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._broken or self._replaying:
+        if torch.compiler.is_compiling() or self._broken or self._replaying:
             return None
         try:
             if not self._driven:
@@ -161,7 +162,7 @@ class ActivationMonitor:
         return None
 
     def _on_forward(self, index: int, module: nn.Module, args: tuple, output: Any) -> None:
-        if not self._active:
+        if torch.compiler.is_compiling() or not self._active:  # see the module docstring
             return None
         try:
             self._forward_stats(index, output)
@@ -382,10 +383,9 @@ class ActivationMonitor:
         return model
 
     def _remove_hooks(self) -> None:
-        handles, self._handles = self._handles, []
+        handles, self._handles, self._active = self._handles, [], False
         for handle in handles:
             handle.remove()
-        self._active = False
 
     def _fail(self, exc: BaseException) -> None:
         """Report an internal error once as AMP001 and switch off; the user's training goes on."""
