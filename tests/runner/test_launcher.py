@@ -151,3 +151,22 @@ def test_fix_reapplies_after_a_validation_step_downcasts_minilm_lora(capsys):
     assert len(values) == 6 and all(v == v for v in values)
     assert values[-1] < values[0]
     assert "upcast" in captured.err  # the re-applied fix is printed
+
+
+@pytest.mark.parametrize("mode", ["per-param", "flat", "no-copy-back"])
+def test_hand_written_fp32_master_weights_are_not_stale_tensors(mode, capsys, tmp_path):
+    """Was a false error: fairseq/Megatron/apex-style fp32 copies stepped by the optimizer were reported as stale
+    tensors the optimizer was built over by mistake (AMP301, error) and the fp16 model as never updated (AMP302).
+    The pre-flight runs at the first forward, before any gradient; at the first optimizer step the copies have the
+    gradients the script handed them, so both are taken back. Without the hand-over they are stale: both stay."""
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), script("manual_master_weights.py"), mode])
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    codes = [f["code"] for f in report["findings"]]
+    assert code == 0, err
+    if mode == "no-copy-back":
+        assert {"AMP301", "AMP302"} <= set(codes), codes
+    else:
+        assert codes == [] and report["ok"], err
+        assert report["watch"]["steps"] == 6 and report["watch"]["gradients"]["params"], report["watch"]

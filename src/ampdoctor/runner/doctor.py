@@ -27,7 +27,7 @@ from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
                                         trained_models, unwrap_module, watch_coverage, watched_size)
-from ampdoctor.runner.frameworks import autocast_ahead, framework_autocast
+from ampdoctor.runner.frameworks import framework_autocast
 from ampdoctor.runner.observers import GlobalObservers
 from ampdoctor.runner.repair import RunRepairs, owns_any, split_repaired
 
@@ -80,6 +80,7 @@ class Doctor:
         self._seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
         self._internal: weakref.WeakSet = weakref.WeakSet()  # optimizers inside others' steps (ZeRO's own)
+        self._unconfirmed: weakref.WeakSet = weakref.WeakSet()  # AMP301/302 said before a backward: see wiring.py
         # This process's rank, read from torch.distributed at the first look (the script may destroy its group
         # before the end); None outside a process group of several ranks.
         self.rank_info: RankInfo | None = None
@@ -109,30 +110,9 @@ class Doctor:
         return self
 
     def _before_ddp(self, ddp: Any, module: Any = None, *args: Any, **kwargs: Any) -> None:
-        """--fix under DDP (the script's own, or accelerate's ``prepare``): repair the bare model now, before the
-        reducer builds its buckets for the parameters' dtypes; after that an upcast would break them (refused).
-        Only when the forward's autocast is already known (``frameworks.autocast_ahead``)."""
         module = kwargs.get("module", module)
-        if self._broken or not isinstance(module, nn.Module) or self._repairs.knows(module):
-            return
-        if not any(p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) for p in module.parameters()):
-            return
-        from ampdoctor.preflight.engine import run_preflight
-
-        live, accelerator = scan(), _accelerator()   # two scans of the live objects, once per DDP built
-        dtype = autocast_ahead(accelerator, live.scalers)
-        if dtype is None:
-            return
-        scaler = next((s for s in live.scalers if is_enabled(s)), None)
-        setup = TrainingSetup([module], live.optimizers, scaler, dtype, accelerator, facts=self._observers.facts)
-        found = run_preflight(setup)
-        before = len(self.report.changes)
-        self._repairs.apply(setup, [module], {id(module): dtype})
-        if len(self.report.changes) > before:
-            _, fixed, line = split_repaired(found, run_preflight(setup), "--fix", "the script itself")
-            if line:
-                self.report.extra["fixed"] = [f.to_dict() for f in fixed]
-                self.on_event(line)
+        if not self._broken and isinstance(module, nn.Module):
+            self._repairs.before_ddp(module, _accelerator, self._observers.facts)
 
     def detach(self) -> None:
         # Reverse order of attachment: the watch's observers sit on top of the guard's on the same scaler.
@@ -237,6 +217,9 @@ class Doctor:
         if real in self._internal:
             return   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
         self._seen["optimizers"].add(id(real))
+        if real in self._unconfirmed and self.setup is not None:   # its first step: the gradients are there now
+            self._unconfirmed.discard(real)
+            self._safely(self._confirm_wiring)
         if self._broken or (self.setup is not None and real in self._diagnosed):
             return
         # The first step, or an optimizer never diagnosed: a new fold, a resume, a second stage.
@@ -280,6 +263,8 @@ class Doctor:
                     self.on_event(line)
         for finding in found:
             self.report.add(finding)
+        if any(f.code in ("AMP301", "AMP302") for f in found):
+            self._unconfirmed.update(unwrap_optimizer(o) for o in self.setup.optimizers)
         self._safely(self._attach_guard)
         if self.watch_enabled and self._watch is None:
             self._safely(self._attach_watch)
@@ -288,6 +273,11 @@ class Doctor:
             # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
             for handle in self._forward_handles:
                 handle.remove()
+
+    def _confirm_wiring(self) -> None:
+        from ampdoctor.preflight.rules.wiring import confirm_wiring
+
+        confirm_wiring(self.report, self.setup)
 
     def _attach_guard(self) -> None:
         from ampdoctor.guard.scaler_guard import ScalerGuard

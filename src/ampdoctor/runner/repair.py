@@ -9,7 +9,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
+from ampdoctor._torch.scaler import is_enabled
+from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, optimizer_tensors
@@ -96,6 +97,31 @@ class RunRepairs:
             refused.append(message)
             self.on_event(f"ampdoctor {message}")   # "ampdoctor --fix refused: ..."
         return True
+
+    def before_ddp(self, module: nn.Module, accelerator: Callable[[], Any], facts: Any) -> None:
+        """--fix under DDP (the script's own, or accelerate's ``prepare``): repair the bare model now, before the
+        reducer builds its buckets for the parameters' dtypes; after that an upcast would break them (refused).
+        Only when the forward's autocast is already known (``frameworks.autocast_ahead``)."""
+        if self.knows(module) or not any(p.requires_grad and p.dtype in HALF for p in module.parameters()):
+            return
+        from ampdoctor.preflight.engine import run_preflight
+        from ampdoctor.runner.discovery import scan
+        from ampdoctor.runner.frameworks import autocast_ahead
+
+        live, found_accelerator = scan(), accelerator()   # two scans of the live objects, once per DDP built
+        dtype = autocast_ahead(found_accelerator, live.scalers)
+        if dtype is None:
+            return
+        scaler = next((s for s in live.scalers if is_enabled(s)), None)
+        setup = TrainingSetup([module], live.optimizers, scaler, dtype, found_accelerator, facts=facts)
+        found = run_preflight(setup)
+        before = len(self.report.changes)
+        self.apply(setup, [module], {id(module): dtype})
+        if len(self.report.changes) > before:
+            _, fixed, line = split_repaired(found, run_preflight(setup), "--fix", "the script itself")
+            if line:
+                self.report.extra["fixed"] = [f.to_dict() for f in fixed]
+                self.on_event(line)
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
         """Upcast again before this forward if a validation or resume path cast the model back to half.

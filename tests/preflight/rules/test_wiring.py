@@ -1,10 +1,14 @@
 """AMP301–AMP302: optimizers that step other tensors than the model trains."""
 
+import pytest
 import torch
 from torch import nn
 
-from ampdoctor.preflight.rules.wiring import optimizer_tensors_not_in_model, params_missing_from_optimizer
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.preflight.rules.wiring import (confirm_wiring, optimizer_tensors_not_in_model,
+                                              params_missing_from_optimizer)
 
 
 def mlp() -> nn.Sequential:
@@ -75,3 +79,51 @@ def test_amp302_quiet_for_frozen_parameters_left_out_of_the_optimizer():
 
 def test_amp302_quiet_without_an_optimizer():
     assert list(params_missing_from_optimizer(TrainingSetup(mlp()))) == []
+
+
+# ---- tensors trained by the script's own wiring (hand-written fp32 master copies) -------------------------------
+def _masters(flat: bool = False):
+    model = mlp().half()
+    copies = [p.detach().float().reshape(-1) for p in model.parameters()]
+    main = [torch.cat(copies).requires_grad_(True)] if flat else \
+        [p.detach().clone().float().requires_grad_(True) for p in model.parameters()]
+    return model, main, torch.optim.AdamW(main)
+
+
+def test_before_any_gradient_master_copies_look_stale():
+    model, _, opt = _masters()
+    setup = TrainingSetup(model, opt)
+    assert [f.code for f in optimizer_tensors_not_in_model(setup)] == ["AMP301"]
+    assert {f.code for f in params_missing_from_optimizer(setup)} == {"AMP302"}
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["per-parameter", "flat"])
+def test_master_copies_with_gradients_are_no_amp301_and_stand_in_for_the_model(flat):
+    model, main, opt = _masters(flat)
+    for t in main:
+        t.grad = torch.zeros_like(t)
+    setup = TrainingSetup(model, opt)
+    assert list(optimizer_tensors_not_in_model(setup)) == []
+    assert list(params_missing_from_optimizer(setup)) == []
+
+
+def test_copies_stand_in_only_for_parameters_of_their_shapes():
+    model = mlp().half()
+    copy = model[0].weight.detach().float().requires_grad_(True)  # a copy of 0.weight only
+    copy.grad = torch.zeros_like(copy)
+    setup = TrainingSetup(model, torch.optim.SGD([copy], lr=0.1))
+    missing = list(params_missing_from_optimizer(setup))
+    assert [f.where for f in missing] == ["0", "2"]  # 0.bias and both of layer 2's are still in no optimizer
+
+
+def test_confirm_wiring_keeps_only_what_still_holds():
+    model, main, opt = _masters()
+    setup = TrainingSetup(model, opt)
+    report = Report([*optimizer_tensors_not_in_model(setup), *params_missing_from_optimizer(setup),
+                     Finding("AMP101", Severity.ERROR, "0", "kept")])
+    confirm_wiring(report, setup)  # no gradient yet: all of it still holds
+    assert [f.code for f in report.findings] == ["AMP301", "AMP302", "AMP302", "AMP101"]
+    for t in main:
+        t.grad = torch.zeros_like(t)
+    confirm_wiring(report, setup)
+    assert [f.code for f in report.findings] == ["AMP101"]

@@ -3,6 +3,14 @@
 Both rules match tensors by identity, in one pass each: the setup's ``id -> parameter`` map for AMP301, a set of the
 optimizers' tensor ids for AMP302. Wrappers that delegate ``param_groups`` (accelerate's ``AcceleratedOptimizer``,
 ``ampdoctor.MasterWeights``) hold the model's own parameters, so they need no special case.
+
+An optimizer tensor outside the model that has a ``.grad`` when the rules run (``ampdoctor run`` runs them at the
+first optimizer step) is trained by the script's own wiring: a hand-written fp32 master copy of a half parameter
+(fairseq's FP16Optimizer, Megatron's and apex's per-parameter or flat fp32 copies, a loop that copies the grads in
+and the weights back), or a learnable tensor kept outside the module. A stale tensor never gets one. Such tensors
+are no AMP301, and the model parameters they stand for (same shapes, or the same number of entries when flat) are
+no AMP302. Before the first backward no tensor has a gradient: ``ampdoctor run`` checks the pre-flight's AMP301 and
+AMP302 again at the first optimizer step (``confirm_wiring``), and keeps what still holds.
 """
 
 from __future__ import annotations
@@ -13,12 +21,14 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.report import Report
 from ampdoctor.preflight.rules import check
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.preflight.rules.params import findings_by_module
 from ampdoctor.core.training import ParamInfo, TrainingSetup
 
 MAX_STRAYS = 5  # stray tensors described one by one per param group
+WIRING = ("AMP301", "AMP302")
 
 
 def _hint(tensor: torch.Tensor, twin: ParamInfo | None) -> str:
@@ -51,7 +61,7 @@ def optimizer_tensors_not_in_model(setup: TrainingSetup) -> Iterator[Finding]:
     for oi, opt in enumerate(setup.optimizers):
         for gi, group in enumerate(opt.param_groups):
             tensors = group["params"]
-            strays = [(i, t) for i, t in enumerate(tensors) if setup.info(t) is None]
+            strays = [(i, t) for i, t in enumerate(tensors) if setup.info(t) is None and t.grad is None]
             if not strays:
                 continue
             if same_shape is None:
@@ -89,9 +99,11 @@ def params_missing_from_optimizer(setup: TrainingSetup) -> Iterator[Finding]:
     """
     if not setup.optimizers:
         return
-    in_optimizer = {id(t) for opt in setup.optimizers for group in opt.param_groups for t in group["params"]}
+    held = [t for opt in setup.optimizers for group in opt.param_groups for t in group["params"]]
+    in_optimizer = {id(t) for t in held}
     trainable = setup.trainable()
     missing = [p for p in trainable if id(p.param) not in in_optimizer]
+    missing = _not_stood_in(missing, [t for t in held if t.grad is not None and setup.info(t) is None])
     if not missing:
         return
     if len(missing) == len(trainable):
@@ -102,3 +114,30 @@ def params_missing_from_optimizer(setup: TrainingSetup) -> Iterator[Finding]:
                    "they get gradients and memory but are never updated.")
     yield from findings_by_module("AMP302", missing, "trainable but in no optimizer", summary)
 
+
+
+def _not_stood_in(missing: list[ParamInfo], copies: list[torch.Tensor]) -> list[ParamInfo]:
+    """Return the ``missing`` parameters that no trained optimizer tensor outside the model stands for: one copy of
+    the same shape each, or flat copies with as many entries in all."""
+    if not copies:
+        return missing
+    if sum(t.numel() for t in copies) == sum(p.param.numel() for p in missing):
+        return []
+    shapes: dict[tuple[int, ...], int] = {}
+    for t in copies:
+        shapes[tuple(t.shape)] = shapes.get(tuple(t.shape), 0) + 1
+    left = []
+    for p in missing:
+        if shapes.get(tuple(p.shape), 0):
+            shapes[tuple(p.shape)] -= 1
+        else:
+            left.append(p)
+    return left
+
+
+def confirm_wiring(report: Report, setup: TrainingSetup) -> None:
+    """Replace the AMP301/AMP302 findings of ``report`` (said before the first backward) with what the two rules
+    find now, at an optimizer step: tensors that received gradients by the script's own wiring are no longer named."""
+    now = [*optimizer_tensors_not_in_model(setup), *params_missing_from_optimizer(setup)]
+    kept = {(f.code, f.where) for f in now}
+    report.findings = [f for f in report.findings if f.code not in WIRING or (f.code, f.where) in kept]
