@@ -230,6 +230,27 @@ def test_clipping_scaled_grads_is_amp408(params):
     assert "seen in 3 iterations" in findings[0].detail
 
 
+def test_clipping_scaled_grads_by_value_is_amp408():
+    # clip_grad_value_(1.0) on grads still times 65536 caps every unscaled entry at 1/65536: training crawls
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(2):
+            scaler.scale(loss_of(model, i)).backward()
+            nn.utils.clip_grad_value_(model.parameters(), clip_value=1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        scaler.scale(loss_of(model, 2)).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_value_(model.parameters(), 1.0)          # after unscale_: right
+        scaler.step(opt)
+        scaler.update()
+    findings = guard.findings()
+    assert codes(findings) == ["AMP408"]
+    assert findings[0].detail.startswith("clip_grad_value_(clip_value=1.0) at test_scaler_guard.py:")
+    assert "seen in 2 iterations" in findings[0].detail
+
+
 def test_clipping_another_models_grads_is_not_amp408():
     model, opt, scaler, setup = parts()
     critic = nn.Linear(8, 1)                                        # trained in fp32, no scaler

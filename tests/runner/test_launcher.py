@@ -170,3 +170,17 @@ def test_hand_written_fp32_master_weights_are_not_stale_tensors(mode, capsys, tm
     else:
         assert codes == [] and report["ok"], err
         assert report["watch"]["steps"] == 6 and report["watch"]["gradients"]["params"], report["watch"]
+
+
+def test_clip_grad_value_before_unscale_is_amp408_under_run(capsys, tmp_path):
+    """Was a false all-clear: only clip_grad_norm_ was observed, and a loop that clipped the still-scaled gradients
+    by value (every entry capped at 1/65536 of the limit) printed "no mixed-precision problems found"."""
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), script("clip_value_scaled.py")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    report = json.loads(out.read_text())
+    assert [f["code"] for f in report["findings"]] == ["AMP408"], err
+    assert "clip_grad_value_(clip_value=1.0) at clip_value_scaled.py:" in report["findings"][0]["detail"]
+    # the clip returns no norm: none is reported
+    assert "pre_clip_norm" not in report["watch"]["gradients"]
+    assert "no mixed-precision problems found" not in err

@@ -314,8 +314,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP408", "clip-scaled-grads", "Gradients were clipped while still multiplied by the loss scale",
-        "clip_grad_norm_ compares the scaled norm (times 65536 by default) to max_norm, so clipping is "
-        "effectively always on and the updates shrink silently.",
+        "clip_grad_norm_ compares the scaled norm (times 65536 by default) to max_norm, and clip_grad_value_ "
+        "caps each scaled entry at clip_value, so clipping is effectively always on and the updates shrink "
+        "silently.",
         "scaler.scale(loss).backward()\nscaler.unscale_(opt)          # before clipping\n"
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\nscaler.step(opt); scaler.update()",
         W, "runtime", (), (24,),

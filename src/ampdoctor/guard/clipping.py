@@ -1,4 +1,4 @@
-"""Which optimizer's gradients a ``clip_grad_norm_`` call clips, told from its ``parameters`` argument alone.
+"""Which optimizer's gradients a clipping call clips, told from its ``parameters`` argument alone.
 
 The argument is never consumed: a ``model.parameters()`` generator is traced back to its module through its frame
 (`ampdoctor._torch.frames`), and a list is looked at up to its first few tensors. Parameter ids are cached per
@@ -15,6 +15,19 @@ import torch
 from ampdoctor._torch.frames import generator_module
 
 _PEEK = 64             # tensors of a clip_grad_norm_ argument looked at
+# the public functions that clip given parameters (observed where torch.nn.utils and its clip_grad module hold them)
+CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grads_with_norm_", "clip_grad_value_")
+_LIMIT = {"clip_grad_value_": "clip_value"}  # the argument after the parameters; "max_norm" for the others
+
+
+def clip_call(name: str, args: tuple, kwargs: dict) -> str:
+    """Say which clip ran with which limit: ``clip_grad_value_(clip_value=1.0)``.
+
+    >>> clip_call("clip_grad_norm_", (1.0,), {}), clip_call("clip_grad_value_", (), {"clip_value": 0.5})
+    ('clip_grad_norm_(max_norm=1.0)', 'clip_grad_value_(clip_value=0.5)')
+    """
+    limit = _LIMIT.get(name, "max_norm")
+    return f"{name}({limit}={args[0] if args else kwargs.get(limit, '?')})"
 
 
 class _ClipOwners:

@@ -7,6 +7,7 @@ LR scheduler steps, with pass-through wrappers that detach exactly. Each call co
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from typing import Any
 
@@ -27,7 +28,7 @@ from ampdoctor.explanations.naming import finding
 from ampdoctor.guard.checks import (ScheduleDrift, SkipTally, _infer_failure, _keep_found_inf, _no_scale,
                                     _resume_finding, _scheduler_classes, _scheduler_finding, _split_pending,
                                     _sum_flags, _unscale_twice)
-from ampdoctor.guard.clipping import _ClipOwners
+from ampdoctor.guard.clipping import CLIP_FUNCTIONS, _ClipOwners, clip_call
 from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
 from ampdoctor.guard.steps import _second_step
 
@@ -93,8 +94,8 @@ class ScalerGuard:
             observe(s, "update", before=self._before_update, after=self._after_update, on_error=err),
         ]
         for owner in (torch.nn.utils, torch.nn.utils.clip_grad) if self.observe_clipping else ():
-            self._handles.append(observe(owner, "clip_grad_norm_", before=self._before_clip,
-                                         after=self._after_clip, on_error=err))
+            self._handles += [observe(owner, n, before=functools.partial(self._before_clip, n), after=self._after_clip,
+                                      on_error=err) for n in CLIP_FUNCTIONS if callable(owner.__dict__.get(n))]
         for cls in _scheduler_classes():
             self._handles.append(observe(cls, "step", before=self._before_scheduler, on_error=err,
                                          after=lambda _, sched, *a, **k: self._live() and self._drift.after(sched)))
@@ -162,9 +163,9 @@ class ScalerGuard:
         return [r.index for r, total in zip(records, sums) if total > 0]
 
     # ---- events forwarded by the Doctor's process-wide observers ---------------------------------------------
-    def clip_started(self, parameters: Any, args: tuple, kwargs: dict) -> None:
-        """Observe a clipping call seen by a process-wide observer (with ``observe_clipping=False``)."""
-        self._forward(self._before_clip, parameters, *args, **kwargs)
+    def clip_started(self, parameters: Any, args: tuple, kwargs: dict, name: str = "clip_grad_norm_") -> None:
+        """Observe a clipping call (``name``) seen by a process-wide observer (with ``observe_clipping=False``)."""
+        self._forward(self._before_clip, name, parameters, *args, **kwargs)
 
     def clip_finished(self, result: Any) -> None:
         """Observe the end of that clipping call."""
@@ -355,7 +356,7 @@ class ScalerGuard:
             self._resolve()
 
     # ---- observers: clipping and schedulers -----------------------------------------------------------------
-    def _before_clip(self, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
+    def _before_clip(self, name: str, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
         if not self._live() or self._cur.scale_calls == 0 or "AMP408" in self._cur.flagged:
             return
         candidates = self._optimizers.known(self.setup)
@@ -365,8 +366,7 @@ class ScalerGuard:
         owner = self._clip_owners.owner(parameters, ready, len(ready) == len(candidates), candidates)
         if owner is not None:
             label = self._label(owner)
-            max_norm = args[0] if args else kwargs.get("max_norm", "?")
-            self._once("AMP408", label, f"clip_grad_norm_(max_norm={max_norm}) at {user_call_site()} ran before "
+            self._once("AMP408", label, f"{clip_call(name, args, kwargs)} at {user_call_site()} ran before "
                        f"scaler.unscale_({label}): the gradients were still multiplied by the loss scale")
 
     def _after_clip(self, result: Any, *args: Any, **kwargs: Any) -> None:

@@ -78,7 +78,7 @@ class GradientReader:
         self._pending: torch.Tensor | None = None
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
         self._read = "none"
-        self._clip: torch.Tensor | None = None  # [the clip's returned pre-clip norm, 1 if it clipped scaled grads]
+        self._clip: torch.Tensor | None = None  # [pre-clip norm, 1 if it clipped scaled grads, 1 if a norm came back]
         self.last: dict[str, dict[str, float]] = {}  # per-parameter statistics of the last consumed step
         self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
         self.norm_history: list[tuple[int, float]] = []  # (step, global norm) of sampled steps, up to NORM_HISTORY
@@ -145,8 +145,10 @@ class GradientReader:
         if isinstance(total_norm, torch.Tensor) and getattr(total_norm, "placements", None) is not None:
             total_norm = local_tensor(total_norm)
         if isinstance(total_norm, torch.Tensor) and total_norm.numel() == 1:
-            flag = torch.full((1,), float(scaled), device=total_norm.device)
-            self._clip = torch.cat([total_norm.detach().reshape(1).float(), flag])
+            flags = torch.tensor([float(scaled), 1.0], device=total_norm.device)   # scaled, a norm was returned
+            self._clip = torch.cat([total_norm.detach().reshape(1).float(), flags])
+        elif scaled:   # clip_grad_value_ returns nothing: only that it clipped still-scaled gradients
+            self._clip = torch.tensor([0.0, 1.0, 0.0])
 
     def pending(self) -> dict[str, torch.Tensor]:
         """Return the device values read since the last ``consume()``: ``rows``, ``scale``, ``clip`` (``{}``)."""
@@ -189,7 +191,10 @@ class GradientReader:
         record, self.last = gradient_record(values, self.names, self._read)
         if "clip" in values:
             # clip_grad_norm_ returns the norm before clipping; on still-scaled gradients it carries the scale
-            record["pre_clip_norm"], record["clipped_scaled"] = values["clip"][0], values["clip"][1] > 0
+            norm, scaled, returned = values["clip"]
+            record["clipped_scaled"] = scaled > 0
+            if returned:
+                record["pre_clip_norm"] = norm
         self.last_pre_clip = record.get("pre_clip_norm")
         total = record["global_norm"]
         if total is not None and len(self.norm_history) < NORM_HISTORY:

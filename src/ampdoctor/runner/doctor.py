@@ -194,9 +194,9 @@ class Doctor:
         return self._accelerator_found or None
 
     # ---- process-wide events (GlobalObservers), forwarded to the guard --------------------------------------
-    def before_clip(self, parameters: Any, args: tuple, kwargs: dict) -> None:
+    def before_clip(self, parameters: Any, args: tuple, kwargs: dict, name: str = "clip_grad_norm_") -> None:
         if self._guard is not None:
-            self._guard.clip_started(parameters, args, kwargs)
+            self._guard.clip_started(parameters, args, kwargs, name)
 
     def after_clip(self, result: Any) -> None:
         if self._guard is not None:

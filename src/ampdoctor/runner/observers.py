@@ -9,6 +9,7 @@ exists. Every observer only records and forwards; it never changes an argument o
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Callable
 
@@ -18,16 +19,15 @@ import torch.nn.utils.clip_grad
 
 from ampdoctor.core.facts import ProcessFacts
 from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.guard.clipping import CLIP_FUNCTIONS
 from ampdoctor.runner.frameworks import is_placement_reload
-
-CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grads_with_norm_")  # the public ones that clip given parameters
 
 
 class GlobalObservers:
     """Install the process-wide observers; they forward events to ``sink``.
 
     Args:
-        sink: an object with ``before_clip(parameters, args, kwargs)``, ``after_clip(result)``,
+        sink: an object with ``before_clip(parameters, args, kwargs, name)``, ``after_clip(result)``,
             ``optimizer_restored(optimizer)`` and ``scaler_restored(scaler)``.
         on_error: receives an exception raised by the sink (it never reaches the caller).
     """
@@ -45,8 +45,8 @@ class GlobalObservers:
         for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
             for name in CLIP_FUNCTIONS:
                 if callable(owner.__dict__.get(name)):
-                    self._handles.append(observe(owner, name, before=self._before_clip, after=self._after_clip,
-                                                 on_error=err, finally_=self._leave_clip))
+                    self._handles.append(observe(owner, name, before=functools.partial(self._before_clip, name),
+                                                 after=self._after_clip, on_error=err, finally_=self._leave_clip))
         self._handles.append(observe(torch.optim.Optimizer, "load_state_dict", after=self._after_optimizer_load,
                                      on_error=err))
         for cls in scaler_classes:
@@ -67,10 +67,10 @@ class GlobalObservers:
         self._handles.append(handle)
         return [handle]
 
-    def _before_clip(self, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
+    def _before_clip(self, name: str, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
         self._depth += 1
         if self._depth == 1:
-            self.sink.before_clip(parameters, args, kwargs)
+            self.sink.before_clip(parameters, args, kwargs, name)
 
     def _leave_clip(self) -> None:   # runs before _after_clip, and also when the clip raised
         self._depth = max(0, self._depth - 1)
@@ -80,7 +80,7 @@ class GlobalObservers:
             self.sink.after_clip(result)
 
     def _before_fsdp_clip(self, module: Any, *args: Any, **kwargs: Any) -> None:
-        self._before_clip(list(module.parameters()), *args, **kwargs)
+        self._before_clip("clip_grad_norm_", list(module.parameters()), *args, **kwargs)
 
     def _after_optimizer_load(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if is_placement_reload(optimizer):
