@@ -183,10 +183,11 @@ class CallbackSession:
                             activations=self.activations)
 
     # ---- events of the process-wide observers (GlobalObservers' sink) -----------------------------------------
-    def before_clip(self, parameters: Any, args: tuple, kwargs: dict) -> None:
-        self._max_norm = args[0] if args else kwargs.get("max_norm")
+    def before_clip(self, parameters: Any, args: tuple, kwargs: dict, name: str = "clip_grad_norm_") -> None:
+        # a clip by value returns no norm (ClipNorms records norms only)
+        self._max_norm = None if name == "clip_grad_value_" else args[0] if args else kwargs.get("max_norm")
         if self._guard is not None:
-            self._guard.clip_started(parameters, args, kwargs)
+            self._guard.clip_started(parameters, args, kwargs, name)
 
     def after_clip(self, result: Any) -> None:
         if self._guard is not None:
