@@ -229,3 +229,21 @@ def test_a_merged_torchrun_report_shows_the_ranks_of_each_finding(tmp_path):
     path.write_text(merged.to_json())
     page = render_html(load_any(str(path)))
     assert "on ranks 0, 1" in page and "on rank 1<" in page
+
+
+@pytest.mark.skipif(not have_matplotlib(), reason="needs matplotlib (the report extra)")
+def test_the_step_0_look_at_activations_is_drawn_per_module_not_as_a_one_point_line(tmp_path):
+    """On the defaults the watch looks at activations on step 0 only: a line "over sampled steps" would be one
+    point; the page draws the modules of that step instead, and says which step it was."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdoctor.watch(model, opt, every=1, log_dir=str(tmp_path)):
+        for _ in range(3):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    data = run_data(load_any(str(tmp_path)))
+    assert [a["step"] for a in data.activations] == [0] and data.activation_modules
+    page = render_html(load_any(str(tmp_path)))
+    assert "Activation headroom per module at step 0" in page and "Activation headroom over" not in page
+    assert "id='fig-activations'><svg" in page

@@ -99,13 +99,16 @@ def _plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
     if len(data.cast_steps) > 1 and any(any(v for v in values if v) for values in nonfinite):
         yield "nonfinite_grads", "Gradient entries that are inf/NaN, per module and sampled step (% of entries)", \
             lambda fig: _heatmaps(fig, data, [("inf/NaN gradients", "nonfinite")])
-    if data.activations:
+    if len(data.activations) > 1:
         yield "activations", "Activation headroom over sampled steps: the largest activation over the largest " \
                              "value its dtype holds (1 = overflow); red ×: an inf/NaN forward", \
             lambda fig: _activations(fig, data)
     elif data.activation_modules:
-        yield "activations", "Activation headroom per module: the largest activation over the largest value its " \
-                             "dtype holds (1 = overflow); red: an inf/NaN output", lambda fig: _activations(fig, data)
+        # one step looked at (the watch's look at step 0, or after trouble): per module, not a line of one point
+        steps = ", ".join(str(a["step"]) for a in data.activations)
+        yield "activations", f"Activation headroom per module{f' at step {steps}' if steps else ''}: the largest " \
+                             "activation over the largest value its dtype holds (1 = overflow); red: an inf/NaN " \
+                             "output", lambda fig: _activations(fig, data)
     if data.lost:
         yield "lost_updates", "Updates lost to rounding (share of sampled entries with a gradient left " \
                               "unchanged)", lambda fig: _lost(fig, data)
@@ -209,7 +212,8 @@ def _heatmaps(fig: Any, data: RunData, panels: list[tuple[str, str]]) -> None:
 
 def _activations(fig: Any, data: RunData) -> Any:
     ax = fig.add_subplot()
-    if data.activations:
+    over_steps = len(data.activations) > 1
+    if over_steps:
         points = [(a["step"], a["ratio"]) for a in data.activations if a["ratio"]]
         if points:
             ax.plot(*zip(*points), color="#2e7d32", marker="." if len(points) < 60 else None,
@@ -232,8 +236,8 @@ def _activations(fig: Any, data: RunData) -> Any:
                 color=[_BAD if s.get("nonfinite_forward_steps") else "#2e7d32" for _, s in rows])
         ax.invert_yaxis()
         fig.set_size_inches(9, 1.2 + 0.22 * len(rows))
-    ax.axhline(1.0, color=_BAD, lw=1, ls="--") if data.activations else ax.axvline(1.0, color=_BAD, lw=1, ls="--")
-    (ax.set_yscale if data.activations else ax.set_xscale)("log")
+    ax.axhline(1.0, color=_BAD, lw=1, ls="--") if over_steps else ax.axvline(1.0, color=_BAD, lw=1, ls="--")
+    (ax.set_yscale if over_steps else ax.set_xscale)("log")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="lower right", fontsize=8)
