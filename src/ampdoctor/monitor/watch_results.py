@@ -35,6 +35,7 @@ class WatchResults:
     _grads: Any
     _scaler: Any
     _recorder: Any
+    _armed: Any
 
     @property
     def log_path(self) -> str | None:
@@ -69,7 +70,7 @@ class WatchResults:
     def _activation_findings(self) -> list[Finding]:
         live, kept = self._activations, self._activation_result
         if live is not None:
-            return armed_findings(live) if getattr(self, "_armed", None) else live.findings()
+            return armed_findings(live) if self._armed else live.findings()
         return kept[1] if kept else []
 
     def summary(self, findings: bool = True) -> Any:
