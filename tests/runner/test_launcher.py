@@ -184,3 +184,17 @@ def test_clip_grad_value_before_unscale_is_amp408_under_run(capsys, tmp_path):
     # the clip returns no norm: none is reported
     assert "pre_clip_norm" not in report["watch"]["gradients"]
     assert "no mixed-precision problems found" not in err
+
+
+def test_the_script_gets_an_absolute_file(tmp_path, monkeypatch, capsys):
+    """As `python sub/train.py` does (3.9+): __file__ is absolute. Was relative under run, so a script that changes
+    directory before opening a file next to itself failed only under ampdoctor. (argv[0] is absolute too: runpy
+    sets it to the path it runs; Python leaves it as typed, and says its form depends on the system.)"""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "data.txt").write_text("hello")
+    (tmp_path / "sub" / "probe.py").write_text(
+        "import os, sys\nhere = os.path.dirname(__file__)\nos.chdir('/')\n"
+        "print(os.path.isabs(__file__), sys.argv[0], open(os.path.join(here, 'data.txt')).read())\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--no-watch", os.path.join("sub", "probe.py")]) == 0
+    assert capsys.readouterr().out.strip() == f"True {tmp_path / 'sub' / 'probe.py'} hello"

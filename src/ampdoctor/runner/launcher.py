@@ -40,8 +40,10 @@ def run_script(path: str, args: Sequence[str] = (), doctor: Doctor | None = None
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such script: {path!r}; pass the path of a Python file, e.g. "
                                 "`ampdoctor run train.py --epochs 1`")
-    script_dir = os.path.dirname(os.path.abspath(path))
-    return _run(lambda: runpy.run_path(path, run_name="__main__"), [path, *args], script_dir, path, doctor, children)
+    # `python train.py` (3.9+) gives __main__ an absolute __file__ (tracebacks show it so), argv[0] as typed
+    full = os.path.abspath(path)
+    return _run(lambda: runpy.run_path(full, run_name="__main__"), [path, *args], os.path.dirname(full), full, doctor,
+                children)
 
 
 def run_module(name: str, args: Sequence[str] = (), doctor: Doctor | None = None, *,
