@@ -564,7 +564,7 @@ def test_a_detached_doctor_does_not_keep_the_training_objects_alive(tmp_path, ca
                     reason="needs a C++ compiler: torch.compile's inductor builds its CPU kernels with one")
 @pytest.mark.parametrize("options", [(), ("--activations",)], ids=["defaults", "activations"])
 def test_ampdoctor_run_leaves_a_compiled_model_bitwise_identical(options, tmp_path, capsys):
-    """The watch looks at the activations of step 0 on the defaults (and of every sampled step with --activations)
+    """The watch looks at the activations of its first steps on the defaults (every sampled step with --activations)
     through forward hooks. Traced into an inductor graph, a hook that reads a module's output makes the graph store
     it, which changes the fusions and the numbers (the losses differed in the 5th digit); and dynamo warned about
     our code on the console. The hooks now return at once while dynamo traces them."""

@@ -451,7 +451,7 @@ def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
     assert watch_data["gradients"]["params"]   # Lightning steps with a closure: read when it returns
 
 
-# ---- the one-step look at activations on step 0 -------------------------------------------------------------------
+# ---- the look at activations during the dense start----------------------------------------------------------------
 class Loud(nn.Module):
     """fp16 autocast: ``boost`` overflows fp16 only when its input is large; ``near`` sits near the fp16 maximum."""
 
@@ -497,12 +497,33 @@ def test_a_loop_that_stops_at_its_first_nan_loss_still_names_the_module() -> Non
     assert not w.summary_data()["off"]
 
 
-def test_the_step_0_look_is_one_step_and_reports_no_headroom_warning() -> None:
+def test_a_nan_loss_later_in_the_dense_start_is_named_too() -> None:
+    # steps 0-2 are finite; the input of step 3 overflows boost, and the loop stops before that step ends
+    torch.manual_seed(0)
+    model = Loud()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    w = watch(model, opt, scaler, every=50)
+    for step in range(10):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(torch.full((2, 4), 20.0 if step == 3 else 0.1)).float().mean()
+        if not math.isfinite(loss.item()):
+            break
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    w.detach()
+    assert w.steps == 3
+    assert [(f.code, f.where, f.step) for f in w.findings()] == [("AMP601", "boost (Linear)", 3)]
+
+
+def test_the_dense_start_look_ends_with_it_and_reports_no_headroom_warning() -> None:
     # 1000 * 4 * 3 = 12000: finite, above fp16's 65504 / 8, which a watch with activations=True flags (AMP606)
     x = torch.full((2, 4), 3.0)
-    w, hooks = _loud_loop({"every": 50}, x, steps=4)
+    w, hooks = _loud_loop({"every": 50, "dense": 4}, x, steps=6)
     assert w.findings() == [], [f.code for f in w.findings()]
-    assert hooks == [0, 0, 0, 0]  # its hooks are gone once step 0 is recorded
+    assert hooks == [1, 1, 1, 0, 0, 0]  # its hooks go once the last dense step (3) is recorded
     assert w.summary_data()["scale"]["skipped_steps"] == []
     full, _ = _loud_loop({"every": 50, "activations": True}, x, steps=4)
     assert "AMP606" in {f.code for f in full.findings()}  # the positive control: the headroom is there

@@ -475,7 +475,7 @@ def test_mae_trains_the_same_under_ampdoctor_and_is_clean(runs):
 def test_mae_nan_loss_exit_names_the_overflowing_module(runs):
     """Was a false all-clear: the script stops with sys.exit(1) at its first NaN loss, before any optimizer step,
     and ampdoctor printed "no mixed-precision problems found". Raw 16-bit pixels overflow fp16 in the patch
-    embedding's convolution; the watch's one-step look at activations on step 0 names it."""
+    embedding's convolution; the watch's look at the activations of its first steps names it."""
     plain, doctor = runs["mae-uint16/plain"], runs["mae-uint16/doctor"]
     assert plain.returncode == doctor.returncode == 1, doctor.tail()
     assert "Loss is nan, stopping training" in plain.stdout and "Loss is nan, stopping training" in doctor.stdout

@@ -198,3 +198,14 @@ def test_the_script_gets_an_absolute_file(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--no-watch", os.path.join("sub", "probe.py")]) == 0
     assert capsys.readouterr().out.strip() == f"True {tmp_path / 'sub' / 'probe.py'} hello"
+
+
+def test_an_exit_after_the_dense_start_says_how_to_look_at_every_step(capsys, tmp_path):
+    # the watch looked at the activations of the first 10 steps only: the sentence says how to see the others
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), script("exit_status.py"), "3", "12"]) == 3
+    why = json.loads(out.read_text())["why_not_ok"]
+    assert why.startswith("the script exited with status 3 after 12 optimizer steps, and ampdoctor found no")
+    assert why.endswith("this is no all-clear (`--activations --every 1` looks at the activations of every step)")
+    assert main(["run", "--activations", "--every", "1", "--json", str(out), script("exit_status.py"), "3", "12"]) == 3
+    assert json.loads(out.read_text())["why_not_ok"].endswith("this is no all-clear"), capsys.readouterr().err

@@ -232,12 +232,12 @@ def test_a_merged_torchrun_report_shows_the_ranks_of_each_finding(tmp_path):
 
 
 @pytest.mark.skipif(not have_matplotlib(), reason="needs matplotlib (the report extra)")
-def test_the_step_0_look_at_activations_is_drawn_per_module_not_as_a_one_point_line(tmp_path):
-    """On the defaults the watch looks at activations on step 0 only: a line "over sampled steps" would be one
-    point; the page draws the modules of that step instead, and says which step it was."""
+def test_activations_of_one_step_are_drawn_per_module_not_as_a_one_point_line(tmp_path):
+    """A watch that looked at the activations of one step (dense=1 here; after trouble, one step too): a line
+    "over sampled steps" would be one point; the page draws the modules of that step instead, and names it."""
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with ampdoctor.watch(model, opt, every=1, log_dir=str(tmp_path)):
+    with ampdoctor.watch(model, opt, every=1, dense=1, log_dir=str(tmp_path)):
         for _ in range(3):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()

@@ -247,10 +247,14 @@ def missing_ranks_sentence(missing: list[int]) -> str:
 
 def exit_sentence(report: Report) -> str:
     """Return why a run that exited with a non-zero status and no exception is not ``ok``."""
-    steps = (report.extra.get("watch") or {}).get("steps")
+    watch = report.extra.get("watch") or {}
+    steps = watch.get("steps")
     after = f" after {steps} optimizer step{'' if steps == 1 else 's'}" if isinstance(steps, int) else ""
     found = "" if report.findings else ", and ampdoctor found no mixed-precision cause for it"
-    return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear"
+    looked = (watch.get("activations") or {}).get("sampled_steps")
+    hint = "" if report.findings or (isinstance(steps, int) and isinstance(looked, int) and looked >= steps) else \
+        " (`--activations --every 1` looks at the activations of every step)"
+    return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear{hint}"
 
 
 def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:

@@ -11,8 +11,8 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 * **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
 * **Lost updates** around the optimizer step of a sampled step (``LostUpdateMonitor``).
 * **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps. Without it,
-  one is armed for a single step, step 0 (with a dense start) and the step after trouble, to name the first module
-  with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
+  one is armed for the dense start (the first ``dense`` steps) and for the step after trouble, to name the first
+  module with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
 The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
@@ -118,7 +118,7 @@ class Watch(WatchResults):
         self.seconds_inside = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling, self._armed = Sampling(every, dense), None  # _armed: a one-step ActivationMonitor, step before
+        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an ActivationMonitor, its last step
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: LostUpdateMonitor | None = None
@@ -155,7 +155,7 @@ class Watch(WatchResults):
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
-                self._guard("activations", lambda: self._arm_activations(-1))
+                self._guard("activations", lambda: self._arm_activations(self._sampling.dense - 1))
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
                 self._guard("recorder", self._open_recorder)
             self._set_sampling(self._sampling.sampled(self.steps))
@@ -169,10 +169,10 @@ class Watch(WatchResults):
         self._activations = ActivationMonitor(self._model, setup=types.SimpleNamespace(scaler=self._scaler))
         self._activations.attach()
 
-    def _arm_activations(self, after: int) -> None:
-        """Hook the step after ``after`` only; its record is read at that step's end (or at detach)."""
+    def _arm_activations(self, last: int) -> None:
+        """Hook the sampled steps up to ``last``; the record of each is read at its end (or at detach)."""
         self._attach_activations()
-        self._armed = (self._activations, after)
+        self._armed = (self._activations, last)
 
     def _disarm(self) -> None:
         armed, self._armed, self._activations = self._armed[0], None, None
@@ -336,13 +336,13 @@ class Watch(WatchResults):
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: dict[str, Any], step: int) -> None:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
-        if self._armed is not None and step > self._armed[1]:  # its step is recorded: keep what it found
+        if self._armed is not None and step >= self._armed[1]:  # its last step is recorded: keep what it found
             self._guard("activations", self._disarm)
         escalated = self._sampling.escalate(record, step)
         if self._grads.reduces:  # the sampled steps, and so the collectives, must follow the step count alone
             self._sampling.escalated_at = None
         if escalated and self._activations is None and self._model is not None and "activations" not in self._parts.off:
-            self._guard("activations", lambda: self._arm_activations(self.steps))
+            self._guard("activations", lambda: self._arm_activations(self.steps + 1))
 
     # ---- alarms ---------------------------------------------------------------------------------------------
     def _check_gradients(self, record: dict[str, Any], step: int, partial: bool = False) -> None:

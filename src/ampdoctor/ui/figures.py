@@ -104,7 +104,7 @@ def _plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
                              "value its dtype holds (1 = overflow); red ×: an inf/NaN forward", \
             lambda fig: _activations(fig, data)
     elif data.activation_modules:
-        # one step looked at (the watch's look at step 0, or after trouble): per module, not a line of one point
+        # one step looked at (a step after trouble, a run that stopped at once): per module, not a one-point line
         steps = ", ".join(str(a["step"]) for a in data.activations)
         yield "activations", f"Activation headroom per module{f' at step {steps}' if steps else ''}: the largest " \
                              "activation over the largest value its dtype holds (1 = overflow); red: an inf/NaN " \
