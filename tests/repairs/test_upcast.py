@@ -263,9 +263,9 @@ def test_fix_upcasts_frozen_norms_so_the_forward_still_runs_under_cpu_autocast()
     bn[1].requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     changes = fix(model, opt) + fix(bn)
-    assert {(c.name, c.what) for c in changes if c.what == "upcast frozen norm"} == {
-        ("1.weight", "upcast frozen norm"), ("1.bias", "upcast frozen norm"), ("1.running_mean", "upcast frozen norm"),
-        ("1.running_var", "upcast frozen norm")}
+    assert {(c.name, c.what) for c in changes if c.what in ("upcast frozen norm", "upcast norm buffer")} == {
+        ("1.weight", "upcast frozen norm"), ("1.bias", "upcast frozen norm"), ("1.running_mean", "upcast norm buffer"),
+        ("1.running_var", "upcast norm buffer")}  # buffers: of a trainable BatchNorm too, so not called frozen
     assert not model[1].weight.requires_grad and bn[1].running_var.dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.float16):
         model(torch.randint(0, 10, (2, 3))).float().sum().backward()

@@ -185,8 +185,8 @@ def upcast_frozen_norms_(model: nn.Module, dtype: torch.dtype = torch.float32) -
                     changes.append(Change(prefix + name, "upcast frozen norm", str(p.dtype), str(dtype)))
                     p.data = p.data.to(dtype)
             for name, b in module.named_buffers(recurse=False):
-                if _needs_upcast(b, dtype):  # BatchNorm's running_mean/var
-                    changes.append(Change(prefix + name, "upcast frozen norm", str(b.dtype), str(dtype)))
+                if _needs_upcast(b, dtype):  # BatchNorm's running_mean/var, of a trainable layer or a frozen one
+                    changes.append(Change(prefix + name, "upcast norm buffer", str(b.dtype), str(dtype)))
                     setattr(module, name, b.to(dtype))
     return changes
 
