@@ -280,3 +280,12 @@ def test_the_merged_parameters_line_counts_in_words(params, line):
     data = watch_data()
     data["gradients"]["merged_over_ranks"] = {"params": params, "collectives": 2}
     assert line in render(render_watch(data, None), 100, False).splitlines()
+
+
+def test_a_table_of_gradients_clipped_while_scaled_says_so_in_its_head():
+    # tiny norms after a clip of the still-scaled gradients are the clip's doing, not the model's (AMP408)
+    data = watch_data()
+    assert "(unscaled; global norm" in render(render_watch(data, []), 80, False)
+    data["gradients"]["clipped_scaled"] = True
+    text = " ".join(render(render_watch(data, []), 80, False).split())
+    assert "(unscaled after a clip of the still-scaled gradients: AMP408; global norm" in text

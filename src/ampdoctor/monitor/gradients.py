@@ -81,6 +81,7 @@ class GradientReader:
         self._clip: torch.Tensor | None = None  # [pre-clip norm, 1 if it clipped scaled grads, 1 if a norm came back]
         self.last: dict[str, dict[str, float]] = {}  # per-parameter statistics of the last consumed step
         self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
+        self.last_clipped_scaled = False               # the last step's clip ran on still-scaled gradients
         self.norm_history: list[tuple[int, float]] = []  # (step, global norm) of sampled steps, up to NORM_HISTORY
 
     def read(self, scale: torch.Tensor | None, scaled: bool) -> None:
@@ -180,6 +181,8 @@ class GradientReader:
                                         "collectives": self.reduction.collectives}
         if self.last_pre_clip is not None:
             out["pre_clip_norm"] = self.last_pre_clip
+        if self.last_clipped_scaled:
+            out["clipped_scaled"] = True
         if self.norm_history:
             step, norm = self.norm_history[-1]
             peak = max(self.norm_history, key=lambda sn: sn[1] if math.isfinite(sn[1]) else -1.0)
@@ -196,6 +199,7 @@ class GradientReader:
             if returned:
                 record["pre_clip_norm"] = norm
         self.last_pre_clip = record.get("pre_clip_norm")
+        self.last_clipped_scaled = bool(record.get("clipped_scaled"))
         total = record["global_norm"]
         if total is not None and len(self.norm_history) < NORM_HISTORY:
             self.norm_history.append((step, total))

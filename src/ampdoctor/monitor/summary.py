@@ -148,8 +148,10 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
                                     for f in formats)]))
         top = (f", the {len(rows)} of {len(grads['modules'])} modules with the largest L2"
                if len(grads["modules"]) > len(rows) else "")
+        state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
+            else "unscaled"
         parts.append(ColumnTable(
-            f"gradients at step {grads.get('step')} (unscaled; global norm {_num(grads.get('global_norm'))}){top}",
+            f"gradients at step {grads.get('step')} ({state}; global norm {_num(grads.get('global_norm'))}){top}",
             "module", columns, rows, keep=2,
             notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"}))
     if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
