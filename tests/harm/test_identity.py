@@ -578,3 +578,31 @@ def test_ampdoctor_run_leaves_a_compiled_model_bitwise_identical(options, tmp_pa
     assert "Dynamo" not in err and "ampdoctor/monitor" not in err, err
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["watch"]["steps"] == 6 and not report["watch"]["off"], report["watch"]
+
+
+def test_torchs_warnings_name_the_scripts_line_not_ampdoctors_wrapper(tmp_path, capsys):
+    """torch warns with stacklevel=2 from observed functions (a 'cuda' GradScaler built without CUDA; the
+    scheduler stepped first): plainly the warning names the line of the caller; under ampdoctor it named
+    ampdoctor/core/patch.py, the observer's wrapper. It must name what python names."""
+    script = tmp_path / "warns.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(2, 2)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "sched = torch.optim.lr_scheduler.StepLR(opt, 1)\n"
+        "scaler = torch.amp.GradScaler('cpu')\n"
+        "scaler.scale(model(torch.ones(1, 2)).sum()).backward()\n"
+        "sched.step()  # before the optimizer: torch warns, naming this line\n"
+        "scaler.step(opt)\n"
+        "scaler.update()\n")
+    with warnings.catch_warnings(record=True) as plain:
+        warnings.simplefilter("always")
+        runpy.run_path(str(script), run_name="__main__")
+    with warnings.catch_warnings(record=True) as watched:
+        warnings.simplefilter("always")
+        assert main(["run", str(script)]) == 0
+    capsys.readouterr()
+    where = lambda ws: sorted((w.filename, w.lineno) for w in ws if "lr_scheduler.step()" in str(w.message))  # noqa: E731
+    assert where(plain) == [(str(script), 7)]
+    assert where(watched) == where(plain)
+    assert not [w for w in watched if "ampdoctor" in w.filename], [(w.filename, str(w.message)) for w in watched]

@@ -8,6 +8,8 @@ the very same object.
 from __future__ import annotations
 
 import functools
+import sys
+import warnings
 from typing import Any, Callable
 
 from ampdoctor.core.isolation import call_safely
@@ -75,9 +77,13 @@ def observe(
             return original(*args, **kwargs)
         if before is not None:
             call_safely(before, *args, on_error=on_error, **kwargs)
+        shown, caller = warnings.showwarning, sys._getframe(1)
+        warnings.showwarning = functools.partial(_relocated, shown, caller)
         try:
             result = original(*args, **kwargs)
         finally:
+            if isinstance(warnings.showwarning, functools.partial) and warnings.showwarning.func is _relocated:
+                warnings.showwarning = shown
             if finally_ is not None:
                 call_safely(finally_, on_error=on_error)
         if after is not None:
@@ -87,3 +93,17 @@ def observe(
     wrapper.__ampdoctor_observer__ = True  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
     return PatchHandle(owner, name, previous, wrapper)
+
+
+def _relocated(show: Callable[..., Any], caller: Any, message: Any, category: Any, filename: str, lineno: int,
+               file: Any = None, line: Any = None) -> Any:
+    """Show a warning where the script called the observed function, not in this file's wrapper.
+
+    A warning raised with ``stacklevel=2`` inside the original (torch's "GradScaler is enabled, but CUDA is not
+    available", "Detected call of `lr_scheduler.step()` before `optimizer.step()`") names its caller's line; with
+    the wrapper in between it would name the wrapper. Only what is shown moves: the filters and the once-per-place
+    registry see the warning as Python computed it.
+    """
+    if filename == __file__:
+        filename, lineno, line = caller.f_code.co_filename, caller.f_lineno, None
+    return show(message, category, filename, lineno, file, line)
