@@ -68,6 +68,7 @@ FINDINGS = [Finding("AMP604", Severity.WARNING, "GradScaler", "2 consecutive opt
 
 def render(renderable, width: int, terminal: bool) -> str:
     console = Console(file=io.StringIO(), width=width, force_terminal=terminal, color_system=None)
+    console.soft_wrap = not terminal  # as ampdoctor's own console (ui.plain.console): plain lines are written whole
     console.print(renderable)
     return console.file.getvalue()
 
@@ -85,16 +86,23 @@ ampdoctor watch: 200 steps, 9 sampled (every 50), stats=full, 9 host syncs
 loss scale 1.64e+04 (peak 6.55e+04 at step 110, lowest 1.64e+04); skipped 3 of
     200 steps (1.5%), longest run 2
 gradients at step 199 (unscaled; global norm inf)
-module                                                 L2   max|g|  inf/nan
-model.encoder.layer.5.output.dense                    inf      inf        3
-model.embeddings.word_embeddings                    0.812   0.0931        0
-model.encoder.layer.0.intermediate.dense            0.263   0.0131        0
-model.encoder.layer.0.attention.output.dense        0.207   0.0154        0
-model.encoder.layer.0.attention.self.value          0.141   0.0105        0
-model.encoder.layer.0.attention.self.query         0.0933  0.00412        0
-model.encoder.layer.0.attention.output.LayerNorm   0.0518   0.0129        0
-model.pooler.dense                                0.00042  2.8e-05        0
-left out at 80 columns: min|g|>0, zeros, fp16 u/o
+module                           L2   max|g|  min|g|>0  zeros  inf/nan  fp16 u/o
+model.encoder.layer.5.output.dense
+                                inf      inf   1.9e-09     0%        3   0/<0.1%
+model.embeddings.word_embeddings
+                              0.812   0.0931   1.2e-09    97%        0    4.1%/0
+model.encoder.layer.0.intermediate.dense
+                              0.263   0.0131   5.5e-11     0%        0   <0.1%/0
+model.encoder.layer.0.attention.output.dense
+                              0.207   0.0154   7.7e-10     0%        0   <0.1%/0
+model.encoder.layer.0.attention.self.value
+                              0.141   0.0105   2.4e-10     0%        0    0.2%/0
+model.encoder.layer.0.attention.self.query
+                             0.0933  0.00412   3.1e-11     0%        0    0.6%/0
+model.encoder.layer.0.attention.output.LayerNorm
+                             0.0518   0.0129   4.2e-08     0%        0       0/0
+model.pooler.dense          0.00042  2.8e-05         -    50%        0  100.0%/0
+u/o: share of the sampled entries that would underflow/overflow in that format
 updates lost to rounding (sampled entries with a non-zero gradient left
     unchanged)
 parameter                                                  dtype  lost
@@ -157,14 +165,27 @@ def test_watch_summary_fits_the_width_with_every_name_and_number_whole(width, te
 
 
 def test_left_out_columns_are_named_and_none_is_left_out_when_there_is_room():
-    assert "left out at 80 columns: min|g|>0, zeros, fp16 u/o" in render(render_watch(watch_data(), []), 80, False)
-    assert "left out" not in render(render_watch(watch_data(), []), 120, False)
+    assert "left out at 60 columns: min|g|>0, zeros" in render(render_watch(watch_data(), []), 60, False)
+    assert "left out" not in render(render_watch(watch_data(), []), 80, False)
 
 
 def test_a_name_too_long_for_its_column_gets_its_numbers_on_the_next_line():
     lines = render(render_watch(watch_data(), None), 60, False).splitlines()
     i = lines.index("model.encoder.layer.0.attention.output.LayerNorm")
-    assert lines[i + 1].split() == ["0.0518", "0.0129"] and lines[i + 1].startswith(" " * 40)
+    assert lines[i + 1].split() == ["0.0518", "0.0129", "0", "0/0"] and lines[i + 1].startswith(" " * 20)
+
+
+def test_long_names_go_on_their_own_lines_before_the_underflow_columns_go():
+    # LoRA names (90+ characters) used to leave room for L2 and max|g| only at 80 columns: the fp16/bf16 u/o
+    # columns, the point of the watch, were left out. A name too long for the line is now printed whole on its
+    # own line, and the numbers under it keep the width.
+    data = watch_data()
+    long = "base_model.model.up_blocks.1.attentions.1.transformer_blocks.0.attn2.to_out.0.lora_B.default"
+    data["gradients"]["modules"] = {long: data["gradients"]["modules"]["model.pooler.dense"]}
+    lines = render(render_watch(data, None), 80, False).splitlines()
+    header = next(line for line in lines if line.startswith("module "))
+    assert "fp16 u/o" in header and long in lines
+    assert lines[lines.index(long) + 1].split()[-1] == "100.0%/0"
 
 
 def test_findings_shown_elsewhere_are_not_repeated_and_no_verdict_is_given():

@@ -152,7 +152,7 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
             else "unscaled"
         parts.append(ColumnTable(
             f"gradients at step {grads.get('step')} ({state}; global norm {_num(grads.get('global_norm'))}){top}",
-            "module", columns, rows, keep=2,
+            "module", columns, rows, keep=2, whole=4,
             notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"}))
     if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
         left = grads["unsummarised"]
@@ -234,16 +234,19 @@ class Wrapped:
 class ColumnTable:
     """Rows of a name and its numbers, fitted to the console's width without cutting a name or a number.
 
-    Numeric columns with the highest rank are left out first, down to ``keep``; then a name longer than its
-    column gets its numbers on the next line, under their headers. On a terminal the header is bold and
+    Numeric columns with the highest rank are left out first until the numbers fit next to the longest name, down to
+    ``whole``; when not even those fit, names longer than a third of the width go on lines of their own and
+    columns are left out down to ``keep``. A name longer than its column gets its numbers on the next line. On a terminal the header is bold and
     underlined; elsewhere the same lines are plain, one row a line.
     """
 
     GAP = 2
 
     def __init__(self, title: str, name_header: str, columns: list[tuple[str, int]],
-                 rows: list[tuple[str, list[str]]], keep: int, notes: dict[str, str] | None = None) -> None:
+                 rows: list[tuple[str, list[str]]], keep: int, notes: dict[str, str] | None = None,
+                 whole: int | None = None) -> None:
         self.title, self.name_header, self.columns, self.rows, self.keep = title, name_header, columns, rows, keep
+        self.whole = keep if whole is None else whole  # columns worth a name kept whole on the same line
         self.notes = notes or {}  # a note is shown when its key is in a shown column's header
 
     def _layout(self, width: int) -> tuple[list[int], int]:
@@ -252,13 +255,19 @@ class ColumnTable:
                   enumerate(self.columns)]
         longest = max([len(self.name_header)] + [len(name) for name, _ in self.rows])
         ranks = sorted({rank for _, rank in self.columns})
-        shown: list[int] = []
-        for limit in reversed(ranks):
-            shown = [i for i, (_, rank) in enumerate(self.columns) if rank <= limit]
-            numbers = sum(widths[i] + self.GAP for i in shown)
-            if longest + numbers <= width or len(shown) <= self.keep:
-                break
-        numbers = sum(widths[i] + self.GAP for i in shown)
+
+        def fitting(name_width: int, floor: int) -> tuple[list[int], int]:
+            shown: list[int] = []
+            for limit in reversed(ranks):
+                shown = [i for i, (_, rank) in enumerate(self.columns) if rank <= limit]
+                if name_width + sum(widths[i] + self.GAP for i in shown) <= width or len(shown) <= floor:
+                    break
+            return shown, sum(widths[i] + self.GAP for i in shown)
+
+        shown, numbers = fitting(longest, self.whole)
+        if longest + numbers > width:   # not even the first `whole` columns fit next to the longest name: long
+            # names (LoRA's) go on lines of their own, and the numbers get the width less a third
+            shown, numbers = fitting(min(longest, max(len(self.name_header), width // 3)), self.keep)
         return shown, max(len(self.name_header), min(longest, width - numbers))
 
     def lines(self, width: int, terminal: bool = False) -> Iterator[Any]:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
+from ampdoctor.ui.plain import console as plain_console
 from ampdoctor.ui.usage import UsageError as _UsageError
 from ampdoctor.ui.usage import check_log_dir as _check_log_dir
 from ampdoctor.ui.usage import check_writable as _check_writable
@@ -126,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    err = Console(stderr=True, highlight=False)
+    err = plain_console(stderr=True)
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
@@ -157,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     from ampdoctor.runner.launcher import run_module, run_script
     from ampdoctor.runner.rank_reports import RankExchange
 
-    err = Console(stderr=True, highlight=False)
+    err = plain_console(stderr=True)
     if args.module is not None:
         if not args.module:
             raise _UsageError("-m needs a module name, e.g. `ampdoctor run -m mypackage.train --epochs 1`")
@@ -270,7 +271,7 @@ def _explain(args: argparse.Namespace) -> int:
     from ampdoctor.explanations.crash import explain_text
     from ampdoctor.ui.console import rule_panel
 
-    out = Console(highlight=False)
+    out = plain_console()
     text = " ".join(args.text)
     if text == "-":
         text = sys.stdin.buffer.read(50_000_000).decode("utf-8", errors="replace")
@@ -301,14 +302,14 @@ def _rules(args: argparse.Namespace) -> int:
     if args.markdown:
         sys.stdout.write(rules_markdown(chosen))
     else:
-        Console(highlight=False).print(rules_table(chosen))
+        plain_console().print(rules_table(chosen))
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from ampdoctor.ui.report_files import load_any, render_loaded, write_html
 
-    out = Console(highlight=False)
+    out = plain_console()
     try:
         loaded = load_any(args.path)
         if args.with_report:
@@ -362,7 +363,7 @@ def _strict_status(report: object, console: Console) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from ampdoctor.ui.demo import run_demo
 
-    return run_demo(fix=not args.no_fix, console=Console(highlight=False))
+    return run_demo(fix=not args.no_fix, console=plain_console())
 
 
 def _advise(args: argparse.Namespace) -> int:

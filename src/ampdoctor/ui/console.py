@@ -22,7 +22,7 @@ from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence
-from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap
+from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap, wrap_code
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _WHERE_ALL = "all are in the JSON report written with --json PATH"
@@ -172,8 +172,8 @@ class RuleView(PlainLines):
         rule = self.rule
         yield from _styled(wrap(f"{rule.code} {rule.name}: {rule.title}", width), rule.code, None)
         yield from map(Text, wrap(rule.why, width, INDENT, INDENT))
-        for line in rule.fix.splitlines():  # code: a wrapped line goes on deeper, so it still reads as one
-            yield from map(Text, wrap(line, width, INDENT, INDENT * 2))
+        for line in rule.fix.splitlines():  # code stays whole; a long comment goes on in comment lines
+            yield from map(Text, wrap_code(line, width))
 
     def table(self, width: int) -> RenderableType:
         rule = self.rule

@@ -45,9 +45,9 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import run_script
     from ampdoctor.ui.console import render_report
-    from ampdoctor.ui.plain import wrap
+    from ampdoctor.ui.plain import console as plain_console, wrap
 
-    console = console or Console(highlight=False)
+    console = console or plain_console()
 
     def events(line: str) -> None:  # wrapped between words, so that a piped demo stays within 80 columns
         for part in wrap(line, console.width):

@@ -10,12 +10,20 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Iterator
 
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
 from rich.text import Text
 
-__all__ = ["INDENT", "PlainLines", "Sentence", "wrap"]
+__all__ = ["INDENT", "PlainLines", "Sentence", "console", "wrap", "wrap_code"]
 
 INDENT = "    "
+
+
+def console(stderr: bool = False) -> Console:
+    """Return the console ampdoctor prints to. Off a terminal rich would cut a line at its width in the middle of a
+    name, where ``wrap`` keeps a name longer than the line whole: every plain line is written as it is made."""
+    out = Console(stderr=stderr, highlight=False)
+    out.soft_wrap = not out.is_terminal
+    return out
 
 
 def wrap(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str]:
@@ -37,6 +45,41 @@ def wrap(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str
                                break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]
     return [line[min(len(line) - width, len(line) - len(line.lstrip(" "))):] if len(line) > width else line
             for line in lines]
+
+
+def wrap_code(line: str, width: int, indent: str = INDENT) -> list[str]:
+    """Return a line of example code as lines that still paste as Python: the code is never broken, and a comment
+    too long for the line goes on in comment lines under its ``#``.
+
+    >>> wrap_code("opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32, in its kernel)", 70)
+    ['    opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32,', '                                    # in its kernel)']
+    >>> wrap_code("opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)", 50)  # no room under "#"
+    ['    opt = AdamW(params, eps=1e-4)   # or', '    # fused=True (adds eps in fp32)']
+    >>> wrap_code("# by hand: for p in model.parameters(): upcast", 30)
+    ['    # by hand: for p in', '    # model.parameters():', '    # upcast']
+    """
+    before, comment = _split_comment(indent + line)
+    if not comment or len(before + comment) <= width:
+        return [before + comment]
+    # under the "#" while a comment line there holds a few words, else at the code's own indentation
+    under = len(before) if width - len(before) >= _COMMENT_ROOM else len(before) - len(before.lstrip())
+    return wrap(comment[1:].strip(), width, before + "# ", " " * under + "# ")
+
+
+_COMMENT_ROOM = 30  # columns a comment continued under its "#" keeps for its words
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """Split ``line`` at its ``#`` comment (one outside a string literal): the code with the spaces before it."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote and line[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            return line[:i], line[i:]
+    return line, ""
 
 
 class PlainLines:
