@@ -530,3 +530,14 @@ def test_the_dense_start_look_ends_with_it_and_reports_no_headroom_warning() -> 
     # dense=0 (the steady state only): no look at step 0
     w0, _ = _loud_loop({"every": 50, "dense": 0}, torch.full((2, 4), 20.0), steps=3, stop_at_nan=True)
     assert w0.findings() == []
+
+
+def test_the_parameters_of_a_second_model_the_optimizer_trains_are_named_not_left_as_not_in_model() -> None:
+    # a dreambooth-style optimizer over the UNet's and the text encoder's adapters: the watch follows the UNet,
+    # and named the text encoder's tensors optimizer.param<k> in "(not in model)"
+    unet, text_encoder = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2))
+    opt = torch.optim.SGD([*unet.parameters(), *text_encoder.parameters()], lr=0.1)
+    w = Watch(unet, opt, every=1, others=[unet, text_encoder])
+    assert w.param_modules == ["Linear", "Linear", "Sequential.0", "Sequential.0"]   # classes: no script globals
+    assert w.param_names[2:] == ["Sequential.0.weight", "Sequential.0.bias"]
+    assert Watch(unet, opt, every=1).param_modules[2:] == ["(not in model)"] * 2   # without them, as before

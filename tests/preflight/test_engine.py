@@ -75,7 +75,7 @@ def test_a_list_of_models_and_optimizers_is_accepted_with_prefixed_names():
     second[2].half()
     opts = [torch.optim.SGD(first.parameters(), lr=0.1), torch.optim.SGD(second.parameters(), lr=0.1)]
     report = check([first, second], opts, cpu_scaler())
-    assert [(f.code, f.where) for f in report.findings] == [("AMP101", "model1.2")]
+    assert [(f.code, f.where) for f in report.findings] == [("AMP101", "Sequential[1].2")]  # class, then number
 
 
 def test_meta_device_models_are_checked_by_dtype_without_reading_data():

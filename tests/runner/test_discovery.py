@@ -177,4 +177,6 @@ def test_the_watch_follows_the_dense_model_not_a_sparse_embedding(tmp_path, caps
     assert code == 0 and report["findings"] == [], err
     assert report["watch"]["coverage"] == {"optimizer": "optimizer[1] (AdamW)", "other_optimizers": 1,
                                            "trainable": 5, "tensors": 4}
-    assert sorted(report["watch"]["gradients"]["params"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    # two models: named as the findings name them, after the script's own names for the models
+    assert sorted(report["watch"]["gradients"]["params"]) == ["head.0.bias", "head.0.weight", "head.2.bias",
+                                                               "head.2.weight"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -11,7 +12,7 @@ from torch import nn
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
-           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters"]
+           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class TrainingSetup:
     engines: Any = ()
     found_engines: Any = field(default=None, init=False, repr=False, compare=False)   # set by the pre-flight rules
     params: list[ParamInfo] = field(init=False)
+    prefixes: list[str] = field(init=False, repr=False)   # of each model's names (``model_prefixes``), read once
     _by_id: dict[int, ParamInfo] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,14 +72,14 @@ class TrainingSetup:
         self.optimizers = _as_list(self.optimizers, torch.optim.Optimizer, "optimizer", "a torch.optim.Optimizer")
         self.params = []
         self._by_id = {}
-        for index, model in enumerate(self.models):
-            prefix = "" if len(self.models) == 1 else f"model{index}."
+        self.prefixes = model_prefixes(self.models)   # now: the script's module may be gone when a crash is named
+        for model, prefix in zip(self.models, self.prefixes):
             for module_name, module in model.named_modules(remove_duplicate=True):
                 for pname, p in module.named_parameters(recurse=False):
                     if id(p) in self._by_id:  # tied weights: first name wins, like named_parameters()
                         continue
                     full = f"{prefix}{module_name}.{pname}" if module_name else f"{prefix}{pname}"
-                    info = ParamInfo(full, f"{prefix}{module_name}" or "(root)", p)
+                    info = ParamInfo(full, f"{prefix}{module_name}" if module_name else prefix.rstrip(".") or "(root)", p)
                     self.params.append(info)
                     self._by_id[id(p)] = info
 
@@ -104,6 +106,24 @@ class TrainingSetup:
     def scaler_enabled(self) -> bool:
         is_enabled = getattr(self.scaler, "is_enabled", None)   # GradScaler's public accessor
         return callable(is_enabled) and bool(is_enabled())
+
+
+def model_prefixes(models: list[nn.Module]) -> list[str]:
+    """Return what each model's parameter and module names start with: nothing for one model; with several, the
+    name the script gave it at module level (``text_encoder.``), else its class (``CLIPTextModel.``), numbered
+    when two share one (``Linear[1].``).
+
+    >>> a, b = nn.Linear(2, 2), nn.Conv1d(1, 1, 1)
+    >>> model_prefixes([a]), model_prefixes([a, b]), model_prefixes([a, nn.Linear(2, 2)])
+    ([''], ['Linear.', 'Conv1d.'], ['Linear[0].', 'Linear[1].'])
+    """
+    if len(models) < 2:
+        return [""] * len(models)
+    main = getattr(sys.modules.get("__main__"), "__dict__", {})
+    bound = {id(v): k for k, v in reversed(list(main.items())) if isinstance(v, nn.Module) and k.isidentifier()
+             and not k.startswith("_")}
+    names = [bound.get(id(m), type(m).__name__) for m in models]
+    return [f"{n}[{names[:i].count(n)}]." if names.count(n) > 1 else f"{n}." for i, n in enumerate(names)]
 
 
 def _as_list(value: Any, kind: type, what: str, expected: str) -> list:

@@ -90,8 +90,7 @@ def _amp410(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
 
 def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     names: dict[int, str] = {}
-    for index, model in enumerate(setup.models):
-        prefix = "" if len(setup.models) == 1 else f"model{index}."
+    for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
             names.setdefault(id(module), f"{prefix}{name}" if name else (prefix.rstrip(".") or "(root)"))
     scope = autocast_scope(crash.exc.__traceback__)

@@ -73,15 +73,17 @@ def refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
                          f"create the optimizer for those parameters, then call watch()")
 
 
-def name_params(model: nn.Module, params: Sequence[torch.Tensor]) -> tuple[list[str], list[str], list[str]]:
-    """Return the names, owning modules and dtypes of ``params``; a tensor the model does not own is
-    ``optimizer.param<k>`` in ``(not in model)``.
+def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequence[nn.Module] = ()
+                ) -> tuple[list[str], list[str], list[str]]:
+    """Return the names, owning modules and dtypes of ``params``, as the findings name them: with ``others`` (a text
+    encoder the same optimizer trains) each model's names have its prefix (``text_encoder.``, ``unet.``: see
+    ``model_prefixes``); a tensor no model owns is ``optimizer.param<k>`` in ``(not in model)``.
 
     >>> model = nn.Linear(2, 2)
     >>> name_params(model, [model.weight, torch.zeros(1)])
     (['weight', 'optimizer.param1'], ['(root)', '(not in model)'], ['float32', 'float32'])
     """
-    setup = TrainingSetup(model)
+    setup = TrainingSetup([model, *[m for m in others if m is not model]])   # one model: no prefix
     infos = [setup.info(p) for p in params]
     names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
     modules = [i.module if i else "(not in model)" for i in infos]

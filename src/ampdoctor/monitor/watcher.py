@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -86,11 +86,12 @@ class Watch(WatchResults):
             parameter, exact for smaller ones) or ``"exact"`` (every count over every entry; slow).
         sample: entries per parameter for the counts and the lost-update snapshots.
         fsync: fsync the log after every line (see ``ampdoctor.monitor.recorder``).
+        others: other models the optimizer may also train, to name their parameters (``ampdoctor run``'s).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
-                 fsync: bool = False, dense: int = DENSE_STEPS) -> None:
+                 fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = ()) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -105,7 +106,7 @@ class Watch(WatchResults):
         self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
         self._want_activations = activations
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.param_names, self.param_modules, self.param_dtypes = name_params(model, params)
+        self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
         fsdp1 = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
         self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,

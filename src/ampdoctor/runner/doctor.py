@@ -295,7 +295,7 @@ class Doctor:
         self._guard.attach()
 
     def _attach_watch(self) -> None:
-        from ampdoctor.monitor.watcher import watch
+        from ampdoctor.monitor.watcher import Watch
 
         setup = self.setup
         if setup is None or not setup.optimizers or not setup.models:
@@ -304,8 +304,8 @@ class Doctor:
         if any(p.is_meta for p in model.parameters()):
             return  # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         optimizer = next((o for o in setup.optimizers if owns_any(o, model)), setup.optimizers[0])
-        self._watch = watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
-                            activations=self.activations)
+        self._watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
+                            activations=self.activations, others=setup.models).attach()
         self._coverage = watch_coverage(optimizer, setup)   # the watch follows one optimizer: say what it covers
 
     def _collect_guard(self) -> None:

@@ -148,9 +148,15 @@ class RunRepairs:
         changes = upcast_trainable_params_(model, optimizer=optimizers[0] if optimizers else None)
         for opt in optimizers[1:]:  # already fp32 now: this migrates each further optimizer's state
             changes += upcast_trainable_params_(model, optimizer=opt)
-        if changes:  # fp32 activations now reach frozen half norms, which CPU autocast does not upcast
-            changes += upcast_frozen_norms_(model)
-        self._record(changes, "upcast trainable parameters to float32 (forward runs under autocast)")
+        why = "upcast trainable parameters to float32 (forward runs under autocast)"
+        # fp32 activations now reach frozen half norms, which CPU autocast runs as stored ("mixed dtype (CPU)")
+        # and CUDA autocast does not upcast in every case (BatchNorm): their weights and buffers go to fp32 too
+        norms = upcast_frozen_norms_(model) if changes else []
+        if norms:
+            why += f", and {len(norms)} weights and buffers of half norm layers next to them"
+        # named as the findings name them: with several models, after the script's name for this one
+        prefix = next((p for m, p in zip(setup.models, setup.prefixes) if m is model), "")
+        self._record([replace(c, name=prefix + c.name) for c in changes + norms], why)
 
     def _master_weights_for(self, setup: TrainingSetup, model: nn.Module) -> None:
         from ampdoctor.repairs.master_weights import MasterWeights

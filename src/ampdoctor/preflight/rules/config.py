@@ -221,8 +221,7 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
         return  # FSDP was never imported, so nothing can be wrapped in it
     check_fsdp2 = fsdp2 is not None and not dtensor_reduces_found_inf()
     units: list[tuple[str, str]] = []
-    for mi, model in enumerate(setup.models):
-        prefix = "" if len(setup.models) == 1 else f"model{mi}."
+    for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
             dtype = None
             if fsdp1 is not None and isinstance(module, fsdp1):

@@ -45,8 +45,7 @@ def fsdp_units(setup: TrainingSetup) -> list[FsdpUnit]:
     if fsdp1 is None and fsdp2 is None:
         return []
     units = []
-    for mi, model in enumerate(setup.models):
-        prefix = "" if len(setup.models) == 1 else f"model{mi}."
+    for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
             if fsdp1 is not None and isinstance(module, fsdp1):
                 first = next(module.parameters(), None)   # the flat (or original) parameters, in their own dtype
