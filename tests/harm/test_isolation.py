@@ -179,7 +179,7 @@ RUN_FAULTS = [
     Fault("guard-update", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_update", "ScalerGuard", after=3),
     Fault("guard-clip", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_clip", "ScalerGuard"),
     Fault("guard-scheduler", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_scheduler", "ScalerGuard", after=1),
-    Fault("attach-watch", lambda: ampdoctor.monitor.watcher, "watch", "ampdoctor"),
+    Fault("attach-watch", lambda: ampdoctor.monitor.watcher.Watch, "attach", "ampdoctor"),
     Fault("recorder-disk-full-at-open", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "ampdoctor",
           error=_disk_full),
     Fault("recorder-disk-full-later", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=4,
