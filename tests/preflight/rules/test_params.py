@@ -16,6 +16,7 @@ from ampdoctor.preflight.rules.params import (
     pure_half_without_master,
 )
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.preflight.engine import check
 
 
 def mlp() -> nn.Sequential:
@@ -350,3 +351,33 @@ def test_a_scaler_patched_to_accept_fp16_grads_is_pure_fp16_training_not_a_crash
     # a wrapper that still refuses fp16 (it only logs) changes nothing: AMP101 stays
     scaler._unscale_grads_ = lambda opt_, inv, found, allow_fp16: original(opt_, inv, found, allow_fp16)
     assert [f.code for f in check(model, opt, scaler).findings] == ["AMP101"]
+
+
+# ---- what the share of float16 trainable parameters says about its cause ----------------------------------------
+class _SavedCopy(nn.Module):
+    """peft's ModulesToSaveWrapper, by its names: the original module and a trainable copy per adapter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.original_module = nn.Linear(4, 4).half().requires_grad_(False)
+        self.modules_to_save = nn.ModuleDict({"default": nn.Linear(4, 4).half()})
+
+
+def _amp101_detail(models, params) -> str:
+    report = check(models, torch.optim.SGD(params, lr=0.1), torch.amp.GradScaler("cpu"), select="AMP101")
+    return report.findings[0].detail
+
+
+def test_float16_modules_to_save_copies_are_named_as_such_not_stray_casts():
+    model = nn.Sequential(nn.Linear(4, 4), _SavedCopy())   # a float32 trainable part next to the copy
+    detail = _amp101_detail(model, [p for p in model.parameters() if p.requires_grad])
+    assert "all of them in peft's modules_to_save copies" in detail and "stray casts" not in detail
+
+
+def test_a_second_model_left_in_float16_is_named_as_left_out_of_the_upcast():
+    unet, text_encoder = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4).half())
+    detail = _amp101_detail([unet, text_encoder], [*unet.parameters(), *text_encoder.parameters()])
+    assert "every one of Sequential's, while the other models train in float32: Sequential was left out" in detail
+    # one stray half submodule of one model is still a stray cast
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4).half())
+    assert "stray casts" in _amp101_detail(model, list(model.parameters()))

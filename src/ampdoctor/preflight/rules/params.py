@@ -76,10 +76,24 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _share(count: int, total: int, dtype: torch.dtype, frozen: int) -> str:
-    """Say whether the low-precision trainable parameters are all of them or a few strays."""
-    name = dtype_name(dtype)
+def _share(low: list[ParamInfo], trainable: list[ParamInfo], dtype: torch.dtype, frozen: int,
+           setup: TrainingSetup) -> str:
+    """Say whether the low-precision trainable parameters are all of them or a few strays, and what usually does
+    that: peft's ``modules_to_save`` copies, one model of several left out of the upcast, a cast submodule."""
+    count, total, name = len(low), len(trainable), dtype_name(dtype)
     method = ".half()" if dtype == torch.float16 else ".bfloat16()"
+    owner = {p.name: prefix for p in low for prefix in setup.prefixes if prefix and p.name.startswith(prefix)}
+    if count < total and all("modules_to_save" in p.name for p in low):
+        return (f"{count} of {total} trainable parameters are {name}, all of them in peft's modules_to_save copies: "
+                f"peft copies those modules in the base model's {name} (autocast_adapter_dtype upcasts the LoRA "
+                "adapters only).")
+    if count < total and len(owner) == count and len(set(owner.values())) == 1:
+        model = next(iter(owner.values()))[:-1]
+        if all(p.name.startswith(model + ".") for p in trainable if p.dtype == dtype) and \
+                sum(p.name.startswith(model + ".") for p in trainable) == count:
+            return (f"{count} of {total} trainable parameters are {name}: every one of {model}'s, while the other "
+                    f"models train in float32: {model} was left out of the upcast (e.g. cast_training_params given "
+                    "the other models only).")
     if 2 * count > total and count < total:
         return (f"{count} of {total} trainable parameters are {name}: most of the model was cast and a few modules "
                 f"kept float32, e.g. torch_dtype=torch.{name} with transformers' _keep_in_fp32_modules.")
@@ -150,7 +164,7 @@ def fp16_trainable_params(setup: TrainingSetup) -> Iterator[Finding]:
         return
     state = (f"trainable float16 while {scaler_label(setup.scaler)} is enabled, so scaler.unscale_() will raise "
              "'Attempting to unscale FP16 gradients.'")
-    yield from findings_by_module("AMP101", fp16, state, _share(len(fp16), len(trainable), torch.float16, frozen))
+    yield from findings_by_module("AMP101", fp16, state, _share(fp16, trainable, torch.float16, frozen, setup))
 
 
 @check("AMP102")
@@ -176,7 +190,7 @@ def bf16_params_under_fp16_amp(setup: TrainingSetup) -> Iterator[Finding]:
     cuda = (" (on CUDA, torch versions without a bfloat16 unscale kernel raise \"not implemented for 'BFloat16'\" in "
             "scaler.step())" if setup.scaler_enabled else "")
     state = f"trainable bfloat16 while {' and '.join(contexts)}{cuda}"
-    yield from findings_by_module("AMP102", bf16, state, _share(len(bf16), len(trainable), torch.bfloat16, frozen))
+    yield from findings_by_module("AMP102", bf16, state, _share(bf16, trainable, torch.bfloat16, frozen, setup))
 
 
 def _reported_elsewhere(setup: TrainingSetup) -> set[torch.dtype]:
