@@ -209,3 +209,12 @@ def test_an_exit_after_the_dense_start_says_how_to_look_at_every_step(capsys, tm
     assert why.endswith("this is no all-clear (`--activations --every 1` looks at the activations of every step)")
     assert main(["run", "--activations", "--every", "1", "--json", str(out), script("exit_status.py"), "3", "12"]) == 3
     assert json.loads(out.read_text())["why_not_ok"].endswith("this is no all-clear"), capsys.readouterr().err
+
+
+def test_fix_says_when_it_has_nothing_to_repair(capsys):
+    # AMP408 (clipping the still-scaled gradients) is fixed in the script: --fix used to stay silent about it
+    assert main(["run", "--fix", script("clip_value_scaled.py")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "ampdoctor --fix changed nothing: AMP408 has no automatic repair; its fix is in the script" in err
+    assert main(["run", "--fix", "--no-watch", script("seed.py"), "3"]) == 0   # it did repair: no such line
+    assert "changed nothing" not in capsys.readouterr().err

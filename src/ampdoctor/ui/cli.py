@@ -244,6 +244,12 @@ def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchan
         err.print(render_report(report, show_exception=False))
     for line in exchange.summary_lines(report, own) if exchange is not None else []:
         _say(err, f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
+    if args.fix and not report.changes and left:   # say that --fix had nothing it could do for these
+        codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
+        if codes:
+            one = len(codes) == 1
+            _say(err, f"ampdoctor --fix changed nothing: {', '.join(codes)} {'has' if one else 'have'} no automatic "
+                      f"repair; {'its fix is' if one else 'their fixes are'} in the script (how to fix, above)")
     if mine_first and result.exit_code and own.exception and not result.explained:
         _say(err, f"ampdoctor: the script failed with {own.exception['type']}, which is not a known "
                   "mixed-precision failure; its traceback is above, unchanged.")
