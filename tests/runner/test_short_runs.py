@@ -55,6 +55,18 @@ def test_nan_in_the_data_is_reported_as_bad_input_on_the_defaults(tmp_path, caps
     assert bad["where"] == "model input" and bad["step"] == 2
 
 
+def test_nan_in_the_very_first_batch_is_bad_input_not_the_first_layer(tmp_path, capsys):
+    # ampdoctor run attaches the watch during the first forward, after the model's input went by: step 0's record
+    # has no inputs and blamed the first Linear (AMP601); the next step shows the input. Only AMP609 is true.
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "nan_input.py"), "0"]) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert "AMP601" not in [f["code"] for f in report["findings"]]
+    assert [f["where"] for f in report["findings"] if f["code"] == "AMP609"] == ["model input"]
+    assert report["watch"]["activations"]["first_nonfinite_forward"]["module"] == "(input)"
+
+
 def test_a_crash_is_printed_once_without_an_empty_watch_summary(tmp_path, capsys):
     code = main(["run", os.path.join(SCRIPTS, "seed.py")])
     err = capsys.readouterr().err

@@ -1,4 +1,9 @@
-"""A data pipeline that yields a NaN in one batch (a feature normalised by a zero standard deviation)."""
+"""A data pipeline that yields a NaN in one batch (a feature normalised by a zero standard deviation).
+
+    python nan_input.py [FIRST_BAD_STEP]   (2 by default)
+"""
+import sys
+
 import torch
 from torch import nn
 
@@ -8,7 +13,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 scaler = torch.amp.GradScaler("cpu")
 for step in range(6):
     x, y = torch.randn(4, 8), torch.randn(4, 1)
-    if step >= 2:
+    if step >= (int(sys.argv[1]) if len(sys.argv) > 1 else 2):
         x[:, 3] = (x[:, 3] - x[:, 3].mean()) / torch.zeros(())  # std 0: NaN/inf in the batch
     with torch.autocast("cpu", dtype=torch.float16):
         loss = nn.functional.mse_loss(model(x).float(), y)

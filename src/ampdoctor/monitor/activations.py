@@ -241,7 +241,8 @@ class ActivationMonitor:
         return {
             "step": rec.step, "sampled": True,
             "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None),
-                        "nonfinite_module": None if first_fwd is None else self._input_or_name(rec.fwd_modules[first_fwd])},
+                        "nonfinite_module": None if first_fwd is None else
+                        "(input)" if rec.fwd_modules[first_fwd] == INPUTS else self._names[rec.fwd_modules[first_fwd]]},
             "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None),
                          "nonfinite_module": None if first_bwd is None else self._names[rec.bwd_modules[first_bwd][0]]},
             "headroom": worst,
@@ -265,16 +266,15 @@ class ActivationMonitor:
                          f"{limit / value:.1f}x more and it overflows to inf")
         return None if worst is None else {"module": self._names[worst[1]], "ratio": worst[0]}
 
-    def _input_or_name(self, i: int) -> str:
-        return "(input)" if i == INPUTS else self._names[i]
-
     def _nonfinite_input(self, rec: StepRecord, value: float) -> None:
         kind = "NaN" if math.isnan(value) else "inf"
         if ("AMP609", INPUTS) in self._reported:
             return
-        self._first["forward"] = self._first["forward"] or {
-            "module": "(input)", "class": None, "step": rec.step, "kind": kind.lower(), "frames": None, "op": None,
-            "reproduced": None}
+        if self._unexplained:   # AMP601 named from a step without its inputs: they were bad, not the module
+            self._findings = [f for f in self._findings if f not in self._unexplained.values()]
+            self._unexplained, self._first["forward"], self.first_nonfinite_module = {}, None, None
+        self._first["forward"] = self._first["forward"] or {**dict.fromkeys(("class", "frames", "op", "reproduced")),
+                                                           "module": "(input)", "step": rec.step, "kind": kind.lower()}
         self._report("AMP609", INPUTS, Severity.ERROR, rec.step,
                      f"an input tensor of the model holds {kind} at step {rec.step}, before any module ran: the data "
                      "(or the code that prepares a batch) produced it, and every output after it is garbage. No "
