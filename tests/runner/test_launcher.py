@@ -218,3 +218,15 @@ def test_fix_says_when_it_has_nothing_to_repair(capsys):
     assert "ampdoctor --fix changed nothing: AMP408 has no automatic repair; its fix is in the script" in err
     assert main(["run", "--fix", "--no-watch", script("seed.py"), "3"]) == 0   # it did repair: no such line
     assert "changed nothing" not in capsys.readouterr().err
+
+
+def test_a_second_model_is_named_after_the_scripts_name_for_it_once(capsys, tmp_path):
+    """Two models: names start with the script's names for them. The crash explanation is made after the script's
+    module is gone; it named the same parameters after their class, and each AMP101 came twice."""
+    out = tmp_path / "report.json"
+    assert main(["run", "--no-watch", "--json", str(out), script("two_models_one_half.py")]) == 1
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    wheres = [f["where"] for f in report["findings"] if f["code"] == "AMP101"]
+    assert wheres == ["text_encoder.0"], wheres
+    assert "every one of text_encoder's, while the other models train in float32" in report["findings"][0]["detail"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -108,6 +109,9 @@ class TrainingSetup:
         return callable(is_enabled) and bool(is_enabled())
 
 
+_SCRIPT_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> the script's global name for it
+
+
 def model_prefixes(models: list[nn.Module]) -> list[str]:
     """Return what each model's parameter and module names start with: nothing for one model; with several, the
     name the script gave it at module level (``text_encoder.``), else its class (``CLIPTextModel.``), numbered
@@ -120,9 +124,11 @@ def model_prefixes(models: list[nn.Module]) -> list[str]:
     if len(models) < 2:
         return [""] * len(models)
     main = getattr(sys.modules.get("__main__"), "__dict__", {})
-    bound = {id(v): k for k, v in reversed(list(main.items())) if isinstance(v, nn.Module) and k.isidentifier()
-             and not k.startswith("_")}
-    names = [bound.get(id(m), type(m).__name__) for m in models]
+    bound = {id(v): k for k, v in reversed(list(main.items())) if isinstance(v, nn.Module) and not k.startswith("_")}
+    for m in models:   # kept: a crash is named after the script's module is gone, and must name things the same
+        if id(m) in bound:
+            _SCRIPT_NAMES[m] = bound[id(m)]
+    names = [_SCRIPT_NAMES.get(m, type(m).__name__) for m in models]
     return [f"{n}[{names[:i].count(n)}]." if names.count(n) > 1 else f"{n}." for i, n in enumerate(names)]
 
 

@@ -40,7 +40,8 @@ def run_script(path: str, args: Sequence[str] = (), doctor: Doctor | None = None
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such script: {path!r}; pass the path of a Python file, e.g. "
                                 "`ampdoctor run train.py --epochs 1`")
-    # `python train.py` (3.9+) gives __main__ an absolute __file__ (tracebacks show it so), argv[0] as typed
+    # `python train.py` (3.9+) gives __main__ an absolute __file__, and tracebacks show it (runpy makes argv[0]
+    # that path too, where python keeps it as typed)
     full = os.path.abspath(path)
     return _run(lambda: runpy.run_path(full, run_name="__main__"), [path, *args], os.path.dirname(full), full, doctor,
                 children)

@@ -82,18 +82,17 @@ def _share(low: list[ParamInfo], trainable: list[ParamInfo], dtype: torch.dtype,
     that: peft's ``modules_to_save`` copies, one model of several left out of the upcast, a cast submodule."""
     count, total, name = len(low), len(trainable), dtype_name(dtype)
     method = ".half()" if dtype == torch.float16 else ".bfloat16()"
-    owner = {p.name: prefix for p in low for prefix in setup.prefixes if prefix and p.name.startswith(prefix)}
     if count < total and all("modules_to_save" in p.name for p in low):
         return (f"{count} of {total} trainable parameters are {name}, all of them in peft's modules_to_save copies: "
                 f"peft copies those modules in the base model's {name} (autocast_adapter_dtype upcasts the LoRA "
                 "adapters only).")
-    if count < total and len(owner) == count and len(set(owner.values())) == 1:
-        model = next(iter(owner.values()))[:-1]
-        if all(p.name.startswith(model + ".") for p in trainable if p.dtype == dtype) and \
-                sum(p.name.startswith(model + ".") for p in trainable) == count:
-            return (f"{count} of {total} trainable parameters are {name}: every one of {model}'s, while the other "
-                    f"models train in float32: {model} was left out of the upcast (e.g. cast_training_params given "
-                    "the other models only).")
+    models = {next((x for x in setup.prefixes if x and p.name.startswith(x)), "") for p in low}
+    if count < total and len(models) == 1 and "" not in models:   # all in one model of several...
+        model = models.pop()
+        if sum(p.name.startswith(model) for p in trainable) == count:   # ...and all of its trainable ones
+            return (f"{count} of {total} trainable parameters are {name}: every one of {model[:-1]}'s, while the "
+                    f"other models train in float32: {model[:-1]} was left out of the upcast (e.g. "
+                    "cast_training_params given the other models only).")
     if 2 * count > total and count < total:
         return (f"{count} of {total} trainable parameters are {name}: most of the model was cast and a few modules "
                 f"kept float32, e.g. torch_dtype=torch.{name} with transformers' _keep_in_fp32_modules.")
