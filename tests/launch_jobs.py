@@ -27,6 +27,13 @@ def clean_environment(**extra: str) -> dict[str, str]:
 def run_job(command: list[str], cwd: Path, env: dict[str, str], timeout: float,
             merge_stderr: bool = False) -> tuple[int, str]:
     """Run ``command`` and return its exit status and its output (stdout, then stderr; or both as they came)."""
+    returncode, out, err = run_job_streams(command, cwd, env, timeout, merge_stderr)
+    return returncode, out + err
+
+
+def run_job_streams(command: list[str], cwd: Path, env: dict[str, str], timeout: float,
+                    merge_stderr: bool = False) -> tuple[int, str, str]:
+    """Run ``command`` and return its exit status, its stdout and its stderr ("" when merged into stdout)."""
     proc = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, start_new_session=True)
     try:
@@ -39,7 +46,7 @@ def run_job(command: list[str], cwd: Path, env: dict[str, str], timeout: float,
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         raise AssertionError(f"the job hung for {timeout} s:\n{out[-3000:]}\n{(err or '')[-3000:]}") from None
-    return proc.returncode, out + (err or "")
+    return proc.returncode, out, err or ""
 
 
 def free_port() -> int:

@@ -19,7 +19,10 @@ Measured on this machine (batch 8): CNN (3x32x32, 16 channels, 3 residual blocks
 The fake run equals the real timeline (BatchNorm's meta kernel saves 64 B less per layer than the CPU kernel).
 The profiler also sees what kernels allocate for themselves and no op returns: the CPU convolution's scratch
 (im2col columns, oneDNN workspace) for the CNN, the autograd engine's buffers. Asserted: timeline within 0.1%,
-the fake figure never above the profiler's, and within 15% (CNN) / 5% (transformer) of it.
+the fake figure never above the profiler's, and within 15% (CNN) / 5% (transformer) of it. A CPU without AVX512
+(``torch.backends.cpu.get_cpu_capability()`` is ``AVX2``) has no bf16 convolution kernels: oneDNN converts each bf16
+convolution's operands to fp32 in scratch of its own, and the CNN's bf16 profiler peak was 5,326,256 B there
+(an AMD EPYC with AVX2: -39.4%), so that one case is held to 45%.
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ def test_fake_activations_match_the_real_run(name, run, seq):
     assert abs(estimate.activations - activations) <= 1e-3 * activations
     assert abs(estimate.with_gradients - with_grads) <= 1e-3 * with_grads
     assert estimate.with_gradients <= profiled  # what no tensor holds (kernel scratch) is missing, never extra
-    assert error < (0.15 if name == "cnn" else 0.05)
+    scratch = 0.45 if (name, run) == ("cnn", "autocast") and "AVX512" not in torch.backends.cpu.get_cpu_capability() \
+        else 0.15 if name == "cnn" else 0.05
+    assert error < scratch
 
 
 def test_autocast_weight_copies_are_counted_and_named():

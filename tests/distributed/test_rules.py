@@ -77,6 +77,24 @@ def test_amp210_quiet_when_reduce_dtype_is_fp32(two_ranks):
     assert _codes(two_ranks, "fsdp2_fp32_reduce_plain_scaler") == [[], []]
 
 
+def test_amp208_fires_for_fsdp_fp16_compute_with_nothing_to_scale_the_loss(two_ranks):
+    for case in ("fsdp1_fp16_no_scaler", "fsdp1_fp16_disabled_scaler", "fsdp2_fp16_no_scaler"):
+        assert _codes(two_ranks, case) == [[("AMP208", "warning")]] * 2, case
+    fsdp1 = two_ranks[0]["fsdp1_fp16_no_scaler"][0][2]
+    assert fsdp1.startswith("1 FSDP unit(s) compute in float16 (FSDP(mixed_precision=MixedPrecision("
+                            "param_dtype=float16)): (root)) and no enabled GradScaler scales the loss (no GradScaler)")
+    assert "ShardedGradScaler" in fsdp1
+    assert "(ShardedGradScaler('cpu') is disabled)" in two_ranks[0]["fsdp1_fp16_disabled_scaler"][0][2]
+    fsdp2 = two_ranks[0]["fsdp2_fp16_no_scaler"][0][2]
+    assert fsdp2.startswith("2 FSDP unit(s) compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
+                            "param_dtype=float16)): (root), 0)")
+
+
+def test_amp208_quiet_with_a_sharded_scaler_or_without_fp16_compute(two_ranks):
+    for case in ("fsdp1_fp16_sharded_scaler", "fsdp1_fp32_no_scaler", "fsdp2_bf16_no_scaler"):
+        assert _codes(two_ranks, case) == [[], []], case
+
+
 def test_amp211_fires_for_fsdp1_with_a_plain_gradscaler(two_ranks):
     assert _codes(two_ranks, "fsdp1_fp32_plain_scaler") == [[("AMP211", "error")]] * 2
     # fp16 FSDP1 units under a plain scaler stay AMP205's

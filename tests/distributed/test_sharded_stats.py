@@ -80,7 +80,7 @@ def test_fsdp1_flat_parameter_is_merged_without_its_padding(tmp_path) -> None:
     assert {r["pad"] for r in ranks} == {0, 1}  # 875 entries over 2 ranks: one zero of padding on rank 1
     for rank in ranks:
         assert_same_stats(rank["stats"], rank["reference"])
-        assert rank["stats"]["_fsdp_wrapped_module._flat_param"]["sampled"] == 875
+        assert rank["stats"]["_flat_param"]["sampled"] == 875  # named as the model spells it: no FSDP attribute
 
 
 def test_a_partial_gradient_is_named_in_the_summary_not_left_out_silently(tmp_path) -> None:
@@ -100,11 +100,6 @@ def test_one_rank_overflowing_under_ddp_names_the_module_without_a_hang(tmp_path
     amp601 = [f for f in ranks[1]["findings"] if f["code"] == "AMP601"]
     assert amp601 and "on rank 1" in amp601[0]["detail"] and "Not re-run" in amp601[0]["detail"]
     assert ranks[0]["activations"]["first_nonfinite_forward"] is None  # rank 0's own forward stayed finite
-
-
-def _unwrapped(stats: dict) -> dict:
-    """FSDP1 names an original parameter through its wrapper: ``_fsdp_wrapped_module.0.weight`` is ``0.weight``."""
-    return {name.replace("_fsdp_wrapped_module.", ""): row for name, row in stats.items()}
 
 
 def test_a_collective_inside_the_forward_stops_the_one_rank_replay_before_it_starts(tmp_path) -> None:
@@ -130,10 +125,11 @@ def test_fsdp1_use_orig_params_statistics_per_original_parameter_equal_one_proce
         f"_fsdp_wrapped_module.{n}" for n in ("0.weight", "0.bias", "2.bias", "4.weight", "4.bias")}
     for rank in ranks:
         # the same batch on every rank: the averaged gradient is the single-process one, exactly
-        assert_same_stats(_unwrapped(rank["stats"]), rank["single"])  # a plain model trained alone, same batches
+        # named as the plain model names them (named_parameters() says _fsdp_wrapped_module.0.weight)
+        assert_same_stats(rank["stats"], rank["single"])  # a plain model trained alone, same batches
         assert_same_stats(rank["stats"], rank["reference"])  # FSDP's own gathered gradients (summon_full_params)
-        assert rank["stats"]["_fsdp_wrapped_module.2.weight"]["sampled"] == 480  # 126 + 354: the whole tensor
-        assert rank["stats"]["_fsdp_wrapped_module.0.weight"]["sampled"] == 288  # all on rank 0, none on rank 1
+        assert rank["stats"]["2.weight"]["sampled"] == 480  # 126 + 354: the whole tensor
+        assert rank["stats"]["0.weight"]["sampled"] == 288  # all on rank 0, none on rank 1
         assert "unsummarised" not in rank["gradients"]
         assert rank["gradients"]["merged_over_ranks"] == {"params": 6, "collectives": 4}  # 2 steps x (MAX + SUM)
     assert ranks[0]["stats"] == ranks[1]["stats"]

@@ -98,6 +98,18 @@ def test_names_the_first_module_whose_output_overflows():
     assert "1.00e+03 1.00e+03 weight" in finding.detail
 
 
+def test_names_the_module_through_an_activation_checkpoint_wrapper_as_the_model_spells_it():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = overflowing_model()
+    model[1] = checkpoint_wrapper(model[1])   # named_modules() says "1._checkpoint_wrapped_module"
+    monitor, _ = run(model)
+    [finding] = [f for f in monitor.findings() if f.code == "AMP601"]
+    assert finding.where == "1 (Linear)", finding.where
+    setup = TrainingSetup(model)
+    assert [p.name for p in setup.params][2:4] == ["1.weight", "1.bias"]
+
+
 def test_reports_each_culprit_once_and_keeps_recording():
     monitor, records = run(overflowing_model(), steps=3)
     assert codes(monitor).count("AMP601") == 1

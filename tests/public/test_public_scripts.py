@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from launch_jobs import run_job_streams
 
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT = 300
@@ -49,6 +50,7 @@ class Variant:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     ddp: bool = False  # give it the variables torchrun sets for a single process
+    ranks: int = 1  # more than one: launched by torchrun with that many processes (gloo on CPU)
 
 
 VARIANTS = {
@@ -71,6 +73,11 @@ VARIANTS = {
     "mae-fp16": Variant("mae_style.py"),
     "mae-uint16": Variant("mae_style.py", ("--uint16-pixels",)),
     "mae-half": Variant("mae_style.py", ("--half",)),
+    "fsdp2-fp32": Variant("fsdp2_example_style.py", (), ranks=2),
+    "fsdp2-bf16": Variant("fsdp2_example_style.py", ("--mixed-precision",), ranks=2),
+    "fsdp2-fp16": Variant("fsdp2_example_style.py", ("--mixed-precision", "--fp16"), ranks=2),
+    "t5-fp32": Variant("fsdp_t5_style.py", (), ranks=2),
+    "t5-fp16": Variant("fsdp_t5_style.py", ("--fp16",), ranks=2),
 }
 MODES = {"plain": (), "doctor": ("run",), "fix": ("run", "--fix")}
 
@@ -119,15 +126,22 @@ def _execute(key: str, base: Path) -> Result:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     json_path = cwd / "report.json"
     cmd = [sys.executable]
+    if variant.ranks > 1:  # torchrun, on a free port; a hung job fails its test and leaves no worker behind
+        cmd += ["-m", "torch.distributed.run", "--nproc-per-node", str(variant.ranks),
+                "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
     if mode != "plain":
         cmd += ["-m", "ampdoctor", *MODES[mode], "--json", str(json_path)]
     cmd += [str(HERE / variant.script), *variant.args]
     began = time.monotonic()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    (cwd / "stdout.txt").write_text(proc.stdout)
-    (cwd / "stderr.txt").write_text(proc.stderr)
+    if variant.ranks > 1:
+        returncode, stdout, stderr = run_job_streams(cmd, cwd, env, RUN_TIMEOUT)
+    else:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    (cwd / "stdout.txt").write_text(stdout)
+    (cwd / "stderr.txt").write_text(stderr)
     report = json.loads(json_path.read_text()) if json_path.exists() else None
-    return Result(key, cwd, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - began, report)
+    return Result(key, cwd, returncode, stdout, stderr, time.monotonic() - began, report)
 
 
 def uses(*keys: str):
@@ -501,3 +515,73 @@ def test_mae_stray_half_is_the_seed_error_named_once(runs):
     assert len(keys) == len(set(keys)), keys
     for group in ("optimizer[0] group 0", "optimizer[0] group 1"):
         assert doctor.stderr.count(f"AMP104 error {group}:") == 1, doctor.tail()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pytorch/examples distributed/FSDP2/example.py: fully_shard with a MixedPrecisionPolicy, two gloo ranks
+
+
+def merged_and_clean(run: Result, sharded: int) -> None:
+    assert run.returncode == 0, run.tail()
+    assert run.codes() == [], run.tail()
+    assert run.report["ranks"]["reported"] == [0, 1], run.report["ranks"]
+    assert run.report["watch"]["gradients"]["merged_over_ranks"]["params"] == sharded
+    assert run.stderr.count("ampdoctor: no mixed-precision problems found") == 1, run.tail()  # rank 0 alone
+
+
+@uses("fsdp2-bf16/plain", "fsdp2-bf16/doctor")
+def test_fsdp2_example_trains_the_same_under_ampdoctor(runs):
+    same_training(runs["fsdp2-bf16/plain"], runs["fsdp2-bf16/doctor"])
+
+
+@uses("fsdp2-fp32/doctor", "fsdp2-bf16/doctor")
+@pytest.mark.parametrize("name", ["fsdp2-fp32", "fsdp2-bf16"])
+def test_fsdp2_example_fp32_and_bf16_policy_are_clean_with_every_shard_merged(runs, name):
+    merged_and_clean(runs[f"{name}/doctor"], sharded=41)
+
+
+@uses("fsdp2-fp16/plain", "fsdp2-fp16/doctor")
+def test_fsdp2_fp16_policy_without_a_scaler_is_amp208_on_both_ranks(runs):
+    plain, doctor = runs["fsdp2-fp16/plain"], runs["fsdp2-fp16/doctor"]
+    same_training(plain, doctor)
+    assert doctor.codes() == ["AMP208"], doctor.tail()
+    [finding] = doctor.findings
+    assert finding["ranks"] == [0, 1] and finding["where"] == "(root)"
+    detail = finding["detail"]
+    assert detail.startswith("4 FSDP unit(s) compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
+                             "param_dtype=float16)): (root), layers.0, layers.1, layers.2)"), detail
+    # the watch read the gradients after clip_grad_norm_(max_norm=1.0) shrank them: no fp16 shares claimed
+    assert "after a clip had shrunk them" in detail and "%" not in detail, detail
+    named_once(doctor)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pytorch/examples distributed/FSDP/T5_training.py: FSDP1 with the fp16 policy and no scaler in the loop
+
+
+@uses("t5-fp16/plain", "t5-fp16/doctor")
+def test_t5_fsdp_trains_the_same_under_ampdoctor(runs):
+    same_training(runs["t5-fp16/plain"], runs["t5-fp16/doctor"])
+
+
+@uses("t5-fp16/doctor")
+def test_t5_fsdp_fp16_policy_is_amp208_and_amp210_by_the_model_names(runs):
+    doctor = runs["t5-fp16/doctor"]
+    assert sorted(doctor.codes()) == ["AMP208", "AMP210"], doctor.tail()
+    by_code = {f["code"]: f for f in doctor.findings}
+    units = "(root), encoder.block.0, encoder.block.1, decoder.block.0, decoder.block.1"
+    assert units in by_code["AMP208"]["detail"] and units in by_code["AMP210"]["detail"]
+    # the fp16 backward left its fingerprint: nothing below fp16's smallest subnormal survived
+    assert "is 5.96e-08 (fp16's smallest subnormal" in by_code["AMP208"]["detail"]
+    assert "in float16: reduce_dtype=float16 was set" in by_code["AMP210"]["detail"]
+    assert all(f["ranks"] == [0, 1] for f in doctor.findings)
+    # FSDP1's wrapper attributes are not the model's names
+    assert "_fsdp_wrapped_module" not in doctor.stderr + json.dumps(doctor.report)
+    named_once(doctor)
+
+
+@uses("t5-fp32/doctor")
+def test_t5_fsdp_fp32_is_clean_and_its_table_names_the_blocks(runs):
+    doctor = runs["t5-fp32/doctor"]
+    merged_and_clean(doctor, sharded=5)   # one flat parameter per FSDP unit
+    assert re.search(r"^decoder\.block\.0 +\d", doctor.stderr, re.MULTILINE), doctor.tail()

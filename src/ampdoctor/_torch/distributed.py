@@ -22,19 +22,6 @@ def dtensor_reduces_found_inf() -> bool:
     return dispatch is not None and hasattr(dispatch, "found_inf_reduce_handler")
 
 
-def fsdp2_param_dtype(module: Any) -> torch.dtype | None:
-    """Return the ``param_dtype`` of an FSDP2 (``fully_shard``) module's ``MixedPrecisionPolicy``, None if unknown."""
-    get_state = getattr(module, "_get_fsdp_state", None)
-    if not callable(get_state):
-        return None
-    try:
-        state = get_state()
-    except Exception:   # not initialised yet, or a torch that changed the state object
-        return None
-    dtype = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else None
-
-
 # ---- gradient layouts: which gradients are shards, and over which process groups --------------------------------
 # A layout is ("local", ()) for a gradient that holds its whole value on this rank (plain tensor, DDP replica,
 # replicated DTensor, FSDP1 NO_SHARD), ("sharded", groups) for one whose rows are split over each group's ranks

@@ -13,7 +13,24 @@ from torch import nn
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
-           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes"]
+           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "user_name"]
+
+# Modules torch puts *inside* a model, between a module and its children: an FSDP1 unit (``FullyShardedDataParallel``
+# keeps the wrapped module in ``_fsdp_wrapped_module``), activation checkpointing's ``CheckpointWrapper`` and
+# ``torch.compile`` of a submodule (``_orig_mod``). Names leave them out, as the state-dict keys of the first two do.
+_INNER_WRAPPERS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def user_name(name: str) -> str:
+    """Return a module or parameter name from ``named_modules()`` as the user's code spells it: without the
+    attributes of wrappers torch put inside the model (an empty name stays empty: the root).
+
+    >>> user_name("_fsdp_wrapped_module.decoder.block.0._fsdp_wrapped_module._flat_param")
+    'decoder.block.0._flat_param'
+    """
+    if "_" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part not in _INNER_WRAPPERS)
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,7 @@ class TrainingSetup:
         self.prefixes = model_prefixes(self.models)   # now: the script's module may be gone when a crash is named
         for model, prefix in zip(self.models, self.prefixes):
             for module_name, module in model.named_modules(remove_duplicate=True):
+                module_name = user_name(module_name)
                 for pname, p in module.named_parameters(recurse=False):
                     if id(p) in self._by_id:  # tied weights: first name wins, like named_parameters()
                         continue

@@ -16,7 +16,7 @@ from ampdoctor._torch.scaler import live_scale, optimizer_state
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
-from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, user_name
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
 from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
@@ -92,6 +92,7 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
     names: dict[int, str] = {}
     for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
+            name = user_name(name)
             names.setdefault(id(module), f"{prefix}{name}" if name else (prefix.rstrip(".") or "(root)"))
     scope = autocast_scope(crash.exc.__traceback__)
     if crash.modules:

@@ -25,6 +25,7 @@ from ampdoctor._torch.autograd import in_backward
 from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.training import user_name
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
 from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_lines, replay_blocked, rerun
 
@@ -89,7 +90,7 @@ class ActivationMonitor:
     # ---- attaching ------------------------------------------------------------------------------------------
     def _index_modules(self, model: nn.Module) -> None:
         named = list(model.named_modules())
-        self._names = [name or "(root)" for name, _ in named]
+        self._names = [user_name(name) or "(root)" for name, _ in named]
         self._classes = [type(m).__name__ for _, m in named]
         position = {id(m): i for i, (_, m) in enumerate(named)}
         self._descendants = [[position[id(d)] for d in m.modules() if d is not m and id(d) in position]
@@ -97,8 +98,7 @@ class ActivationMonitor:
         self._max_abs: list[float | None] = [None] * len(named)
         self._limit: list[float | None] = [None] * len(named)
         self._nonfinite = [[0, 0] for _ in named]  # steps with a non-finite output, gradient
-        devices = {p.device.type for p in model.parameters()} - {"cpu", "meta"}
-        self._device_type = min(devices) if devices else None
+        self._device_type = min({p.device.type for p in model.parameters()} - {"cpu", "meta"}, default=None)
 
     def attach(self) -> "ActivationMonitor":
         """Register the hooks; return ``self``. Attaching twice is a no-op."""

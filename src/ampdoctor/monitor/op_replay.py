@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.training import user_name
 
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
 
@@ -144,7 +145,7 @@ class NonfiniteOpTracer(TorchDispatchMode):
         super().__init__()
         self.names: dict[nn.Module, str] = {}
         if root is not None:
-            self.names.update((m, n or "(root)") for n, m in root.named_modules(remove_duplicate=False))
+            self.names.update((m, user_name(n) or "(root)") for n, m in root.named_modules(remove_duplicate=False))
         self.within = within
         self.stack: list[tuple[str, str]] = []
         self.found: NonfiniteOp | None = None

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
+from ampdoctor.core.training import user_name
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
 
 __all__ = ["Replay", "Frame", "rerun", "explain", "render_frames", "replay_blocked"]
@@ -135,7 +136,7 @@ def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], N
             if not kept[-1].output_finite:
                 done.append(True)
 
-    handles = [m.register_forward_hook(functools.partial(dump, n or "(root)"), with_kwargs=True)
+    handles = [m.register_forward_hook(functools.partial(dump, user_name(n) or "(root)"), with_kwargs=True)
                for n, m in model.named_modules()]
     op: NonfiniteOp | str | None = None
     guard = NoCollectives() if distributed_world() > 1 else contextlib.nullcontext()

@@ -23,7 +23,9 @@ _SHOWN = 3  # modules named in the evidence
 def with_watch_evidence(finding: Finding, watch: dict[str, Any] | None) -> Finding:
     """Return ``finding`` (AMP208) with what the watch measured appended to its detail; unchanged without data.
 
-    When every sampled gradient entry is exactly 0, nothing trains: the finding becomes an error.
+    When every sampled gradient entry is exactly 0, nothing trains: the finding becomes an error. Gradients read
+    after a clip that shrank them (``pre_clip_norm`` above ``global_norm``) are not what the fp16 backward produced:
+    their shares and smallest magnitude are left out.
 
     >>> f = Finding("AMP208", Severity.WARNING, "torch.autocast", "No GradScaler.")
     >>> fc = {"fp16_underflow": 0.25, "fp16_subnormal": 0.0, "min_nonzero": 2**-24, "zero_frac": 0.1}
@@ -42,7 +44,13 @@ def with_watch_evidence(finding: Finding, watch: dict[str, Any] | None) -> Findi
         everything = len(dead) == len(modules)
         parts.append(f"{'every' if everything else 'the'} gradient entry of {_names(dead)} is exactly 0 (the fp16 "
                      f"backward flushed them){': nothing trains' if everything else ''};")
-    lost = {m: s.get("fp16_underflow", 0.0) + s.get("fp16_subnormal", 0.0) for m, s in modules.items()}
+    shrunk = (grads.get("pre_clip_norm") or 0.0) / (grads.get("global_norm") or math.inf)
+    if shrunk > 1.01:   # read after a clip: the fp16 backward made them this much larger than what was read
+        parts.append(f"it read the gradients after a clip had shrunk them {shrunk:.3g}-fold (norm "
+                     f"{grads['pre_clip_norm']:.3g} before it), so they do not show what the fp16 backward lost.")
+        return _with(finding, parts, dead, modules)
+    # the subnormal share includes the entries that round to 0
+    lost = {m: max(s.get("fp16_underflow", 0.0), s.get("fp16_subnormal", 0.0)) for m, s in modules.items()}
     smallest = min((s.get("min_nonzero", math.inf) for s in modules.values()), default=math.inf)
     if math.isfinite(smallest):
         at_floor = " (fp16's smallest subnormal: values below it were already flushed to 0)" \
@@ -54,6 +62,10 @@ def with_watch_evidence(finding: Finding, watch: dict[str, Any] | None) -> Findi
                      + ", ".join(f"{lost[m]:.1%} of {m}" for m in worst) + ".")
     elif not dead:
         parts.append("no gradient entry is below fp16's normal range yet.")
+    return _with(finding, parts, dead, modules)
+
+
+def _with(finding: Finding, parts: list[str], dead: list[str], modules: dict[str, Any]) -> Finding:
     severity = Severity.ERROR if dead and len(dead) == len(modules) else finding.severity
     return Finding(finding.code, severity, finding.where, f"{finding.detail} {' '.join(parts).rstrip(';')}",
                    finding.step, finding.process, finding.cause)

@@ -69,6 +69,21 @@ record("fsdp1_fp16_plain_scaler", FSDP(net(), mixed_precision=MixedPrecision(par
                                                                              reduce_dtype=torch.float32),
                                        device_id=CPU), plain)
 
+# AMP208: FSDP computes in fp16 and nothing scales the loss (pytorch/examples' FSDP T5 with use_fp16=True)
+codes = ("AMP205", "AMP208")
+fp16_everywhere = MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float16, buffer_dtype=torch.float16)
+record("fsdp1_fp16_no_scaler", FSDP(net(), mixed_precision=fp16_everywhere, device_id=CPU), None, codes)
+record("fsdp1_fp16_disabled_scaler", FSDP(net(), mixed_precision=fp16_everywhere, device_id=CPU),
+       ShardedGradScaler(device="cpu", enabled=False), codes)
+record("fsdp1_fp16_sharded_scaler", FSDP(net(), mixed_precision=fp16_everywhere, device_id=CPU), sharded, codes)
+record("fsdp1_fp32_no_scaler", FSDP(net(), device_id=CPU), None, codes)
+two = net()
+fully_shard(two[0], mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32))
+fully_shard(two, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32))
+record("fsdp2_fp16_no_scaler", two, None, codes)
+two = net()
+fully_shard(two, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+record("fsdp2_bf16_no_scaler", two, None, codes)
 
 # AMP406: one weight, padded to 2 elements over 2 ranks: rank 1 holds only padding, so no shard of the weight
 def one_step(scaler):

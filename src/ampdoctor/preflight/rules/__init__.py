@@ -6,7 +6,7 @@ print or mutate.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
@@ -25,3 +25,16 @@ def check(code: str) -> Callable[[CheckFn], CheckFn]:
         return fn
 
     return register
+
+
+MAX_LISTED = 10  # names in one finding's detail
+
+
+def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
+    """Return ``"a, b, c"``, cut to ``limit`` items with a count of the rest.
+
+    >>> listing(["a", "b", "c"], limit=2)
+    'a, b and 1 more'
+    """
+    shown = ", ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"

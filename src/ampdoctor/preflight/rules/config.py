@@ -16,21 +16,17 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
-from ampdoctor.preflight.rules import check
-from ampdoctor._torch.distributed import dtensor_reduces_found_inf, fsdp2_param_dtype
+from ampdoctor.preflight.rules import check, listing
+from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp16, scaler_device
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-
-
-def _loaded_class(module: str, name: str) -> type | None:
-    loaded = sys.modules.get(module)
-    return getattr(loaded, name, None) if loaded is not None else None
+from ampdoctor.preflight.rules.fsdp import fsdp_units, loaded_class
 
 
 def is_sharded_scaler(scaler: Any) -> bool:
     """Return whether ``scaler`` is an FSDP ``ShardedGradScaler``, which allows fp16 gradients."""
-    cls = _loaded_class("torch.distributed.fsdp.sharded_grad_scaler", "ShardedGradScaler")
+    cls = loaded_class("torch.distributed.fsdp.sharded_grad_scaler", "ShardedGradScaler")
     return cls is not None and isinstance(scaler, cls)
 
 
@@ -109,7 +105,8 @@ _ENGINE_OWNS_FP16 = {"DEEPSPEED", "MEGATRON_LM"}
 
 @check("AMP208")
 def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
-    """Flag a forward under fp16 autocast with no enabled GradScaler (plain or sharded) to scale the loss.
+    """Flag fp16 compute with no enabled GradScaler (plain or sharded) to scale the loss: a forward under fp16
+    autocast, or FSDP units whose ``param_dtype`` is float16 (FSDP casts the parameters; no autocast is involved).
 
     >>> model = torch.nn.Linear(2, 2)
     >>> [f.code for f in fp16_autocast_without_scaler(TrainingSetup(model, autocast_dtype=torch.float16))]
@@ -117,18 +114,31 @@ def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     >>> list(fp16_autocast_without_scaler(TrainingSetup(model, autocast_dtype=torch.bfloat16)))
     []
     """
-    if setup.autocast_dtype != torch.float16 or setup.scaler_enabled:
+    if setup.scaler_enabled:
         return
     trainable = setup.trainable()
     if not trainable or all(p.dtype in (torch.float16, torch.bfloat16) for p in trainable):
         return  # nothing trains, or pure half training: AMP103's case
-    yield Finding(
-        "AMP208", get_rule("AMP208").severity, "torch.autocast",
-        f"the forward runs under fp16 autocast and no enabled GradScaler scales the loss "
-        f"({'no GradScaler' if setup.scaler is None else scaler_label(setup.scaler) + ' is disabled'}): the "
-        f"backward of the {len(trainable)} trainable tensors runs in fp16, where gradients below 2**-24 ≈ 6e-8 "
-        "flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision.",
-    )
+    scaler = "no GradScaler" if setup.scaler is None else scaler_label(setup.scaler) + " is disabled"
+    if setup.autocast_dtype == torch.float16:
+        yield Finding(
+            "AMP208", get_rule("AMP208").severity, "torch.autocast",
+            f"the forward runs under fp16 autocast and no enabled GradScaler scales the loss ({scaler}): the "
+            f"backward of the {len(trainable)} trainable tensors runs in fp16, where gradients below 2**-24 ≈ 6e-8 "
+            "flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision.",
+        )
+        return
+    units = [u for u in fsdp_units(setup) if u.param_dtype == torch.float16]
+    if units:   # FSDP casts the parameters to fp16 for the forward and the backward: fp16 compute, no autocast
+        sharded = "torch.amp.GradScaler" if all(u.fsdp2 for u in units) and dtensor_reduces_found_inf() else \
+            "ShardedGradScaler (torch.distributed.fsdp.sharded_grad_scaler)"
+        yield Finding(
+            "AMP208", get_rule("AMP208").severity, units[0].name,
+            f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}: {listing([u.name for u in units], 5)}) "
+            f"and no enabled GradScaler scales the loss ({scaler}): their backward runs in fp16, where gradients "
+            "below 2**-24 ≈ 6e-8 flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision. Scale the loss with a "
+            f"{sharded}, or set param_dtype=torch.bfloat16.",
+        )
 
 
 @check("AMP203")
@@ -215,31 +225,14 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     """
     if not plain_scaler_enabled(setup):
         return
-    fsdp1 = _loaded_class("torch.distributed.fsdp", "FullyShardedDataParallel")
-    fsdp2 = _loaded_class("torch.distributed.fsdp", "FSDPModule")
-    if fsdp1 is None and fsdp2 is None:
-        return  # FSDP was never imported, so nothing can be wrapped in it
-    check_fsdp2 = fsdp2 is not None and not dtensor_reduces_found_inf()
-    units: list[tuple[str, str]] = []
-    for model, prefix in zip(setup.models, setup.prefixes):
-        for name, module in model.named_modules():
-            dtype = None
-            if fsdp1 is not None and isinstance(module, fsdp1):
-                dtype = getattr(getattr(module, "mixed_precision", None), "param_dtype", None)
-                kind = "FSDP(mixed_precision=MixedPrecision(param_dtype=float16))"
-            elif check_fsdp2 and isinstance(module, fsdp2):
-                dtype = fsdp2_param_dtype(module)
-                kind = "fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=float16))"
-            if dtype == torch.float16:
-                units.append((f"{prefix}{name}" or "(root)", kind))
+    synced = dtensor_reduces_found_inf()
+    units = [u for u in fsdp_units(setup) if u.param_dtype == torch.float16 and not (u.fsdp2 and synced)]
     if not units:
         return
-    where, kind = units[0]
-    shown = ", ".join(n for n, _ in units[:5]) + (f" and {len(units) - 5} more" if len(units) > 5 else "")
     yield Finding(
-        "AMP205", get_rule("AMP205").severity, where,
-        f"{len(units)} FSDP unit(s) compute in float16 ({kind}): {shown}; the scaler is {scaler_label(setup.scaler)}, "
-        "not a ShardedGradScaler. Each rank checks only its own gradient shard for inf, so ranks can disagree "
-        "on skipping a step and their loss scales drift apart (and with keep_low_precision_grads=True it refuses the "
-        "fp16 gradients outright).",
+        "AMP205", get_rule("AMP205").severity, units[0].name,
+        f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}): {listing([u.name for u in units], 5)}; "
+        f"the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler. Each rank checks only its own "
+        "gradient shard for inf, so ranks can disagree on skipping a step and their loss scales drift apart (and "
+        "with keep_low_precision_grads=True it refuses the fp16 gradients outright).",
     )

@@ -1,73 +1,25 @@
 """Pre-flight rules AMP210–AMP212: how gradients are reduced across ranks, whether ranks agree on skipping a step,
 and training engines that own mixed precision themselves.
 
-Like ``config.py``, nothing here imports ``torch.distributed``: an FSDP unit can only exist once its module is
-loaded, so the classes are looked up in ``sys.modules``. The FSDP2 policy and mesh are read in
-``ampdoctor._torch.engines``.
+The FSDP units are read by ``fsdp.py``; like it, nothing here imports ``torch.distributed``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
-from ampdoctor._torch.engines import Engine, find_engines, fsdp2_policy, fsdp2_reduce_size
+from ampdoctor._torch.engines import Engine, find_engines
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.preflight.rules import check
-from ampdoctor.preflight.rules.config import _loaded_class, plain_scaler_enabled, scaler_label
-from ampdoctor.preflight.rules.params import listing
-
-
-@dataclass(frozen=True)
-class FsdpUnit:
-    """One FSDP unit that owns parameters: its name, its kind, and how it computes and reduces gradients."""
-
-    name: str
-    fsdp2: bool
-    param_dtype: torch.dtype | None   # the MixedPrecision(Policy) param_dtype, None when not set
-    set_reduce: torch.dtype | None    # the reduce_dtype given, None when not set
-    reduce_dtype: torch.dtype         # the dtype the gradients are summed in (the effective one)
-    ranks: int | None                 # how many ranks the reduction spans, None if unknown
-    sharded: bool                     # False for FSDP1's NO_SHARD (an all-reduce, like DDP)
-
-
-def fsdp_units(setup: TrainingSetup) -> list[FsdpUnit]:
-    """Return the FSDP1 and FSDP2 units of the setup's models that own parameters, in model order."""
-    fsdp1 = _loaded_class("torch.distributed.fsdp", "FullyShardedDataParallel")
-    fsdp2 = _loaded_class("torch.distributed.fsdp", "FSDPModule")
-    if fsdp1 is None and fsdp2 is None:
-        return []
-    units = []
-    for model, prefix in zip(setup.models, setup.prefixes):
-        for name, module in model.named_modules():
-            if fsdp1 is not None and isinstance(module, fsdp1):
-                first = next(module.parameters(), None)   # the flat (or original) parameters, in their own dtype
-                if first is None:
-                    continue
-                mp = getattr(module, "mixed_precision", None)
-                param, reduce = getattr(mp, "param_dtype", None), getattr(mp, "reduce_dtype", None)
-                # FSDP1 (_flat_param.py): reduce_dtype None with param_dtype set reduces in param_dtype
-                strategy = str(getattr(getattr(module, "sharding_strategy", None), "name", ""))
-                units.append(FsdpUnit(f"{prefix}{name}" or "(root)", False, param, reduce,
-                                      reduce or param or first.dtype, getattr(module, "world_size", None),
-                                      strategy != "NO_SHARD"))
-            elif fsdp2 is not None and isinstance(module, fsdp2):
-                ranks = fsdp2_reduce_size(module)   # None: the unit owns no parameter group
-                first = next(module.parameters(), None)
-                if ranks is None or first is None:
-                    continue
-                param, reduce = fsdp2_policy(module) or (None, None)
-                # FSDP2 (_fsdp_param.py): reduce_dtype None reduces in param_dtype, else in the parameters' dtype
-                units.append(FsdpUnit(f"{prefix}{name}" or "(root)", True, param, reduce,
-                                      reduce or param or first.dtype, ranks, True))
-    return units
+from ampdoctor.preflight.rules import check, listing
+from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
+from ampdoctor.preflight.rules.fsdp import FsdpUnit, fsdp_units
 
 
 def _reduce_cost(dtype: torch.dtype, ranks: int) -> str:
@@ -95,7 +47,7 @@ def fsdp_low_precision_reduce(setup: TrainingSetup) -> Iterator[Finding]:
             by_dtype.setdefault(unit.reduce_dtype, []).append(unit)
     for dtype, units in by_dtype.items():
         ranks = max(u.ranks or 0 for u in units)
-        kinds = sorted({"fully_shard (FSDP2)" if u.fsdp2 else "FullyShardedDataParallel" for u in units})
+        kinds = sorted({u.kind for u in units})
         unit = units[0]
         if unit.set_reduce is not None:
             how = f"reduce_dtype={dtype_name(dtype)} was set"

@@ -24,25 +24,12 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
-from ampdoctor.preflight.rules import check
+from ampdoctor.preflight.rules import check, listing
 from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
-
-MAX_LISTED = 10  # tensors named in one finding's detail
-
-
-def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
-    """Return ``"a, b, c"``, cut to ``limit`` items with a count of the rest.
-
-    >>> listing(["a", "b", "c"], limit=2)
-    'a, b and 1 more'
-    """
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
-
 
 def findings_by_module(code: str, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
     """Yield one finding per owning module naming its ``params``; they share one ``cause``, so they show as one row.
