@@ -5,7 +5,9 @@
 # returns the loss from training_step; configure_optimizers returns one SGD optimizer; the Trainer is given the
 # precision on the command line ("bf16-mixed", "16-true", ...), so Lightning wraps the optimizer (LightningOptimizer),
 # steps it with a closure, and for "16-true" casts the whole module to float16. Synthetic tokens replace WikiText-2.
-# Usage: python lightning_trainer_style.py PRECISION
+# With a second argument "ddp" the Trainer runs two CPU processes with strategy="ddp" (gloo), which re-runs this script
+# for rank 1, as in the example's multi-device runs; only rank 0 prints its loss.
+# Usage: python lightning_trainer_style.py PRECISION [ddp]
 import sys
 
 import lightning.pytorch as pl
@@ -25,7 +27,8 @@ class LanguageModel(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         src, tgt = batch
         loss = F.nll_loss(self.net(src, tgt), tgt.reshape(-1))
-        print(f"step {self.global_step}: loss {loss.item():.4f}")
+        if self.global_rank == 0:
+            print(f"step {self.global_step}: loss {loss.item():.4f}")
         return loss
 
     def configure_optimizers(self):
@@ -41,6 +44,7 @@ def tokens(n, seed):
 
 if __name__ == "__main__":
     pl.seed_everything(3, verbose=False)
+    ddp = dict(devices=2, strategy="ddp") if sys.argv[2:] == ["ddp"] else {}
     trainer = pl.Trainer(accelerator="cpu", precision=sys.argv[1], max_steps=8, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **ddp)
     trainer.fit(LanguageModel(), DataLoader(tokens(64, 0), batch_size=8))

@@ -66,6 +66,8 @@ VARIANTS = {
     "fabric-bf16-mixed": Variant("fabric_lm_style.py", (), (("LT_PRECISION", "bf16-mixed"),)),
     "lt-16-true": Variant("lightning_trainer_style.py", ("16-true",)),
     "lt-bf16-mixed": Variant("lightning_trainer_style.py", ("bf16-mixed",)),
+    "lt-ddp-16-true": Variant("lightning_trainer_style.py", ("16-true", "ddp")),
+    "lt-ddp-bf16-mixed": Variant("lightning_trainer_style.py", ("bf16-mixed", "ddp")),
     "hf-fp16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "fp16"),)),
     "hf-bf16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "bf16"),)),
     "hf-fp16-checkpoint": Variant("hf_no_trainer_style.py", ("--fp16-checkpoint",),
@@ -515,6 +517,41 @@ def test_mae_stray_half_is_the_seed_error_named_once(runs):
     assert len(keys) == len(set(keys)), keys
     for group in ("optimizer[0] group 0", "optimizer[0] group 1"):
         assert doctor.stderr.count(f"AMP104 error {group}:") == 1, doctor.tail()
+
+
+# Lightning strategy="ddp" on two CPU processes: rank 0 re-runs the script for rank 1 (a child process of the run)
+
+
+@uses("lt-ddp-16-true/plain", "lt-ddp-16-true/doctor")
+def test_lightning_ddp_trains_the_same_under_ampdoctor(runs):
+    same_training(runs["lt-ddp-16-true/plain"], runs["lt-ddp-16-true/doctor"])
+
+
+@uses("lt-ddp-16-true/doctor")
+def test_lightning_ddp_16_true_is_one_report_listing_both_ranks(runs):
+    doctor = runs["lt-ddp-16-true/doctor"]
+    # rank 1 is not a separate process with its own copy of each finding: it is rank 1 of the same findings
+    assert doctor.report["ranks"]["reported"] == [0, 1] and doctor.report["ranks"]["missing"] == []
+    assert "child_processes" not in doctor.report
+    assert doctor.codes()[0] == "AMP103" and set(doctor.codes()) == {"AMP103", "AMP607"}, doctor.tail()
+    assert all(f["ranks"] == [0, 1] and f.get("process") is None for f in doctor.findings)
+    assert doctor.stderr.count("ampdoctor findings") == 1 and "ampdoctor[pid" not in doctor.stderr
+    named_once(doctor)
+
+
+@uses("lt-ddp-16-true/fix")
+def test_lightning_ddp_fix_is_refused_once_and_not_called_a_missing_repair(runs):
+    fix = runs["lt-ddp-16-true/fix"]
+    assert fix.returncode == 0, fix.tail()
+    assert fix.stderr.count("--fix refused: the model is wrapped in DistributedDataParallel") == 1, fix.tail()
+    assert "have no automatic repair" not in fix.stderr and fix.report["changes"] == []
+
+
+@uses("lt-ddp-bf16-mixed/doctor")
+def test_lightning_ddp_bf16_mixed_is_clean_on_both_ranks(runs):
+    doctor = runs["lt-ddp-bf16-mixed/doctor"]
+    assert doctor.returncode == 0 and doctor.codes() == [], doctor.tail()
+    assert doctor.report["ranks"]["reported"] == [0, 1] and doctor.report["ok"] is True
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -83,3 +83,78 @@ def test_a_script_that_trains_nothing_gets_the_nothing_observed_answer(tmp_path,
     assert report["ok"] is False and "nothing was trained" in report["why_not_ok"]
     assert "nothing was trained in a process ampdoctor could see" in err
     assert "no mixed-precision problems found" not in err
+
+
+# ---- children that are the other ranks of the run's job (Lightning strategy="ddp"; the whole run is in
+# tests/public: test_lightning_ddp_16_true_is_one_report_listing_both_ranks) -------------------------------------
+def _rank_child(directory, pid, rank, findings=None):
+    from ampdoctor.core.findings import Finding, Severity
+    from ampdoctor.core.report import Report
+
+    (directory / f"rank-{pid}.json").write_text(json.dumps({"rank": rank, "world": 2}))
+    if findings is not None:
+        report = Report([Finding(code, Severity.ERROR, "fc.weight", "float16") for code in findings])
+        (directory / f"child-{pid}.json").write_text(json.dumps(
+            {"process": f"pid {pid}: x.py", "rank": rank, "world": 2, "report": report.to_dict()}))
+
+
+def _exited_child():
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.communicate()
+    return proc.pid   # reaped: gone
+
+
+def test_a_rank_child_is_merged_by_rank_and_a_killed_one_is_named_missing_without_a_wait(tmp_path, monkeypatch):
+    import time
+
+    from ampdoctor.core.findings import Finding, Severity
+    from ampdoctor.core.ranks import RankInfo
+    from ampdoctor.core.report import Report
+    from ampdoctor.runner.children import ChildProcesses
+
+    children = ChildProcesses({})
+    children.directory = str(tmp_path)
+    own = Report([Finding("AMP101", Severity.ERROR, "fc.weight", "float16")], observed={"models": 1})
+    _rank_child(tmp_path, _exited_child(), 1, ["AMP101"])
+    merged = children.merge_ranks(own, RankInfo(0, 2))
+    assert [(f.code, f.ranks, f.process) for f in merged.findings] == [("AMP101", (0, 1), None)]
+    assert merged.extra["ranks"]["reported"] == [0, 1] and not list(tmp_path.glob("child-*.json"))
+    # killed before it wrote its report: not waited for (it is gone), and the report is not ok
+    for path in tmp_path.iterdir():
+        path.unlink()
+    _rank_child(tmp_path, _exited_child(), 1)
+    monkeypatch.setenv("AMPDOCTOR_RANK_WAIT", "30")
+    began = time.monotonic()
+    merged = children.merge_ranks(own, RankInfo(0, 2))
+    assert time.monotonic() - began < 5
+    assert merged.missing_ranks == [1] and not merged.ok
+    assert "no report from rank(s) 1" in merged.extra["ranks"]["notes"][0]
+
+
+def test_a_child_that_exited_unreaped_is_not_taken_for_running(tmp_path):
+    import subprocess
+    import time
+
+    from ampdoctor.runner.children import _alive
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])   # not waited for: a zombie once it exits
+    deadline = time.monotonic() + 30
+    while _alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(proc.pid) and proc.poll() == 0   # its parent still gets its exit status
+    assert _alive(os.getpid())
+
+
+def test_without_a_rank_of_its_own_the_run_leaves_rank_children_to_the_process_merge(tmp_path):
+    from ampdoctor.core.report import Report
+    from ampdoctor.runner.children import ChildProcesses
+
+    children = ChildProcesses({})
+    children.directory = str(tmp_path)
+    pid = _exited_child()
+    _rank_child(tmp_path, pid, 1, ["AMP101"])
+    own = Report()
+    assert children.merge_ranks(own, None) is own   # torch.multiprocessing.spawn: the parent is no rank
+    assert children.merge_into(own) and [f.process for f in own.findings] == [f"pid {pid}: x.py"]

@@ -77,11 +77,21 @@ def start() -> None:
     from ampdoctor.runner.doctor import Doctor
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
-    if options.get("log_dir"):
-        options["log_dir"] = os.path.join(options["log_dir"], f"pid{os.getpid()}")
+    shared_log = options.get("log_dir")
+    if shared_log:
+        options["log_dir"] = os.path.join(shared_log, f"pid{os.getpid()}")
     prefix = f"ampdoctor[pid {os.getpid()}]"
-    doctor = Doctor(**options, on_event=lambda line: print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(),
-                                                          file=sys.stderr))
+
+    def say(line: str) -> None:   # a rank other than 0 is quiet: rank 0 reports for the job (see merge_ranks)
+        if doctor.rank_info is None or doctor.rank_info.rank == 0:
+            print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(), file=sys.stderr)
+
+    def on_rank(info: Any) -> None:   # a rank of the parent's job: the parent waits for its report, by rank
+        _write(directory, f"rank-{os.getpid()}.json", {"rank": info.rank, "world": info.world_size})
+        if shared_log:   # its flight recorder is ampdoctor.rank{r}.jsonl next to the other ranks' ones
+            doctor.log_dir = shared_log
+
+    doctor = Doctor(**options, on_event=say, on_rank=on_rank)
     doctor.attach()
     previous = sys.excepthook
 
@@ -102,7 +112,13 @@ def _finish(doctor: Any, directory: str) -> None:
     report = doctor.report
     if report.saw_nothing and not report.findings:
         return  # a process that trained nothing has nothing to add
-    path = os.path.join(directory, f"child-{os.getpid()}.json")
+    info = doctor.rank_info   # a rank of a job the parent launched itself: merged with the parent's as a rank
+    ranked = {"rank": info.rank, "world": info.world_size, "failed_at": doctor.failed_at} if info else {}
+    _write(directory, f"child-{os.getpid()}.json", {"process": label(), **ranked, "report": report.to_dict()})
+
+
+def _write(directory: str, name: str, data: dict[str, Any]) -> None:
+    path = os.path.join(directory, name)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"process": label(), "report": report.to_dict()}, f, default=str)
+        json.dump(data, f, default=str)
     os.replace(path + ".tmp", path)  # the parent never reads half a file

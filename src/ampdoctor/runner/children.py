@@ -17,11 +17,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from typing import Any
 
-from ampdoctor.core.report import Report
+from ampdoctor.core.ranks import RankInfo
+from ampdoctor.core.report import Report, merge_rank_reports
 from ampdoctor.runner.child import ENV_DIR, ENV_OPTIONS
+from ampdoctor.runner.rank_reports import POLL, disagreements, wait_seconds
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
 # One line: `site` executes .pth lines that start with "import". Inert (one environ lookup) without the variable.
@@ -63,6 +66,50 @@ class ChildProcesses:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+    def merge_ranks(self, report: Report, rank: RankInfo | None) -> Report:
+        """Return ``report`` merged with those of the child processes that are the other ranks of this process's
+        job, as ``ampdoctor run`` merges ranks under torchrun: one finding per problem, listing the ranks that saw
+        it. Lightning's ``strategy="ddp"`` starts them so: rank 0 re-runs the script once per other rank.
+
+        A child marks itself a rank when its Doctor first reads its process group. The other ranks end after this
+        one's script has: wait for each marked child to leave its report or exit (up to ``AMPDOCTOR_RANK_WAIT``
+        seconds, 60). Their files are removed; other children are left to ``merge_into``.
+        """
+        if self.directory is None or rank is None:
+            return report
+        marked = {}
+        for path in glob.glob(os.path.join(self.directory, "rank-*.json")):
+            data = _read(path)
+            pid = os.path.basename(path)[len("rank-"):-len(".json")]
+            if data is not None and pid.isdigit() and isinstance(data.get("rank"), int) and data["rank"] != rank.rank:
+                marked[int(pid)] = data["rank"]
+        if not marked:
+            return report
+        deadline = time.time() + wait_seconds()
+        while time.time() < deadline and any(not os.path.exists(self._report_path(pid)) and _alive(pid)
+                                             for pid in marked):
+            time.sleep(POLL)
+        reports, failed_at = {rank.rank: report}, {}
+        for pid, other in marked.items():
+            data = _read(self._report_path(pid))
+            try:
+                reports[other] = Report.from_dict(data["report"])   # type: ignore[index]
+            except (KeyError, TypeError, ValueError):
+                continue   # killed before it wrote: named as missing
+            if isinstance(data.get("failed_at"), (int, float)):
+                failed_at[other] = data["failed_at"]
+            _remove([self._report_path(pid)])
+        late = sorted(set(marked.values()) - set(reports))
+        notes = [f"no report from rank(s) {', '.join(map(str, late))} within {wait_seconds():g} s: killed, crashed "
+                 "while writing it, or still running"] if late else []
+        merged = merge_rank_reports(reports, expected=range(rank.world_size), failed_at=failed_at, notes=notes)
+        for finding in disagreements(reports):   # AMP411, from the reports: no collective
+            merged.add(finding)
+        return merged
+
+    def _report_path(self, pid: int) -> str:
+        return os.path.join(self.directory or "", f"child-{pid}.json")
 
     def merge_into(self, report: Report) -> list[str]:
         """Add each child's findings (labelled with its process), exception and counts to ``report``.
@@ -130,13 +177,27 @@ def _stale(directory: str) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Return whether process ``pid`` is running: not gone, and not a zombie its parent has yet to reap."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         return True  # exists, owned by someone else
-    return True
+    try:   # Linux: a child that exited but was not reaped (Lightning's launcher does not wait) is state Z
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rpartition(")")[2].split()[:1] != ["Z"]
+    except OSError:
+        return True
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _remove(paths: list[str]) -> None:

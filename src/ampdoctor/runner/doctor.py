@@ -54,13 +54,15 @@ class Doctor:
     """
 
     def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
-                 activations: bool = False, on_event: Callable[[str], None] | None = None) -> None:
+                 activations: bool = False, on_event: Callable[[str], None] | None = None,
+                 on_rank: Callable[[RankInfo], None] | None = None) -> None:
         self.fix = fix
         self.watch_enabled = watch
         self.every = every
         self.log_dir = log_dir
         self.activations = activations
         self.on_event = on_event or (lambda line: None)
+        self.on_rank = on_rank or (lambda info: None)   # told once, when this process's rank is first read
         self.report = Report()
         self.setup: TrainingSetup | None = None
         self.models: list[nn.Module] = []
@@ -241,8 +243,7 @@ class Doctor:
         if not self.models:
             return
         first = self.setup is None
-        if self.rank_info is None:
-            self.rank_info = from_process_group()
+        self._read_rank()
         self.setup = self._build_setup(scaler)
         self._handles += self._observers.attach_fsdp()   # FSDP is imported by now if the script uses it
         self._diagnosed.update(self.setup.optimizers)
@@ -326,14 +327,19 @@ class Doctor:
 
         self.report.findings = [with_watch_evidence(f, watch_report.extra.get("watch")) for f in self.report.findings]
 
+    def _read_rank(self) -> None:
+        if self.rank_info is None:
+            self.rank_info = from_process_group()
+            if self.rank_info is not None:
+                call_safely(self.on_rank, self.rank_info)
+
     # ---- crash explanation and isolation ---------------------------------------------------------------------
     def explain(self, exc: BaseException) -> list[Finding]:
         """Explain ``exc`` from the catalog, record it in the report and return the findings."""
         from ampdoctor.explanations.crash import explain_exception
 
         self.failed_at = time.time()
-        if self.rank_info is None:
-            self.rank_info = from_process_group()
+        self._read_rank()
         self.report.exception = {
             "type": type(exc).__name__,
             "message": str(exc)[:10_000],

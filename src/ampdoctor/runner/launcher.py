@@ -99,6 +99,8 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
         sys.argv = saved_argv
         if sys.path and sys.path[0] == path0 and saved_path0 != path0:
             sys.path.pop(0)
+    if children is not None:   # children that are ranks of this process's job: one report, as under torchrun
+        doctor.report = children.merge_ranks(doctor.report, doctor.rank_info)
     if children is not None and children.merge_into(doctor.report):
         # A parent that failed because its child failed is explained by what the child's Doctor found.
         explained = explained or any(f.process is not None for f in doctor.report.findings)

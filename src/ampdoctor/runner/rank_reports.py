@@ -130,7 +130,7 @@ class RankExchange:
             return False
         self._catch_sigterm()
         try:
-            deadline = time.time() + min(GRACE, _wait())
+            deadline = time.time() + min(GRACE, wait_seconds())
             while not self.terminated and time.time() < deadline:
                 done = self._read("done.json")
                 if done is not None:
@@ -174,7 +174,7 @@ class RankExchange:
         self._catch_sigterm()
         try:
             os.makedirs(self.folder, exist_ok=True)
-            deadline = time.time() + (min(WAIT_FAILED, _wait()) if exit_code else _wait())
+            deadline = time.time() + (min(WAIT_FAILED, wait_seconds()) if exit_code else wait_seconds())
             self._write("collecting.json", {"deadline": deadline, "pid": os.getpid()})
             while True:
                 for rank in sorted(wanted - set(reports)):
@@ -313,7 +313,8 @@ def rank_path(path: str, rank: int) -> str:
     return f"{stem}.rank{rank}.{suffix}" if dot and stem and os.sep not in suffix else f"{path}.rank{rank}"
 
 
-def _wait() -> float:
+def wait_seconds() -> float:
+    """Return how long rank 0 waits for the other ranks' reports (``AMPDOCTOR_RANK_WAIT``, else 60 s)."""
     try:
         return max(0.0, float(os.environ.get(ENV_WAIT, WAIT)))
     except ValueError:
@@ -321,7 +322,7 @@ def _wait() -> float:
 
 
 def _wait_for(exit_code: int) -> float:
-    return min(WAIT_FAILED, _wait()) if exit_code else _wait()
+    return min(WAIT_FAILED, wait_seconds()) if exit_code else wait_seconds()
 
 
 def _remove(path: str) -> None:

@@ -223,7 +223,7 @@ def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchan
                 _say(err, f"ampdoctor: rank {exchange.rank}'s report written to {args.json}", wrap=False)
             return result.exit_code   # --strict is decided by rank 0, on the whole job's report
         report = exchange.collect(own, result.exit_code, result.explained, failed_at)
-    elif doctor.rank_info is not None:   # a process group made by hand: no launch to meet in; each rank reports
+    elif doctor.rank_info is not None and "ranks" not in own.extra:   # a group made by hand: each rank reports
         report, json_path = label_rank(own, doctor.rank_info.rank, json_path)
     else:
         report = own
@@ -244,7 +244,7 @@ def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchan
         err.print(render_report(report, show_exception=False))
     for line in exchange.summary_lines(report, own) if exchange is not None else []:
         _say(err, f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
-    if args.fix and not report.changes and left:   # say that --fix had nothing it could do for these
+    if args.fix and not report.changes and left and not report.extra.get("fix_refused"):   # nothing it could do
         codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
         if codes:
             one = len(codes) == 1
