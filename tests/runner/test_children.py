@@ -50,6 +50,24 @@ def test_an_mp_spawn_script_is_diagnosed_in_every_worker(tmp_path, capsys):
     assert report["observed"]["models"] == 2
 
 
+def test_mp_spawn_workers_that_are_ranks_are_one_finding_listing_the_ranks(tmp_path, monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("PORT", str(sock.getsockname()[1]))
+    code, report = run_json(tmp_path, script("spawn_ddp_seed.py"))
+    err = capsys.readouterr().err
+    assert code == 1   # mp.spawn re-raises the worker's error, as without ampdoctor
+    # one AMP101 per module, seen by both ranks; not one per worker process, and not the parent's own reading of
+    # the error text that mp.spawn re-raised (it named a line of the script and no parameter)
+    assert [(f["code"], f["where"], f["ranks"]) for f in report["findings"]] == [
+        ("AMP101", "0", [0, 1]), ("AMP101", "2", [0, 1])], report["findings"]
+    assert not any(f.get("process") for f in report["findings"]) and "child_processes" not in report
+    assert report["ranks"]["reported"] == [0, 1] and report["observed"]["models"] == 2
+    assert "on ranks 0, 1" in err and "not a known mixed-precision failure" not in err
+
+
 def test_no_children_flag_leaves_children_alone(tmp_path, capsys):
     code, report = run_json(tmp_path, "--no-children", script("launcher_subprocess.py"))
     capsys.readouterr()
@@ -147,14 +165,15 @@ def test_a_child_that_exited_unreaped_is_not_taken_for_running(tmp_path):
     assert _alive(os.getpid())
 
 
-def test_without_a_rank_of_its_own_the_run_leaves_rank_children_to_the_process_merge(tmp_path):
+def test_a_run_that_is_no_rank_keeps_its_own_findings_next_to_its_rank_children(tmp_path):
+    from ampdoctor.core.findings import Finding, Severity
     from ampdoctor.core.report import Report
     from ampdoctor.runner.children import ChildProcesses
 
     children = ChildProcesses({})
     children.directory = str(tmp_path)
-    pid = _exited_child()
-    _rank_child(tmp_path, pid, 1, ["AMP101"])
-    own = Report()
-    assert children.merge_ranks(own, None) is own   # torch.multiprocessing.spawn: the parent is no rank
-    assert children.merge_into(own) and [f.process for f in own.findings] == [f"pid {pid}: x.py"]
+    _rank_child(tmp_path, _exited_child(), 1, ["AMP101"])
+    own = Report([Finding("AMP208", Severity.WARNING, "torch.autocast", "x")], observed={"models": 0})
+    merged = children.merge_ranks(own, None)   # torch.multiprocessing.spawn: the parent is no rank
+    assert [(f.code, f.ranks) for f in merged.findings] == [("AMP208", None), ("AMP101", (1,))]
+    assert merged.missing_ranks == [0]   # rank 0, another worker, never reported

@@ -88,8 +88,7 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16
     significant bits), so the first unscale_() raises without naming the
     parameter. AMP expects fp32 parameters with fp16 compute under
     torch.autocast.
-    ampdoctor.upcast_trainable_params_(model)        # or: ampdoctor run --fix
-    # train.py
+    ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)
@@ -99,8 +98,7 @@ AMP104 adam-eps-underflow: Adam eps is below what the parameter or state dtype
     can represent
     Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8,
     so eps=1e-8 becomes 0 and entries with zero gradient give 0/0 = NaN.
-    opt = torch.optim.AdamW(params, eps=1e-4)   # or fused=True (adds eps in
-                                                # fp32)
+    opt = torch.optim.AdamW(params, eps=1e-4)  # or fused=True: eps in fp32
     # better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)
 AMP202 cuda-scaler-disabled: GradScaler('cuda') quietly disabled itself: CUDA is
     not available
@@ -144,7 +142,7 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16 GradSca
     GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 optimizer update
     loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises without naming the parameter. AMP
     expects fp32 parameters with fp16 compute under torch.autocast.
-    ampdoctor.upcast_trainable_params_(model)        # or: ampdoctor run --fix train.py
+    ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)
@@ -153,7 +151,7 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16 GradSca
 AMP104 adam-eps-underflow: Adam eps is below what the parameter or state dtype can represent
     Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8, so eps=1e-8 becomes 0 and entries with
     zero gradient give 0/0 = NaN.
-    opt = torch.optim.AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)
+    opt = torch.optim.AdamW(params, eps=1e-4)  # or fused=True: eps in fp32
     # better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)
 AMP202 cuda-scaler-disabled: GradScaler('cuda') quietly disabled itself: CUDA is not available
     torch disables a 'cuda' GradScaler with one UserWarning when CUDA is missing. Training then runs with no loss

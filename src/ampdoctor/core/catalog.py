@@ -90,7 +90,7 @@ RULES: tuple[Rule, ...] = (
         "GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 "
         "optimizer update loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises "
         "without naming the parameter. AMP expects fp32 parameters with fp16 compute under torch.autocast.",
-        "ampdoctor.upcast_trainable_params_(model)        # or: ampdoctor run --fix train.py\n"
+        "ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py\n"
         "# by hand: for p in model.parameters():\n"
         "#     if p.requires_grad: p.data = p.data.float()\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
@@ -121,7 +121,7 @@ RULES: tuple[Rule, ...] = (
         "AMP104", "adam-eps-underflow", "Adam eps is below what the parameter or state dtype can represent",
         "Adam divides by sqrt(v) + eps. fp16's smallest subnormal is 2**-24 ≈ 6e-8, so eps=1e-8 becomes 0 and "
         "entries with zero gradient give 0/0 = NaN.",
-        "opt = torch.optim.AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)\n"
+        "opt = torch.optim.AdamW(params, eps=1e-4)  # or fused=True: eps in fp32\n"
         "# better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)",
         E, "preflight", (), (16,),
     ),

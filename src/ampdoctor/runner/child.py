@@ -13,6 +13,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -105,9 +106,33 @@ def start() -> None:
 
     sys.excepthook = excepthook
     atexit.register(call_safely, _finish, doctor, directory)
+    call_safely(_finish_on_sigterm, doctor, directory)
+
+
+def _finish_on_sigterm(doctor: Any, directory: str) -> None:
+    """Leave the report behind when the parent stops this process with SIGTERM (``torch.multiprocessing.spawn``
+    stops the other workers once one failed; ``atexit`` does not run then), then die of the signal as before.
+    Only where SIGTERM has its default action: a handler of the script's own is left alone."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        from ampdoctor.core.isolation import call_safely
+
+        call_safely(_finish, doctor, directory)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)   # raises ValueError off the main thread: call_safely drops it
+
+
+_finished: set[int] = set()
 
 
 def _finish(doctor: Any, directory: str) -> None:
+    if id(doctor) in _finished:   # SIGTERM came during atexit, or atexit after SIGTERM's report
+        return
+    _finished.add(id(doctor))
     doctor.detach()
     report = doctor.report
     if report.saw_nothing and not report.findings:

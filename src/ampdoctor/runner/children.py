@@ -68,30 +68,34 @@ class ChildProcesses:
                 os.environ[key] = value
 
     def merge_ranks(self, report: Report, rank: RankInfo | None) -> Report:
-        """Return ``report`` merged with those of the child processes that are the other ranks of this process's
-        job, as ``ampdoctor run`` merges ranks under torchrun: one finding per problem, listing the ranks that saw
-        it. Lightning's ``strategy="ddp"`` starts them so: rank 0 re-runs the script once per other rank.
+        """Return ``report`` merged with those of the child processes that are ranks of a distributed job, as
+        ``ampdoctor run`` merges ranks under torchrun: one finding per problem, listing the ranks that saw it.
+        Lightning's ``strategy="ddp"`` starts them so (this process is rank 0 and re-runs the script once per other
+        rank), and so does ``torch.multiprocessing.spawn`` of workers that each join a process group (this process
+        is no rank: its own findings stay its own).
 
-        A child marks itself a rank when its Doctor first reads its process group. The other ranks end after this
-        one's script has: wait for each marked child to leave its report or exit (up to ``AMPDOCTOR_RANK_WAIT``
-        seconds, 60). Their files are removed; other children are left to ``merge_into``.
+        A child marks itself a rank when its Doctor first reads its process group. The other ranks may end after
+        this process's script has: wait for each marked child to leave its report or exit (up to
+        ``AMPDOCTOR_RANK_WAIT`` seconds, 60). Their files are removed; other children are left to ``merge_into``.
         """
-        if self.directory is None or rank is None:
+        if self.directory is None:
             return report
         marked = {}
         for path in glob.glob(os.path.join(self.directory, "rank-*.json")):
             data = _read(path)
             pid = os.path.basename(path)[len("rank-"):-len(".json")]
-            if data is not None and pid.isdigit() and isinstance(data.get("rank"), int) and data["rank"] != rank.rank:
-                marked[int(pid)] = data["rank"]
+            if data is not None and pid.isdigit() and isinstance(data.get("rank"), int) and isinstance(
+                    data.get("world"), int) and (rank is None or data["rank"] != rank.rank):
+                marked[int(pid)] = (data["rank"], data["world"])
         if not marked:
             return report
         deadline = time.time() + wait_seconds()
         while time.time() < deadline and any(not os.path.exists(self._report_path(pid)) and _alive(pid)
                                              for pid in marked):
             time.sleep(POLL)
-        reports, failed_at = {rank.rank: report}, {}
-        for pid, other in marked.items():
+        reports: dict[int, Report] = {rank.rank: report} if rank is not None else {}
+        failed_at: dict[int, float] = {}
+        for pid, (other, _) in marked.items():
             data = _read(self._report_path(pid))
             try:
                 reports[other] = Report.from_dict(data["report"])   # type: ignore[index]
@@ -100,13 +104,14 @@ class ChildProcesses:
             if isinstance(data.get("failed_at"), (int, float)):
                 failed_at[other] = data["failed_at"]
             _remove([self._report_path(pid)])
-        late = sorted(set(marked.values()) - set(reports))
+        late = sorted({r for r, _ in marked.values()} - set(reports))
         notes = [f"no report from rank(s) {', '.join(map(str, late))} within {wait_seconds():g} s: killed, crashed "
                  "while writing it, or still running"] if late else []
-        merged = merge_rank_reports(reports, expected=range(rank.world_size), failed_at=failed_at, notes=notes)
+        world = rank.world_size if rank is not None else max(w for _, w in marked.values())
+        merged = merge_rank_reports(reports, expected=range(world), failed_at=failed_at, notes=notes)
         for finding in disagreements(reports):   # AMP411, from the reports: no collective
             merged.add(finding)
-        return merged
+        return merged if rank is not None else _with_parent(merged, report)
 
     def _report_path(self, pid: int) -> str:
         return os.path.join(self.directory or "", f"child-{pid}.json")
@@ -174,6 +179,19 @@ def _stale(directory: str) -> list[str]:
         if pid.isdigit() and not _alive(int(pid)):
             stale.append(path)
     return stale
+
+
+def _with_parent(ranks: Report, parent: Report) -> Report:
+    """Return the ranks' merged report with what the parent, no rank itself, saw and did added to it."""
+    merged = replace(ranks, findings=list(parent.findings), environment=parent.environment,
+                     exception=parent.exception, changes=[*parent.changes, *ranks.changes],
+                     extra={**parent.extra, **ranks.extra})
+    for finding in ranks.findings:
+        merged.add(finding)
+    if parent.observed is not None:
+        merged.observed = {k: parent.observed.get(k, 0) + (ranks.observed or {}).get(k, 0)
+                           for k in {*parent.observed, *(ranks.observed or {})}}
+    return merged
 
 
 def _alive(pid: int) -> bool:

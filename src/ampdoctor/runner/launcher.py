@@ -79,6 +79,7 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
     sys.argv = argv
     sys.path.insert(0, path0)  # what `python script.py` / `python -m` does
     exit_code, explained = 0, False
+    relayed: list[Any] = []
     try:
         with contextlib.ExitStack() as stack:
             if children is not None:
@@ -94,16 +95,26 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
                 except BaseException as exc:  # the script failed: keep its traceback and status
                     exit_code = 1
                     _print_exception(exc, without_own_frames(exc.__traceback__, shown_path), hook_before)
-                    explained = bool(doctor.explain(exc))
+                    found = doctor.explain(exc)
+                    explained = bool(found)
+                    if type(exc).__module__.startswith("torch.multiprocessing"):
+                        relayed = found   # a worker's error, re-raised as text: the worker's Doctor saw it
+
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == path0 and saved_path0 != path0:
             sys.path.pop(0)
-    if children is not None:   # children that are ranks of this process's job: one report, as under torchrun
-        doctor.report = children.merge_ranks(doctor.report, doctor.rank_info)
-    if children is not None and children.merge_into(doctor.report):
-        # A parent that failed because its child failed is explained by what the child's Doctor found.
-        explained = explained or any(f.process is not None for f in doctor.report.findings)
+    if children is not None:   # children that are ranks of a job: one report, as under torchrun
+        own = doctor.report
+        doctor.report = children.merge_ranks(own, doctor.rank_info)
+        ranks = doctor.rank_info is None and doctor.report is not own   # workers of mp.spawn, each a rank
+        if children.merge_into(doctor.report) or ranks:
+            # A parent that failed because its child failed is explained by what the child's Doctor found; its
+            # own reading of the error text the child's failure was re-raised with adds nothing to it.
+            from_children = [f for f in doctor.report.findings if f.process is not None or (ranks and f.ranks)]
+            codes = {f.code for f in from_children}
+            doctor.report.findings = [f for f in doctor.report.findings if not (f in relayed and f.code in codes)]
+            explained = explained or bool(from_children)
     doctor.report.exit_status = exit_code or None
     return RunResult(exit_code, doctor.report, explained)
 
