@@ -128,11 +128,16 @@ def _print_exception(exc: BaseException, tb: Any, hook_before: Any) -> None:
     """
     hook = sys.excepthook
     if hook is not hook_before and hook is not sys.__excepthook__:
+        whole = exc.__traceback__
         try:
+            # the built-in hook at the end of such a chain prints the exception's own traceback, not the one given
+            exc.__traceback__ = tb
             hook(type(exc), exc, tb)
             return
         except Exception:
             pass  # a broken hook: print it ourselves
+        finally:
+            exc.__traceback__ = whole   # the explanation reads every frame
     traceback.print_exception(type(exc), exc, tb)
 
 
