@@ -67,7 +67,6 @@ VARIANTS = {
     "lt-16-true": Variant("lightning_trainer_style.py", ("16-true",)),
     "lt-bf16-mixed": Variant("lightning_trainer_style.py", ("bf16-mixed",)),
     "lt-ddp-16-true": Variant("lightning_trainer_style.py", ("16-true", "ddp")),
-    "lt-ddp-bf16-mixed": Variant("lightning_trainer_style.py", ("bf16-mixed", "ddp")),
     "hf-fp16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "fp16"),)),
     "hf-bf16": Variant("hf_no_trainer_style.py", (), (("ACCELERATE_MIXED_PRECISION", "bf16"),)),
     "hf-fp16-checkpoint": Variant("hf_no_trainer_style.py", ("--fp16-checkpoint",),
@@ -75,7 +74,6 @@ VARIANTS = {
     "mae-fp16": Variant("mae_style.py"),
     "mae-uint16": Variant("mae_style.py", ("--uint16-pixels",)),
     "mae-half": Variant("mae_style.py", ("--half",)),
-    "fsdp2-fp32": Variant("fsdp2_example_style.py", (), ranks=2),
     "fsdp2-bf16": Variant("fsdp2_example_style.py", ("--mixed-precision",), ranks=2),
     "fsdp2-fp16": Variant("fsdp2_example_style.py", ("--mixed-precision", "--fp16"), ranks=2),
     "t5-fp32": Variant("fsdp_t5_style.py", (), ranks=2),
@@ -547,13 +545,6 @@ def test_lightning_ddp_fix_is_refused_once_and_not_called_a_missing_repair(runs)
     assert "have no automatic repair" not in fix.stderr and fix.report["changes"] == []
 
 
-@uses("lt-ddp-bf16-mixed/doctor")
-def test_lightning_ddp_bf16_mixed_is_clean_on_both_ranks(runs):
-    doctor = runs["lt-ddp-bf16-mixed/doctor"]
-    assert doctor.returncode == 0 and doctor.codes() == [], doctor.tail()
-    assert doctor.report["ranks"]["reported"] == [0, 1] and doctor.report["ok"] is True
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # pytorch/examples distributed/FSDP2/example.py: fully_shard with a MixedPrecisionPolicy, two gloo ranks
 
@@ -571,10 +562,10 @@ def test_fsdp2_example_trains_the_same_under_ampdoctor(runs):
     same_training(runs["fsdp2-bf16/plain"], runs["fsdp2-bf16/doctor"])
 
 
-@uses("fsdp2-fp32/doctor", "fsdp2-bf16/doctor")
-@pytest.mark.parametrize("name", ["fsdp2-fp32", "fsdp2-bf16"])
-def test_fsdp2_example_fp32_and_bf16_policy_are_clean_with_every_shard_merged(runs, name):
-    merged_and_clean(runs[f"{name}/doctor"], sharded=41)
+@uses("fsdp2-bf16/doctor")
+def test_fsdp2_example_bf16_policy_is_clean_with_every_shard_merged(runs):
+    # (without --mixed-precision, fp32, it is clean too: checked by hand; left out to keep the suite short)
+    merged_and_clean(runs["fsdp2-bf16/doctor"], sharded=41)
 
 
 @uses("fsdp2-fp16/plain", "fsdp2-fp16/doctor")
