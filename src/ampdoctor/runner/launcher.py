@@ -99,7 +99,6 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
                     explained = bool(found)
                     if type(exc).__module__.startswith("torch.multiprocessing"):
                         relayed = found   # a worker's error, re-raised as text: the worker's Doctor saw it
-
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == path0 and saved_path0 != path0:
