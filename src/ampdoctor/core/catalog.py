@@ -191,7 +191,8 @@ RULES: tuple[Rule, ...] = (
         "AMP208", "fp16-autocast-no-scaler",
         "fp16 autocast (or FSDP fp16 compute) runs without a GradScaler",
         "Under fp16 autocast, or FSDP's param_dtype=torch.float16, the backward runs in fp16 too. Without loss "
-        "scaling every gradient below fp16's smallest subnormal, 2**-24 ≈ 6e-8, becomes 0 and those below 2**-14 ≈ 6.1e-5 lose precision: small "
+        "scaling every gradient below fp16's smallest subnormal, 2**-24 ≈ 6e-8, becomes 0 and those below "
+        "2**-14 ≈ 6.1e-5 lose precision: small "
         "updates vanish silently. A GradScaler multiplies the loss so they survive; bf16 has fp32's range and needs "
         "none.",
         "scaler = torch.amp.GradScaler(device_type)\n"
