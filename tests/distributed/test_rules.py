@@ -1,11 +1,11 @@
 """Distributed rules on real torch.distributed (gloo, CPU): FSDP reduction dtypes (AMP210), rank-local skip decisions
-(AMP211, AMP411), a rank with no local shard (AMP406), MasterWeights and --fix under real DDP, and DeepSpeed /
-Megatron-LM / apex (AMP212).
+(AMP211, AMP411), a rank with no local shard (AMP406), MasterWeights and --fix under real DDP, and Megatron-LM /
+apex (AMP212; DeepSpeed runs for real on the CPU: ``test_deepspeed.py``).
 
-DeepSpeed, Megatron-LM and apex are not installed. Their objects are minimal stand-in classes defined here under the
-real module names (``deepspeed.runtime.engine.DeepSpeedEngine``...), registered in ``sys.modules`` for one test: they
-stand in for uninstalled third-party engines, with the attributes those engines really have. torch itself is never
-mocked: the models, optimizers, GradScalers, process groups, FSDP and DDP are real.
+Megatron-LM and apex do not run here (both need CUDA). Their objects are minimal stand-in classes defined here under
+the real module names (``megatron.core.optimizer``...), registered in ``sys.modules`` for one test: they stand in
+for third-party engines that cannot run on this machine, with the attributes those engines really have. torch itself
+is never mocked: the models, optimizers, GradScalers, process groups, FSDP and DDP are real.
 """
 
 import json
@@ -234,7 +234,7 @@ def test_run_fix_on_a_ddp_script_refuses_and_the_script_trains():
     assert result.stdout.count("weight torch.float16") == 3
 
 
-# ---- DeepSpeed, Megatron-LM, apex: stand-ins for engines that are not installed -----------------------------------
+# ---- Megatron-LM, apex: stand-ins for engines that do not run here (DeepSpeed is real: test_deepspeed.py) -------
 def _install(monkeypatch, module: str, *classes: type) -> None:
     """Register ``classes`` under ``module`` (and its parents) in sys.modules, for this test only."""
     parts = module.split(".")
@@ -245,66 +245,6 @@ def _install(monkeypatch, module: str, *classes: type) -> None:
     for cls in classes:
         cls.__module__ = module
         setattr(sys.modules[module], cls.__name__, cls)
-
-
-def _deepspeed(monkeypatch):
-    class DeepSpeedZeroOptimizer:   # deepspeed/runtime/zero/stage_1_and_2.py
-        def __init__(self, params, inner):
-            self.bit16_groups = [list(params)]
-            self.single_partition_of_fp32_groups = inner.param_groups[0]["params"]
-            self.optimizer = inner
-            self.cur_scale = 65536.0
-
-    class DeepSpeedEngine(nn.Module):   # deepspeed/runtime/engine.py
-        def __init__(self, module, optimizer):
-            super().__init__()
-            self.module, self.optimizer = module, optimizer
-
-        def forward(self, x):
-            return self.module(x)
-
-        def fp16_enabled(self):
-            return True
-
-        def bfloat16_enabled(self):
-            return False
-
-        def loss_scale(self):
-            return 0   # the config value: 0 means dynamic
-
-        def zero_optimization_stage(self):
-            return 2
-
-    _install(monkeypatch, "deepspeed.runtime.zero.stage_1_and_2", DeepSpeedZeroOptimizer)
-    _install(monkeypatch, "deepspeed.runtime.engine", DeepSpeedEngine)
-    model = _half()
-    flat = nn.Parameter(torch.cat([p.detach().float().flatten() for p in model.parameters()]))   # fp32 partition
-    zero = DeepSpeedZeroOptimizer(model.parameters(), torch.optim.AdamW([flat], lr=1e-3))
-    return DeepSpeedEngine(model, zero), zero
-
-
-def test_amp212_deepspeed_engine_is_reported_once_and_its_partitions_raise_nothing(monkeypatch):
-    engine, zero = _deepspeed(monkeypatch)
-    for optimizer in (zero, zero.optimizer):   # check(engine, engine.optimizer), or the torch optimizer inside
-        report = check(engine, optimizer, autocast_dtype=torch.float16)
-        assert report.codes() == ["AMP212"], report.codes()
-    detail = report.findings[0].detail
-    for said in ("DeepSpeed", "fp16 enabled", "ZeRO stage 2", "dynamic loss scale", "current loss scale 65536", "AdamW"):
-        assert said in detail
-    # ampdoctor run: the engine module and the torch optimizer found by the gc scan
-    assert [f.code for f in run_preflight(TrainingSetup(engine, zero.optimizer))] == ["AMP212"]
-
-
-def test_fix_refuses_an_engine_owned_model(monkeypatch):
-    engine, zero = _deepspeed(monkeypatch)
-    with pytest.raises(ValueError, match="DeepSpeed engine"):
-        fix(engine)
-    with pytest.raises(ValueError, match="belong to DeepSpeed"):
-        upcast_trainable_params_(engine.module, zero.optimizer)
-    report, events = Report(), []
-    RunRepairs(report, events.append).apply(TrainingSetup(engine, zero.optimizer), [engine], {id(engine): None})
-    assert report.changes == [] and "belong to DeepSpeed" in events[0]
-    assert all(p.dtype == torch.float16 for p in engine.parameters())
 
 
 def test_amp212_megatron_optimizer_found_behind_its_torch_optimizer(monkeypatch):

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ampdoctor._torch.engines import engine_family
+
 
 def dtensor_reduces_found_inf() -> bool:
     """Return whether DTensor all-reduces GradScaler's found-inf flags across ranks.
@@ -179,7 +181,8 @@ def reduction_device(group: Any) -> Any:
 def runs_collectives(model: Any) -> bool:
     """Return whether calling ``model`` again on this rank alone could enter a collective the other ranks do not
     join: a process group of two or more ranks is initialised and the model is (or holds) a DDP, FSDP1 or FSDP2
-    module, or has DTensor parameters (tensor parallelism). With no process group, or a plain model, False."""
+    module or an engine module (DeepSpeed's), or has DTensor parameters (tensor parallelism). With no process
+    group, or a plain model, False."""
     if distributed_world() <= 1:
         return False
     wrappers = []
@@ -191,5 +194,7 @@ def runs_collectives(model: Any) -> bool:
             wrappers.append(cls)
     modules = list(model.modules()) if hasattr(model, "modules") else []
     if any(isinstance(m, tuple(wrappers)) for m in modules):
+        return True
+    if any(engine_family(m) for m in modules):  # DeepSpeedEngine: ZeRO-3 all-gathers parameters in forward
         return True
     return any(getattr(p, "placements", None) is not None for p in model.parameters()) if modules else True

@@ -127,8 +127,11 @@ class Engine:
         family: ``"DeepSpeed"``, ``"Megatron-LM"`` or ``"apex"``.
         obj: the engine object (a ``DeepSpeedEngine``, a ``MixedPrecisionOptimizer``, an ``FP16_Optimizer``...).
         optimizers: ids of the torch optimizers it wraps (they step its fp32 copies).
-        params: ids of the model parameters it owns (its modules' and its half groups').
+        params: ids of the tensors it owns: its modules' parameters, its half groups and their partitions.
         precision: what it says of its own precision (``fp16 enabled``, ``dynamic loss scale``...).
+        mode: ``"fp16"``, ``"bf16"``, ``"autocast fp16"``, ``"autocast bf16"``, ``"fp32"`` (none enabled) or None
+            (its settings were not readable).
+        model_params: the parameters of the model it wraps (None when it wraps no module).
     """
 
     family: str
@@ -136,11 +139,18 @@ class Engine:
     optimizers: set[int] = field(default_factory=set)
     params: set[int] = field(default_factory=set)
     precision: list[str] = field(default_factory=list)
+    mode: str | None = None
+    model_params: int | None = None
 
     @property
     def label(self) -> str:
         cls = type(self.obj)
         return f"{cls.__module__}.{cls.__name__}"
+
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether it scales the loss (fp16), as far as its settings tell (unknown settings: it may)."""
+        return self.mode is None or "fp16" in self.mode
 
 
 def _call(obj: Any, name: str) -> Any:
@@ -161,19 +171,33 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _precision(obj: Any) -> list[str]:
-    """Read what an engine says of its own precision, where that is cheap (config flags, the current scale)."""
+def _precision(obj: Any) -> tuple[list[str], str | None]:
+    """Read what an engine says of its own precision, where that is cheap (config flags, the current scale), and
+    which mode that is (see ``Engine.mode``)."""
     said: list[str] = []
+    modes: list[str] = []
     config = getattr(obj, "config", None)
-    for name, text in (("fp16_enabled", "fp16 enabled"), ("bfloat16_enabled", "bf16 enabled")):
+    for name, mode in (("fp16_enabled", "fp16"), ("bfloat16_enabled", "bf16")):
         if _call(obj, name):    # DeepSpeedEngine
-            said.append(text)
+            said.append(f"{mode} enabled")
+            modes.append(mode)
     for name in ("fp16", "bf16"):   # Megatron's OptimizerConfig
         if getattr(config, name, None) is True:
             said.append(f"{name} enabled")
+            modes.append(name)
+    if not modes and _call(obj, "torch_autocast_enabled"):   # DeepSpeed's "torch_autocast": fp32 parameters
+        dtype = _call(obj, "torch_autocast_dtype")
+        mode = f"autocast {'fp16' if dtype == torch.float16 else 'bf16'}"
+        said.append(f"torch.autocast({str(dtype).replace('torch.', '')})" if isinstance(dtype, torch.dtype) else mode)
+        modes.append(mode)
+    # a DeepSpeedEngine answers both flags: neither enabled is fp32 training; other engines' flags may be absent
+    readable = callable(getattr(obj, "fp16_enabled", None)) and callable(getattr(obj, "bfloat16_enabled", None))
+    mode = modes[0] if modes else ("fp32" if readable else None)
     stage = _number(_call(obj, "zero_optimization_stage"))
     if stage is not None:
         said.append(f"ZeRO stage {stage:g}")
+    if mode is not None and "fp16" not in mode:
+        return said, mode   # bf16 and fp32 scale no loss: DeepSpeed's loss_scale() is an fp16 setting
     configured = _number(_call(obj, "loss_scale")) if hasattr(obj, "fp16_enabled") else None
     if configured is not None:   # DeepSpeedEngine.loss_scale() is the config value: 0 means dynamic
         said.append("dynamic loss scale" if configured == 0 else f"static loss scale {configured:g}")
@@ -185,7 +209,7 @@ def _precision(obj: Any) -> list[str]:
     current = current if current is not None else _number(_call(obj, "get_loss_scale"))   # Megatron
     if current is not None:
         said.append(f"current loss scale {current:g}")
-    return said
+    return said, mode
 
 
 def _owned(engine: Engine, obj: Any, depth: int = 0) -> None:
@@ -211,8 +235,15 @@ def describe_engine(obj: Any) -> Engine | None:
     family = engine_family(obj)
     if family is None:
         return None
-    engine = Engine(family, obj, precision=_precision(obj))
+    said, mode = _precision(obj)
+    engine = Engine(family, obj, precision=said, mode=mode)
     _owned(engine, obj)
+    module = obj if isinstance(obj, nn.Module) else None
+    inner = getattr(module, "module", None)
+    if isinstance(inner, nn.Module):   # DeepSpeedEngine.module: the user's model
+        engine.model_params = sum(1 for _ in inner.parameters())
+    elif module is not None:
+        engine.model_params = sum(1 for _ in module.parameters())
     return engine
 
 
@@ -239,7 +270,12 @@ def find_engines(models: Iterable[nn.Module], optimizers: Iterable[Any], given: 
     engines = [e for e in (describe_engine(o) for o in found.values()) if e is not None]
     # an engine object wrapped by another one (DeepSpeedEngine -> DeepSpeedZeroOptimizer) is part of the outer one
     inner = {id(getattr(e.obj, a, None)) for e in engines for a in _WRAPS}
-    return [e for e in engines if id(e.obj) not in inner] or engines
+    engines = [e for e in engines if id(e.obj) not in inner] or engines
+    # so are the helpers an engine module keeps for its parameters (ZeRO-3's DeepSpeedZeRoOffload and zero.Init):
+    # of one family, an object that is not a module and shares tensors with an engine module is part of it
+    modules = [e for e in engines if isinstance(e.obj, nn.Module)]
+    return [e for e in engines if isinstance(e.obj, nn.Module) or not any(
+        m.family == e.family and (m.params | m.optimizers) & (e.params | e.optimizers) for m in modules)]
 
 
 def unwrap_engine_optimizer(obj: Any) -> torch.optim.Optimizer | None:
@@ -249,3 +285,75 @@ def unwrap_engine_optimizer(obj: Any) -> torch.optim.Optimizer | None:
         if isinstance(obj, torch.optim.Optimizer):
             return obj
     return None
+
+
+@dataclass(frozen=True)
+class FlatCopy:
+    """A tensor an engine's torch optimizer steps in place of the model's parameters: an fp32 master copy of a
+    parameter group, flattened, whole on every rank or this rank's partition of it.
+
+    Attributes:
+        name: where the engine keeps it (``DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]``).
+        family: the engine's family (``"DeepSpeed"``).
+        group: the process group over whose ranks the partitions split it; None when every rank holds it whole.
+        padding: the zero entries the engine appended at its end on this rank (the last rank's partition).
+    """
+
+    name: str
+    family: str
+    group: Any = None
+    padding: int = 0
+
+
+# DeepSpeed optimizers' lists of fp32 flat tensors: (attribute, attribute of this rank's padding per group,
+# partitioned over the data-parallel ranks). ZeRO-1/2 (DeepSpeedZeroOptimizer), BF16_Optimizer, ZeRO-3 (whose
+# torch optimizer holds its partitions only inside step()), and FP16_Optimizer (no ZeRO: a whole copy per rank).
+_FLAT_LISTS = (("single_partition_of_fp32_groups", "groups_padding", True),
+               ("fp32_groups_flat_partition", "group_paddings", True),
+               ("fp32_partitioned_groups_flat", None, True),
+               ("fp32_groups_flat", None, False))
+
+
+def engine_flat_copies(objects: Iterable[Any]) -> dict[int, FlatCopy]:
+    """Return ``{id(tensor): FlatCopy}`` for the fp32 flat copies kept by the engine objects among ``objects`` and
+    the engine optimizers they wrap (``DeepSpeedEngine.optimizer``), read from their attributes.
+
+    >>> engine_flat_copies([torch.optim.SGD([torch.zeros(1)], lr=0.1)])
+    {}
+    """
+    out: dict[int, FlatCopy] = {}
+    seen: set[int] = set()
+    stack = list(objects)
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen or isinstance(obj, torch.Tensor):
+            continue
+        seen.add(id(obj))
+        family = engine_family(obj)
+        if family is None:
+            continue
+        stack.append(getattr(obj, "optimizer", None))
+        for attr, padding_attr, partitioned in _FLAT_LISTS:
+            tensors = getattr(obj, attr, None)
+            if not isinstance(tensors, (list, tuple)):
+                continue
+            paddings = getattr(obj, padding_attr, None) if padding_attr else None
+            for i, t in enumerate(tensors):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                group = _partition_group(obj, i) if partitioned else None
+                pad = paddings[i] if isinstance(paddings, (list, tuple)) and i < len(paddings) else 0
+                out[id(t)] = FlatCopy(f"{type(obj).__name__}.{attr}[{i}]", family, group,
+                                      int(pad) if isinstance(pad, int) and 0 <= pad <= t.numel() else 0)
+    return out
+
+
+def _partition_group(obj: Any, i: int) -> Any:
+    """Return the process group that group ``i``'s partitions split over, None when they are not split (one rank)."""
+    counts = getattr(obj, "partition_count", None)
+    count = counts[i] if isinstance(counts, (list, tuple)) and i < len(counts) else counts
+    if isinstance(count, int) and count <= 1:
+        return None
+    groups = getattr(obj, "real_dp_process_group", None)
+    group = groups[i] if isinstance(groups, (list, tuple)) and i < len(groups) else None
+    return group if group is not None else getattr(obj, "dp_process_group", None)

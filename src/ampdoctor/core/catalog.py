@@ -235,8 +235,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP212", "engine-owns-precision", "DeepSpeed, Megatron-LM or apex owns mixed precision: not checked inside",
-        "These engines keep their own fp32 master copies (flat partitions), their own loss scaler and their own "
-        "overflow check, all-reduced across ranks. ampdoctor's parameter, optimizer and GradScaler rules "
+        "These engines keep their own fp32 master copies (flat partitions) and, for fp16, their own loss scaler "
+        "and overflow check, all-reduced across ranks. ampdoctor's parameter, optimizer and GradScaler rules "
         "(AMP1xx-AMP3xx) would read those fp32 copies as tensors outside the model, so they leave the engine's "
         "objects alone, and --fix neither upcasts nor wraps them.",
         "# configure precision in the engine itself, e.g. DeepSpeed: {'fp16': {'enabled': True, 'loss_scale': 0}}\n"

@@ -52,6 +52,8 @@ class GradientReader:
         layouts: one ``ampdoctor._torch.distributed`` layout per parameter (default: all local). Sharded ones are
             summarised on this rank's shard and merged over their groups by :meth:`finish` (two all-reduces per
             group), which the owner must call on every rank at the end of every sampled step.
+        padding: per parameter, the zero entries an engine appended at the end of this rank's flat partition
+            (DeepSpeed ZeRO's last rank); they are left out of the statistics.
 
     >>> w = torch.nn.Parameter(torch.ones(3)); w.grad = torch.full((3,), 2.0)
     >>> reader = GradientReader([w], ["w"], stats="norms", sample=16)
@@ -62,11 +64,13 @@ class GradientReader:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: Sequence[str], *, stats: str, sample: int,
-                 layouts: Sequence[Layout] | None = None) -> None:
+                 layouts: Sequence[Layout] | None = None, padding: Sequence[int] | None = None) -> None:
         self.names = list(names)
         self._params = list(params)
         self._layouts = list(layouts) if layouts is not None else [LOCAL] * len(self._params)
-        numels = [local_numel(p) for p in params]
+        # an engine's zero padding at the end of this rank's flat partition is left out, like FSDP1's
+        self._padding = list(padding) if padding is not None else [0] * len(self._params)
+        numels = [local_numel(p) - pad for p, pad in zip(params, self._padding)]
         self._stats = GradStats(numels, sample=None if stats == "exact" else sample, counts=stats != "norms")
         sharded = any(kind == "sharded" for kind, _ in self._layouts) and distributed_world() > 1
         self.reduction = ShardReduction(self._layouts, numels, counts=stats != "norms") if sharded else None
@@ -113,9 +117,9 @@ class GradientReader:
         if g.is_sparse:
             self.unsummarised.setdefault(self.names[i], "sparse gradient: only dense gradients are summarised")
             return None
-        if self._layouts[i][0] == "sharded" and getattr(g, "placements", None) is None and g.dim() == 1 \
-                and g.numel() > self._stats.numels[i]:
-            return g[:self._stats.numels[i]]  # FSDP1 pads the last ranks' flat shards with zeros
+        if (self._layouts[i][0] == "sharded" or self._padding[i]) and getattr(g, "placements", None) is None \
+                and g.dim() == 1 and g.numel() > self._stats.numels[i]:
+            return g[:self._stats.numels[i]]  # FSDP1 and DeepSpeed pad the last ranks' flat shards with zeros
         return g
 
     def finish(self) -> None:

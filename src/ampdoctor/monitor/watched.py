@@ -10,6 +10,9 @@ masters). Without a scaler given, the one a wrapper steps through is the watch's
 ``AcceleratedOptimizer`` keeps ``accelerator.scaler`` in ``.scaler`` and runs ``scaler.step(optimizer)`` and
 ``scaler.update()`` in its ``step()``; watching only the inner optimizer would miss every skipped step (it is never
 called on one).
+
+Engines. DeepSpeed's torch optimizer steps fp32 flat copies, not the model's parameters: ``EngineCopies`` names them
+where the engine keeps them and merges ZeRO-1/2 partitions over the data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ampdoctor._torch.engines import engine_flat_copies, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
 
-__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through", "scaler_of"]
+__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through", "scaler_of", "EngineCopies"]
 
 
 def watched_chain(model: Any, optimizer: Any) -> list[Any]:
@@ -114,3 +118,43 @@ def closure_calls_back(args: tuple, kwargs: dict, after: Callable[[], Any]) -> t
     if "closure" in kwargs:
         return args, {**kwargs, "closure": closure_then_read}
     return (closure_then_read, *args[1:]), kwargs
+
+
+_EMPTY_OPTIMIZER = "it held no tensors when the watch attached, so no gradient was read"
+_ZERO3 = " (DeepSpeed ZeRO stage 3 puts its fp32 partitions into the optimizer's param groups only inside step())"
+
+
+class EngineCopies:
+    """The fp32 flat copies an engine's optimizer steps among the watched tensors (DeepSpeed's), named where the
+    engine keeps them.
+
+    On construction the names and modules of those tensors are replaced in place (``optimizer.param0`` in ``(not in
+    model)`` becomes ``DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]`` in ``(DeepSpeed fp32 copy)``).
+
+    Attributes:
+        layouts: ``{id(tensor): layout}`` of the partitions split over data-parallel ranks: sharded over that group,
+            so their statistics are merged into the whole gradient's.
+        padding: per watched tensor, the zeros the engine appended to this rank's partition (left out).
+
+    >>> names, modules = ["optimizer.param0"], ["(not in model)"]
+    >>> EngineCopies([], [torch.zeros(2)], names, modules).padding, names
+    ([0], ['optimizer.param0'])
+    """
+
+    def __init__(self, objects: Sequence[Any], params: Sequence[torch.Tensor], names: list[str],
+                 modules: list[str]) -> None:
+        self._copies = engine_flat_copies(objects) if loaded_engine_packages() else {}
+        self.layouts: dict[int, Any] = {}
+        self.padding = [0] * len(params)
+        for k, p in enumerate(params):
+            copy = self._copies.get(id(p))
+            if copy is None:
+                continue
+            names[k], modules[k], self.padding[k] = copy.name, f"({copy.family} fp32 copy)", copy.padding
+            if copy.group is not None:
+                self.layouts[id(p)] = ("sharded", (copy.group,))
+
+    def why_empty(self) -> str:
+        """Say why the watched optimizer held no tensors, for the summary."""
+        zero3 = any(".fp32_partitioned_groups_flat[" in c.name for c in self._copies.values())
+        return _EMPTY_OPTIMIZER + (_ZERO3 if zero3 else "")

@@ -48,7 +48,8 @@ from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, module_rollup, run_formats
 from ampdoctor.monitor.watch_results import WatchResults, armed_findings
-from ampdoctor.monitor.watched import closure_calls_back, name_params, refuse_meta, scaler_of, steps_through, watched_chain
+from ampdoctor.monitor.watched import (EngineCopies, closure_calls_back, name_params, refuse_meta, scaler_of,
+                                       steps_through, watched_chain)
 
 __all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
 
@@ -108,9 +109,13 @@ class Watch(WatchResults):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
-        fsdp1 = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
+        layouts = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
+        copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules)
+        layouts.update(copies.layouts)
         self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
-                                     layouts=[param_layout(p, fsdp1) for p in params])
+                                     layouts=[param_layout(p, layouts) for p in params], padding=copies.padding)
+        if not params:  # an empty table says why, never nothing
+            self._grads.unsummarised[type(optimizer).__name__] = copies.why_empty()
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
         self.host_syncs = 0

@@ -112,8 +112,9 @@ def owner_refusal(params: list[torch.Tensor], repair: str, optimizers: list[Any]
         engine = engines[0]
         return ValueError(
             f"{repair} refused: these parameters belong to {engine.family} ({engine.label}), which keeps its own fp32 "
-            "master copies, loss scaler and overflow check. Set the precision in the engine's own config (DeepSpeed: "
-            "'fp16'/'bf16' sections; Megatron-LM: --fp16/--bf16) rather than upcasting or wrapping what it owns."
+            "master copies (and, in fp16, its loss scaler and overflow check). Set the precision in the engine's own "
+            "config (DeepSpeed: 'fp16'/'bf16' sections; Megatron-LM: --fp16/--bf16) rather than upcasting or wrapping "
+            "what it owns."
         )
     wrappers = ddp_wrappers(params)
     if wrappers:

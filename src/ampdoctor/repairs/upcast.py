@@ -222,8 +222,8 @@ def _refuse_wrapped_model(model: nn.Module) -> None:
         if family is not None:
             raise ValueError(
                 f"{where} is a {family} engine ({type(module).__module__}.{type(module).__name__}), which keeps its own "
-                "fp32 master copies and loss scaler; ampdoctor does not upcast what it owns. Set the precision in its "
-                "config (DeepSpeed: the 'fp16'/'bf16' sections) instead."
+                "fp32 master copies (and, in fp16, its loss scaler); ampdoctor does not upcast what it owns. Set the "
+                "precision in its config (DeepSpeed: the 'fp16'/'bf16' sections) instead."
             )
         if "FullyShardedDataParallel" in classes:
             raise ValueError(

@@ -120,14 +120,25 @@ def engine_owns_precision(setup: TrainingSetup) -> Iterator[Finding]:
     []
     """
     for engine in engines_of(setup):
-        inner = [o for o in setup.optimizers if id(unwrap_optimizer(o)) in engine.optimizers or id(o) in engine.optimizers]
-        steps = (f"; its fp32 copies are stepped by {', '.join(type(unwrap_optimizer(o)).__name__ for o in inner)}"
-                 if inner else "")
+        if engine.mode == "fp32":
+            continue   # no fp16 or bf16 anywhere: nothing mixed-precision to say (its objects still stay out)
+        inner = [o for o in setup.optimizers
+                 if id(unwrap_optimizer(o)) in engine.optimizers or id(o) in engine.optimizers]
+        stepped = f", stepped by {', '.join(type(unwrap_optimizer(o)).__name__ for o in inner)}" if inner else ""
         said = "; ".join(engine.precision) or "its precision settings were not readable"
+        if engine.mode is not None and engine.mode.startswith("autocast"):
+            does = f"it runs the forward under autocast with fp32 parameters{stepped}"
+        else:
+            does = f"it keeps fp32 master copies{stepped}"
+        if engine.loss_scaled:
+            does += ", and scales the loss and checks for overflow itself, across ranks"
+            logs = "; its loss scale and skipped steps are in its own logs ('OVERFLOW! Rank N Skipping step')"
+        else:
+            does += " (bf16 needs no loss scale)"
+            logs = ""
+        owned = engine.model_params if engine.model_params is not None else len(engine.params)
         yield Finding(
             "AMP212", get_rule("AMP212").severity, type(engine.obj).__name__,
-            f"{engine.family} ({engine.label}) owns mixed precision here ({said}): it keeps fp32 master copies, "
-            f"scales the loss and checks for overflow itself, across ranks{steps}. ampdoctor leaves its "
-            f"{len(engine.params)} model parameter(s) and its optimizer out of AMP1xx-AMP3xx, and --fix does not "
-            "touch them; its loss scale and skipped steps are in its own logs ('OVERFLOW! Rank N Skipping step').",
+            f"{engine.family} ({engine.label}) owns mixed precision here ({said}): {does}. ampdoctor leaves its "
+            f"{owned} model parameter(s) and its optimizer out of AMP1xx-AMP3xx, and --fix does not touch them{logs}.",
         )
