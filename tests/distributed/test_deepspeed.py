@@ -8,7 +8,8 @@ What is shown, each on a real ``deepspeed.initialize`` engine (``scripts/deepspe
 - under ZeRO-3 the watch says that it read no gradient, and why;
 - ``check()``, ``fix()``, ``upcast_trainable_params_`` and ``run --fix`` on the engine: AMP212 alone, and a
   refusal that changes nothing;
-- training under ``ampdoctor run`` is bitwise the same as without it.
+- training under ``ampdoctor run`` is bitwise the same as without it;
+- accelerate's DeepSpeed plugin: the watch goes through accelerate's and DeepSpeed's optimizer wrappers.
 
 fp16 is not run: DeepSpeed refuses it on a CPU ("Type fp16 is not supported on your device").
 """
@@ -26,19 +27,22 @@ from launch_jobs import clean_environment, free_port, run_job
 pytest.importorskip("deepspeed", reason="needs deepspeed (the test extra installs it)")
 
 SCRIPT = Path(__file__).parent / "scripts" / "deepspeed_train.py"
+ACCELERATE = Path(__file__).parent / "scripts" / "accelerate_deepspeed_train.py"
 
 
 def _env(**extra: str) -> dict[str, str]:
     return clean_environment(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **extra)
 
 
-def _single(tmp_path: Path, *args: str, ampdoctor: list[str] | None = None) -> tuple[str, dict | None]:
-    """Run the script as one process (the rendezvous variables a launcher would set); return its output and JSON."""
-    env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+def _single(tmp_path: Path, *args: str, ampdoctor: list[str] | None = None, script: Path = SCRIPT,
+            **extra: str) -> tuple[str, dict | None]:
+    """Run a script as one process (the rendezvous variables a launcher would set); return its output and JSON."""
+    env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               **extra)
     report = tmp_path / "report.json"
     head = [sys.executable, "-m", "ampdoctor", "run", "--json", str(report), *(ampdoctor or [])] \
         if ampdoctor is not None else [sys.executable]
-    code, out = run_job([*head, str(SCRIPT), *args], tmp_path, env, timeout=240)
+    code, out = run_job([*head, str(script), *args], tmp_path, env, timeout=240)
     assert code == 0, out[-4000:]
     return out, json.loads(report.read_text()) if ampdoctor is not None else None
 
@@ -114,3 +118,13 @@ def test_fp32_deepspeed_is_no_mixed_precision(tmp_path):
     out, report = _single(tmp_path, "--stage", "0", "--dtype", "fp32", ampdoctor=[])
     assert report["findings"] == [] and report["ok"]
     assert "no mixed-precision problems found" in out
+
+
+def test_accelerate_with_its_deepspeed_plugin_is_watched_through_its_wrappers(tmp_path):
+    # DeepSpeedOptimizerWrapper (a torch Optimizer subclass without hook tables) -> DeepSpeedZeroOptimizer (none)
+    # -> AdamW: the watch's hooks raised AttributeError on the wrapper (AMP001) before the chain went through
+    out, report = _single(tmp_path, ampdoctor=[], script=ACCELERATE, ACCELERATE_USE_DEEPSPEED="true")
+    assert [f["code"] for f in report["findings"]] == ["AMP212"], out[-3000:]
+    assert "bf16 enabled; ZeRO stage 2" in report["findings"][0]["detail"]
+    assert list(report["watch"]["gradients"]["params"]) == ["DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]"]
+    assert report["watch"]["sampled_steps"] == 6 and not report["watch"]["off"]

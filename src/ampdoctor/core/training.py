@@ -180,7 +180,8 @@ def optimizer_chain(optimizer: Any, limit: int = 8) -> list[Any]:
 
     Wrappers that only delegate (accelerate's ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``,
     Fabric's ``_FabricOptimizer``, ``ampdoctor.MasterWeights``) keep the inner optimizer in ``.optimizer`` or
-    ``._optimizer``. A wrapper and its inner optimizer are one optimizer to diagnose.
+    ``._optimizer``. A wrapper and its inner optimizer are one optimizer to diagnose. An engine's optimizer that is
+    no torch optimizer but holds one (DeepSpeed's ``DeepSpeedZeroOptimizer``) is followed through too.
 
     >>> opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     >>> optimizer_chain(opt) == [opt]
@@ -188,12 +189,21 @@ def optimizer_chain(optimizer: Any, limit: int = 8) -> list[Any]:
     """
     chain = [optimizer]
     while len(chain) <= limit:
-        inner = next((getattr(chain[-1], a, None) for a in _WRAPPED
-                      if isinstance(getattr(chain[-1], a, None), torch.optim.Optimizer)), None)
+        inner = _wrapped(chain[-1])
+        if inner is None:   # an engine's optimizer in between (accelerate's DeepSpeedOptimizerWrapper holds a
+            # DeepSpeedZeroOptimizer, which is no torch optimizer, and that one holds the torch optimizer)
+            inner = next((o for o in (getattr(chain[-1], a, None) for a in _WRAPPED)
+                          if o is not None and not isinstance(o, torch.Tensor) and _wrapped(o) is not None), None)
         if inner is None or any(inner is o for o in chain):
             break
         chain.append(inner)
     return chain
+
+
+def _wrapped(obj: Any) -> Any:
+    """Return the torch optimizer ``obj`` keeps in one of ``_WRAPPED``, None if none."""
+    return next((getattr(obj, a, None) for a in _WRAPPED if isinstance(getattr(obj, a, None), torch.optim.Optimizer)),
+                None)
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
