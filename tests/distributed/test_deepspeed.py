@@ -77,12 +77,19 @@ def test_amp212_says_what_the_bf16_config_says_training_is_unchanged_and_fix_ref
     assert report["changes"] == [] and out.count("ampdoctor --fix refused: these parameters belong to DeepSpeed") == 1
 
 
-def test_the_watch_names_the_fp32_copy_the_engine_steps(zero2):
-    _, report = zero2
-    params = report["watch"]["gradients"]["params"]
-    assert list(params) == ["DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]"]
-    assert list(report["watch"]["gradients"]["modules"]) == ["(DeepSpeed fp32 copy)"]
-    assert report["watch"]["sampled_steps"] == 4 and not report["watch"]["off"]
+GROUPS = [f"DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[{i}]" for i in (0, 1)]
+
+
+def test_the_watch_names_the_fp32_copies_and_counts_engine_steps(zero2):
+    # DeepSpeed steps the torch optimizer once per parameter group, with only that group's partition holding a
+    # gradient: the watch counted 8 steps for 4, and read one group's gradient per sampled "step"
+    out, report = zero2
+    watch = report["watch"]
+    assert list(watch["gradients"]["params"]) == GROUPS
+    assert list(watch["gradients"]["modules"]) == ["(DeepSpeed fp32 copy)"]
+    assert watch["steps"] == watch["sampled_steps"] == 4 and not watch["off"]
+    # the norm of both groups' gradients is the one DeepSpeed computes itself
+    assert watch["gradients"]["global_norm"] == pytest.approx(float(_losses(out)[-1].split()[-1]), rel=1e-5)
 
 
 def test_zero2_on_two_ranks_merges_the_partitions_into_one_process_numbers(zero2, tmp_path):
@@ -95,12 +102,12 @@ def test_zero2_on_two_ranks_merges_the_partitions_into_one_process_numbers(zero2
     assert code == 0, out[-4000:]
     two = json.loads(report.read_text())
     assert [(f["code"], f["ranks"]) for f in two["findings"]] == [("AMP212", [0, 1])]
-    name = "DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]"
-    merged, single = two["watch"]["gradients"]["params"][name], one["watch"]["gradients"]["params"][name]
-    # each rank holds half of the flat gradient (the last one padded): merged, they are the whole one
-    assert two["watch"]["gradients"]["merged_over_ranks"]["params"] == 1
-    for stat in ("l2", "absmax", "min_nonzero", "zero_frac", "nonfinite"):
-        assert merged[stat] == pytest.approx(single[stat], rel=1e-6), stat
+    # each rank holds half of each group's flat gradient (the last one padded): merged, they are the whole one
+    assert two["watch"]["gradients"]["merged_over_ranks"]["params"] == 2
+    for name in GROUPS:
+        merged, single = two["watch"]["gradients"]["params"][name], one["watch"]["gradients"]["params"][name]
+        for stat in ("l2", "absmax", "min_nonzero", "zero_frac", "nonfinite"):
+            assert merged[stat] == pytest.approx(single[stat], rel=1e-6), (name, stat)
     assert two["watch"]["gradients"]["global_norm"] == pytest.approx(one["watch"]["gradients"]["global_norm"],
                                                                        rel=1e-6)
 

@@ -357,3 +357,28 @@ def _partition_group(obj: Any, i: int) -> Any:
     groups = getattr(obj, "real_dp_process_group", None)
     group = groups[i] if isinstance(groups, (list, tuple)) and i < len(groups) else None
     return group if group is not None else getattr(obj, "dp_process_group", None)
+
+
+def engine_stepper(objects: Iterable[Any], inner: Any) -> Any:
+    """Return the engine optimizer among ``objects`` (and the objects they hold in ``.optimizer``) that steps the
+    torch optimizer ``inner`` as part of its own ``step()``, None if there is none.
+
+    DeepSpeed's ``DeepSpeedZeroOptimizer.step()`` calls ``inner.step()`` once per parameter group, with
+    ``inner.param_groups`` set to that one group and only its fp32 partition holding a gradient; ZeRO-3 once per
+    sub-group. One training step is then its ``step()``, not the torch optimizer's.
+
+    >>> engine_stepper([torch.optim.SGD([torch.zeros(1)], lr=0.1)], None) is None
+    True
+    """
+    stack, seen = list(objects), set()
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen or isinstance(obj, torch.Tensor):
+            continue
+        seen.add(id(obj))
+        held = getattr(obj, "optimizer", None)
+        if held is inner and inner is not None and engine_family(obj) and callable(getattr(obj, "step", None)) \
+                and not isinstance(obj, torch.optim.Optimizer):
+            return obj
+        stack.append(held)
+    return None

@@ -79,6 +79,7 @@ class GradientReader:
                                              for n, (kind, what) in zip(self.names, self._layouts)
                                              if kind in ("partial", "unknown")}
         self._begun: Any = None  # GradStats.begin of a sampled step, merged over the ranks by finish()
+        self._rows_read: set[int] = set()  # rows with a gradient in this step's reads so far
         self._pending: torch.Tensor | None = None
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
         self._read = "none"
@@ -91,17 +92,27 @@ class GradientReader:
     def read(self, scale: torch.Tensor | None, scaled: bool) -> None:
         """Compute this step's statistics on the device; ``scaled``: the gradients still carry ``scale``.
 
-        Only the first read of a step counts (two ``scaler.step`` calls would raise anyway).
+        Only the first read of a gradient in a step counts (two ``scaler.step`` calls would raise anyway). A later
+        read in the same step adds the rows it finds that the earlier ones had no gradient for: DeepSpeed steps its
+        torch optimizer once per parameter group, and only that group's fp32 partition holds a gradient then.
         """
-        if self._pending is not None or self._begun is not None:
+        earlier = self._pending if self._pending is not None else \
+            self._begun.out if self._begun is not None else None
+        grads = [None if i in self._rows_read else self._grad(i, p) for i, p in enumerate(self._params)]
+        if earlier is not None and all(g is None for g in grads):
             return
-        grads = [self._grad(i, p) for i, p in enumerate(self._params)]
+        self._rows_read.update(i for i, g in enumerate(grads) if g is not None)   # known on the host: no sync
         if self.reduction is None:
-            self._pending = self._stats.compute(grads, scale, scaled)
+            rows = self._stats.compute(grads, scale, scaled)
+            self._pending = rows if earlier is None else _combine(earlier, rows)
         else:  # the counts wait for the merged abs-max: finish() at the end of the step
-            self._begun = self._stats.compute(grads, scale, scaled, defer=True)
-        self._loss_scale = None if scale is None else scale.detach().reshape(1).clone()
-        self._read = "scaled" if scaled else "unscaled"
+            begun = self._stats.compute(grads, scale, scaled, defer=True)
+            if self._begun is not None:
+                begun.out, begun.work = _combine(self._begun.out, begun.out), self._begun.work + begun.work
+            self._begun = begun
+        if earlier is None:
+            self._loss_scale = None if scale is None else scale.detach().reshape(1).clone()
+            self._read = "scaled" if scaled else "unscaled"
 
     def _grad(self, i: int, param: torch.Tensor) -> torch.Tensor | None:
         """Return the gradient the statistics read: an FSDP1 shard without its padding; note what is left out."""
@@ -169,6 +180,7 @@ class GradientReader:
     def clear(self) -> None:
         """Drop what was read and not consumed."""
         self._pending = self._loss_scale = self._clip = self._begun = None
+        self._rows_read = set()
 
     def release(self) -> None:
         """Drop the references to the parameters and to pending values; the results stay."""
@@ -208,6 +220,11 @@ class GradientReader:
         if total is not None and len(self.norm_history) < NORM_HISTORY:
             self.norm_history.append((step, total))
         return record
+
+
+def _combine(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+    """Return the rows of ``earlier``, with those it had no gradient for taken from ``later``."""
+    return torch.where(later[:, COL["has_grad"]:COL["has_grad"] + 1] > 0, later, earlier)
 
 
 def gradient_record(values: dict[str, list[float]], names: Sequence[str],

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ampdoctor._torch.engines import engine_flat_copies, loaded_engine_packages
+from ampdoctor._torch.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
@@ -134,6 +134,8 @@ class EngineCopies:
     Attributes:
         layouts: ``{id(tensor): layout}`` of the partitions split over data-parallel ranks: sharded over that group,
             so their statistics are merged into the whole gradient's.
+        stepper: the engine optimizer that steps the watched torch optimizer once per parameter group (DeepSpeed's
+            ``DeepSpeedZeroOptimizer``), None without one: a training step ends when its ``step()`` returns.
         padding: per watched tensor, the zeros the engine appended to this rank's partition (left out).
 
     >>> names, modules = ["optimizer.param0"], ["(not in model)"]
@@ -142,8 +144,11 @@ class EngineCopies:
     """
 
     def __init__(self, objects: Sequence[Any], params: Sequence[torch.Tensor], names: list[str],
-                 modules: list[str]) -> None:
-        self._copies = engine_flat_copies(objects) if loaded_engine_packages() else {}
+                 modules: list[str], optimizer: Any = None) -> None:
+        engines = loaded_engine_packages()
+        self._copies = engine_flat_copies(objects) if engines else {}
+        # the engine optimizer whose step() is one training step (it steps ``optimizer`` once per group)
+        self.stepper = engine_stepper(objects, optimizer) if engines and optimizer is not None else None
         self.layouts: dict[int, Any] = {}
         self.padding = [0] * len(params)
         for k, p in enumerate(params):

@@ -110,7 +110,8 @@ class Watch(WatchResults):
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
         layouts = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
-        copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules)
+        copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules, optimizer)
+        self._stepper = copies.stepper
         layouts.update(copies.layouts)
         self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
                                      layouts=[param_layout(p, layouts) for p in params], padding=copies.padding)
@@ -155,9 +156,11 @@ class Watch(WatchResults):
                                              on_error=lambda e: self._fail("gradients", e)))
                 self._handles.append(observe(scaler, "update", after=self._step_done,
                                              on_error=lambda e: self._fail("watch", e)))
-            else:
+            else:  # with an engine optimizer, each group's step reads its gradients; the step ends with the engine's
                 self._handles.append(opt.register_step_pre_hook(self._optimizer_pre_hook))
-                self._handles.append(opt.register_step_post_hook(self._step_done))
+                self._handles.append(opt.register_step_post_hook(self._step_done) if self._stepper is None else
+                                     observe(self._stepper, "step", after=self._step_done,
+                                             on_error=lambda e: self._fail("watch", e)))
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
@@ -218,7 +221,7 @@ class Watch(WatchResults):
             self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
                 "findings": [f.to_dict() for f in self.findings()]}))
-        self._model = self._optimizer = self._scaler = None
+        self._model = self._optimizer = self._scaler = self._stepper = None
         self._chain, self._params = [], []
         self._grads.release()
         self.attached = False

@@ -32,9 +32,12 @@ model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(
 config = {"train_batch_size": 4 * int(os.environ.get("WORLD_SIZE", "1")), "steps_per_print": 10**6,
           "bf16": {"enabled": args.dtype == "bf16"}, "gradient_clipping": args.clip,
           "zero_optimization": {"stage": args.stage}}
-# a client torch optimizer, as the Hugging Face scripts pass one (DeepSpeed's own FusedAdam costs a JIT op load)
-engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
-                                               config=config)
+# a client torch optimizer with two groups, as the Hugging Face Trainer builds it (no weight decay on biases and
+# norms); DeepSpeed then steps it once per group. (DeepSpeed's own FusedAdam would cost a JIT op load.)
+decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+rest = [p for n, p in model.named_parameters() if p.dim() <= 1]
+client = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}], lr=1e-2)
+engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=client, config=config)
 dtype = next(engine.parameters()).dtype
 gen = torch.Generator().manual_seed(1)
 for step in range(args.steps):
@@ -42,8 +45,10 @@ for step in range(args.steps):
     loss = nn.functional.cross_entropy(engine(x).float(), y)
     engine.backward(loss)
     engine.step()
-    if engine.global_rank == 0:
-        print(f"step {step} loss {loss.item():.6f}", flush=True)
+    if engine.global_rank == 0:   # DeepSpeed's own global norm of the gradients, before any clipping (not in fp32)
+        norm = engine.get_global_grad_norm()
+        print(f"step {step} loss {loss.item():.6f} grad_norm {'-' if norm is None else f'{float(norm):.9g}'}",
+              flush=True)
 
 if args.check:
     import ampdoctor
