@@ -599,8 +599,10 @@ def test_t5_fsdp_fp16_policy_is_amp208_and_amp210_by_the_model_names(runs):
     by_code = {f["code"]: f for f in doctor.findings}
     units = "(root), encoder.block.0, encoder.block.1, decoder.block.0, decoder.block.1"
     assert units in by_code["AMP208"]["detail"] and units in by_code["AMP210"]["detail"]
-    # the fp16 backward left its fingerprint: nothing below fp16's smallest subnormal survived
-    assert "is 5.96e-08 (fp16's smallest subnormal" in by_code["AMP208"]["detail"]
+    # the fp16 backward left its fingerprint: nothing below fp16's smallest subnormal survived. (Which entry is the
+    # smallest examined differs between CPUs' kernels: 2**-24 itself on one machine, 2**-21 on another.)
+    smallest = float(re.search(r"the smallest non-zero \|g\| is ([0-9.e+-]+)", by_code["AMP208"]["detail"]).group(1))
+    assert 2.0**-24 * 0.999 <= smallest < 2.0**-14, by_code["AMP208"]["detail"]
     assert "in float16: reduce_dtype=float16 was set" in by_code["AMP210"]["detail"]
     assert all(f["ranks"] == [0, 1] for f in doctor.findings)
     # FSDP1's wrapper attributes are not the model's names

@@ -14,11 +14,11 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
   one is armed for the dense start (the first ``dense`` steps) and for the step after trouble, to name the first
   module with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
 
-Wrapped optimizers (accelerate's, ``MasterWeights``, stacked) are seen through: see ``ampdoctor.monitor.watched``.
-The end of a step is the return of ``scaler.update()`` (or of ``optimizer.step()`` without a scaler). A sampled step
-copies all monitors' device tensors to the host in one sync (``Watch.host_syncs``; read at once on CPU, at the end of
-the next step on CUDA: ``monitor.host_sync``); sharded gradients are first merged over their ranks
-(``monitor.reduction``; with them, escalation adds no sampled steps, so every rank's collectives follow the step count).
+Wrapped optimizers (accelerate's, ``MasterWeights``, DeepSpeed's, stacked) are seen through: ``monitor.watched``. A step
+ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a DeepSpeed optimizer's ``step()``,
+which steps it once per group). A sampled step copies all monitors' device tensors to the host in one sync
+(``Watch.host_syncs``; read at once on CPU, at the end of the next step on CUDA: ``monitor.host_sync``); sharded
+gradients are first merged over their ranks (``monitor.reduction``: no escalation then, so the collectives match).
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -109,14 +109,12 @@ class Watch(WatchResults):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
-        layouts = fsdp1_layouts(model)  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
         copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules, optimizer)
-        self._stepper = copies.stepper
-        layouts.update(copies.layouts)
+        self._stepper = copies.stepper  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
+        layouts = {**fsdp1_layouts(model), **copies.layouts}
         self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
                                      layouts=[param_layout(p, layouts) for p in params], padding=copies.padding)
-        if not params:  # an empty table says why, never nothing
-            self._grads.unsummarised[type(optimizer).__name__] = copies.why_empty()
+        self._grads.unsummarised.update({} if params else {type(optimizer).__name__: copies.why_empty()})  # say why
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
         self.host_syncs = 0
@@ -156,11 +154,10 @@ class Watch(WatchResults):
                                              on_error=lambda e: self._fail("gradients", e)))
                 self._handles.append(observe(scaler, "update", after=self._step_done,
                                              on_error=lambda e: self._fail("watch", e)))
-            else:  # with an engine optimizer, each group's step reads its gradients; the step ends with the engine's
-                self._handles.append(opt.register_step_pre_hook(self._optimizer_pre_hook))
-                self._handles.append(opt.register_step_post_hook(self._step_done) if self._stepper is None else
-                                     observe(self._stepper, "step", after=self._step_done,
-                                             on_error=lambda e: self._fail("watch", e)))
+            else:  # an engine optimizer's groups are each read as stepped; the step ends with the engine's step()
+                end = opt.register_step_post_hook(self._step_done) if self._stepper is None else \
+                    observe(self._stepper, "step", after=self._step_done, on_error=lambda e: self._fail("watch", e))
+                self._handles += [opt.register_step_pre_hook(self._optimizer_pre_hook), end]
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
