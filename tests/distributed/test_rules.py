@@ -2,9 +2,10 @@
 (AMP211, AMP411), a rank with no local shard (AMP406), MasterWeights and --fix under real DDP, and Megatron-LM /
 apex (AMP212; DeepSpeed runs for real on the CPU: ``test_deepspeed.py``).
 
-Megatron-LM and apex do not run here (both need CUDA). Their objects are minimal stand-in classes defined here under
-the real module names (``megatron.core.optimizer``...), registered in ``sys.modules`` for one test: they stand in
-for third-party engines that cannot run on this machine, with the attributes those engines really have. torch itself
+Megatron-LM and apex are not run here: apex is not on PyPI, and both build their mixed-precision optimizers on CUDA
+kernels. Their objects are minimal stand-in classes defined here under the real module names
+(``megatron.core.optimizer``...), registered in ``sys.modules`` for one test, with the attributes those engines
+really have. torch itself
 is never mocked: the models, optimizers, GradScalers, process groups, FSDP and DDP are real.
 """
 
