@@ -322,17 +322,10 @@ def engine_flat_copies(objects: Iterable[Any]) -> dict[int, FlatCopy]:
     {}
     """
     out: dict[int, FlatCopy] = {}
-    seen: set[int] = set()
-    stack = list(objects)
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen or isinstance(obj, torch.Tensor):
-            continue
-        seen.add(id(obj))
+    for obj in _reachable(objects):
         family = engine_family(obj)
         if family is None:
             continue
-        stack.append(getattr(obj, "optimizer", None))
         for attr, padding_attr, partitioned in _FLAT_LISTS:
             tensors = getattr(obj, attr, None)
             if not isinstance(tensors, (list, tuple)):
@@ -370,15 +363,18 @@ def engine_stepper(objects: Iterable[Any], inner: Any) -> Any:
     >>> engine_stepper([torch.optim.SGD([torch.zeros(1)], lr=0.1)], None) is None
     True
     """
+    return next((obj for obj in _reachable(objects)
+                 if inner is not None and getattr(obj, "optimizer", None) is inner and engine_family(obj)
+                 and callable(getattr(obj, "step", None)) and not isinstance(obj, torch.optim.Optimizer)), None)
+
+
+def _reachable(objects: Iterable[Any]) -> Iterable[Any]:
+    """Yield ``objects`` and the objects they hold in ``.optimizer``, recursively, each once (no tensors)."""
     stack, seen = list(objects), set()
     while stack:
         obj = stack.pop()
         if obj is None or id(obj) in seen or isinstance(obj, torch.Tensor):
             continue
         seen.add(id(obj))
-        held = getattr(obj, "optimizer", None)
-        if held is inner and inner is not None and engine_family(obj) and callable(getattr(obj, "step", None)) \
-                and not isinstance(obj, torch.optim.Optimizer):
-            return obj
-        stack.append(held)
-    return None
+        yield obj
+        stack.append(getattr(obj, "optimizer", None))
