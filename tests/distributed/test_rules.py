@@ -28,7 +28,7 @@ from ampdoctor.guard.history import rank_disagreements
 from ampdoctor.preflight.engine import check, run_preflight
 from ampdoctor.repairs.master_weights import MasterWeights
 from ampdoctor.repairs.upcast import fix, upcast_trainable_params_
-from ampdoctor.runner.repair import RunRepairs
+from ampdoctor.session.repair import RunRepairs
 
 SCRIPTS = Path(__file__).parent / "rule_scripts"
 ROOT = Path(__file__).parents[2]

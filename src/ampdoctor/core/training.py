@@ -220,6 +220,17 @@ def optimizer_tensors(optimizer: Any) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def owns_any(optimizer: Any, model: nn.Module) -> bool:
+    """Return whether ``optimizer`` trains any parameter of ``model``.
+
+    >>> m, other = nn.Linear(2, 2), nn.Linear(2, 2)
+    >>> owns_any(torch.optim.SGD(m.parameters(), lr=0.1), m), owns_any(torch.optim.SGD(other.parameters()), m)
+    (True, False)
+    """
+    ids = {id(p) for p in model.parameters()}
+    return any(id(p) in ids for p in optimizer_tensors(optimizer))
+
+
 def keeps_fp32_masters(optimizer: Any) -> bool:
     """Return whether ``optimizer``, or one it wraps, is an ``ampdoctor.MasterWeights`` (fp32 masters of half params).
 

@@ -1,4 +1,4 @@
-"""The findings only a framework callback can make: AMP209, AMP610, AMP611 (records in ``ampdoctor.core.catalog``).
+"""The findings only a framework callback can make: AMP209, AMP610 (records in ``ampdoctor.core.catalog``).
 
 A callback reads what the framework was asked for (``TrainingArguments(fp16=True)``, ``logging_nan_inf_filter``,
 ``max_grad_norm``) next to what the loop did, which no torch hook sees.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 
-HALF_MODEL, LOSS_HIDDEN, CLIPPED = "AMP209", "AMP610", "AMP611"
+HALF_MODEL, LOSS_HIDDEN = "AMP209", "AMP610"
 
 
 def integration_finding(code: str, where: str, detail: str, step: int | None = None) -> Finding:

@@ -1,1 +1,1 @@
-"""Run: the Doctor (attaches to a whole process), discovery, observers, child processes, repairs, the launcher."""
+"""Run: ``ampdoctor run``'s process side: the Doctor (discovery), the script launcher and child processes."""

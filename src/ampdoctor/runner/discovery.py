@@ -85,31 +85,6 @@ def internal_optimizers(optimizers: Iterable[Any]) -> list[Any]:
             and isinstance(getattr(o, "optim", None), torch.optim.Optimizer)]
 
 
-def watched_size(model: nn.Module) -> int:
-    """Return how many trainable entries of ``model`` the watch can summarise: those of a sparse embedding
-    (``sparse=True``: sparse gradients) do not count, so a dense model is watched rather than a sparse one.
-
-    >>> watched_size(nn.Sequential(nn.Embedding(10, 4, sparse=True), nn.Linear(4, 2)))
-    10
-    """
-    sparse = {id(p) for m in model.modules() if getattr(m, "sparse", False) is True for p in m.parameters()}
-    return sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in sparse)
-
-
-def watch_coverage(optimizer: Any, setup: Any) -> dict[str, Any] | None:
-    """Return which part of the trained models ``optimizer`` (the one a watch follows) steps, when other
-    optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None."""
-    from ampdoctor.explanations.naming import optimizer_label
-
-    trainable = {id(p) for m in setup.models for p in m.parameters() if p.requires_grad}
-    others = [o for o in setup.optimizers
-              if o is not optimizer and any(id(p) in trainable for p in optimizer_tensors(o))]
-    if not others:
-        return None
-    return {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
-            "trainable": len(trainable), "tensors": sum(id(p) in trainable for p in optimizer_tensors(optimizer))}
-
-
 # Wrappers that only delegate to the user's module: names are the wrapped module's (``encoder.0.weight``, not
 # ``module.encoder.0.weight``), as the user's own code and checkpoints spell them.
 _TRANSPARENT = {"DistributedDataParallel": "module", "DataParallel": "module", "_FabricModule": "_forward_module",

@@ -227,8 +227,11 @@ def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchan
         report, json_path = label_rank(own, doctor.rank_info.rank, json_path)
     else:
         report = own
-    if doctor.watch_summary is not None and (report.extra.get("watch") or {}).get("steps"):
-        err.print(doctor.watch_summary)   # a run that crashed before its first step has no numbers to show
+    watch = own.extra.get("watch") or {}
+    if watch.get("steps"):   # a run that crashed before its first step has no numbers to show
+        from ampdoctor.monitor.summary import render_watch
+
+        err.print(render_watch(watch, None))   # the findings go to the report's one table
     repaired = {f["code"] for f in report.extra.get("fixed", [])}
     left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]
     own_rank = exchange.rank if exchange is not None else doctor.rank_info.rank if doctor.rank_info else None

@@ -45,7 +45,7 @@ def test_amp201_quiet(scaler, dtype):
 def construction_facts():
     """The facts `ampdoctor run` records: GradScaler construction observed by the real process-wide observers."""
     from ampdoctor.runner.discovery import scaler_classes
-    from ampdoctor.runner.observers import GlobalObservers
+    from ampdoctor.session.observers import GlobalObservers
 
     class Sink:
         def __getattr__(self, name):

@@ -1,4 +1,4 @@
-"""The pre-clip gradient norms of a run, kept on the device and read once at the end.
+"""The pre-clip gradient norms of a run, kept on the device and read once at the end (AMP611).
 
 ``clip_grad_norm_`` returns the total norm *before* clipping. A loop that clips (``max_grad_norm``,
 ``gradient_clip_val``) hands the optimizer, the watch and its own gradient logs the clipped gradients, so how large
@@ -11,6 +11,9 @@ import math
 from typing import Any
 
 import torch
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding
 
 
 class ClipNorms:
@@ -57,3 +60,18 @@ class ClipNorms:
 
     def release(self) -> None:
         self._sums = self._last = None
+
+
+def clipping_finding(clipping: dict[str, Any], where: str) -> Finding:
+    """Return AMP611 for the ``result()`` of a run that clipped, named ``where`` (how the loop asked for the clip).
+
+    >>> clipping_finding({"max_norm": 1.0, "calls": 4, "clipped": 3, "nonfinite": 0, "peak": 9.5, "last": 2.0},
+    ...                  "clip_grad_norm_").detail[:50]
+    'clip_grad_norm_(max_norm=1) clipped 3 of 4 steps; '
+    """
+    nonfinite = f"; {clipping['nonfinite']} were inf/NaN" if clipping["nonfinite"] else ""
+    return Finding("AMP611", get_rule("AMP611").severity, where, (
+        f"clip_grad_norm_(max_norm={clipping['max_norm']:g}) clipped {clipping['clipped']} of {clipping['calls']} "
+        f"steps{nonfinite}; the pre-clip gradient norm reached {clipping['peak']:.4g} (last {clipping['last']:.4g}). "
+        "The optimizer and the watch's gradient statistics see the clipped gradients; these are the norms before "
+        "clipping."))

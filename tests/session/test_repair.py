@@ -7,7 +7,7 @@ from torch import nn
 import ampdoctor.repairs.master_weights
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.runner.repair import RunRepairs
+from ampdoctor.session.repair import RunRepairs
 
 
 def test_a_failing_fix_rolls_back_what_it_already_changed(monkeypatch):

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 import ampdoctor
-from ampdoctor.runner.evidence import with_watch_evidence
+from ampdoctor.session.evidence import with_watch_evidence
 
 
 def _train(steps: int = 5, clip: float | None = None, noise: float = 1e-4):

@@ -9,11 +9,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ampdoctor._torch.scaler import is_enabled
-from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
+from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
-from ampdoctor.core.training import TrainingSetup, optimizer_tensors
+from ampdoctor.core.training import TrainingSetup, optimizer_tensors, owns_any
 
 _SHOWN_CHANGES = 20
 
@@ -98,30 +97,31 @@ class RunRepairs:
             self.on_event(f"ampdoctor {message}")   # "ampdoctor --fix refused: ..."
         return True
 
-    def before_ddp(self, module: nn.Module, accelerator: Callable[[], Any], facts: Any) -> None:
-        """--fix under DDP (the script's own, or accelerate's ``prepare``): repair the bare model now, before the
-        reducer builds its buckets for the parameters' dtypes; after that an upcast would break them (refused).
-        Only when the forward's autocast is already known (``frameworks.autocast_ahead``)."""
-        if self.knows(module) or not any(p.requires_grad and p.dtype in HALF for p in module.parameters()):
-            return
-        from ampdoctor.preflight.engine import run_preflight
-        from ampdoctor.runner.discovery import scan
-        from ampdoctor.runner.frameworks import autocast_ahead
+    def repair(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None],
+               found: list[Finding], look: Callable[[], list[Finding]], by: str, still: str,
+               on_error: Callable[[BaseException], None]) -> list[Finding]:
+        """Repair ``setup`` (`apply`), then return ``found`` with what the repair resolved turned into info.
 
-        live, found_accelerator = scan(), accelerator()   # two scans of the live objects, once per DDP built
-        dtype = autocast_ahead(found_accelerator, live.scalers)
-        if dtype is None:
-            return
-        scaler = next((s for s in live.scalers if is_enabled(s)), None)
-        setup = TrainingSetup([module], live.optimizers, scaler, dtype, found_accelerator, facts=facts)
-        found = run_preflight(setup)
+        Args:
+            setup, parts, autocast: as for `apply`.
+            found: the findings before the repair; ``look()`` finds them again after it.
+            by: the fix's name in the texts (``"--fix"``); still: what still has the bug (``"the script itself"``).
+            on_error: receives an exception of the repair, which `apply` rolled back: the findings stand.
+        """
         before = len(self.report.changes)
-        self.apply(setup, [module], {id(module): dtype})
-        if len(self.report.changes) > before:
-            _, fixed, line = split_repaired(found, run_preflight(setup), "--fix", "the script itself")
-            if line:
-                self.report.extra["fixed"] = [f.to_dict() for f in fixed]
-                self.on_event(line)
+        try:
+            self.apply(setup, parts, autocast)   # all or nothing: it rolls back on error, and says so
+        except Exception as exc:
+            on_error(exc)
+            return found
+        if len(self.report.changes) == before:
+            return found
+        # What the fix resolved stays in the report, as info that says so: the code still has the bug.
+        found, fixed, line = split_repaired(found, look(), by, still)
+        if line:
+            self.report.extra.setdefault("fixed", []).extend(f.to_dict() for f in fixed)
+            self.on_event(line)
+        return found
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
         """Upcast again before this forward if a validation or resume path cast the model back to half.
@@ -183,12 +183,6 @@ class RunRepairs:
         if len(lines) > _SHOWN_CHANGES:
             self.on_event(f"  and {len(lines) - _SHOWN_CHANGES} more (every change is in the JSON report written with "
                           "--json PATH)")
-
-
-def owns_any(optimizer: Any, model: nn.Module) -> bool:
-    """Return whether ``optimizer`` trains any parameter of ``model``."""
-    ids = {id(p) for p in model.parameters()}
-    return any(id(p) in ids for p in optimizer_tensors(optimizer))
 
 
 class _Snapshot:

@@ -1,4 +1,4 @@
-"""Process-wide observers, installed before the script's first line runs.
+"""Process-wide observers of torch functions that offer no hook, installed before the script's first line runs.
 
 A script that does ``from torch.nn.utils import clip_grad_norm_`` at import binds whatever the module holds at that
 moment. The Doctor therefore installs its pass-through observers when it attaches, before ``runpy`` starts the
@@ -20,19 +20,19 @@ import torch.nn.utils.clip_grad
 from ampdoctor.core.facts import ProcessFacts
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.guard.clipping import CLIP_FUNCTIONS
-from ampdoctor.runner.frameworks import is_placement_reload
+from ampdoctor.session.events import RunEvents
+from ampdoctor.session.frameworks import is_placement_reload
 
 
 class GlobalObservers:
-    """Install the process-wide observers; they forward events to ``sink``.
+    """Install the process-wide observers; they tell ``sink`` the events (``ampdoctor.session.events``).
 
     Args:
-        sink: an object with ``before_clip(parameters, args, kwargs, name)``, ``after_clip(result)``,
-            ``optimizer_restored(optimizer)`` and ``scaler_restored(scaler)``.
+        sink: the run's ``RunEvents``.
         on_error: receives an exception raised by the sink (it never reaches the caller).
     """
 
-    def __init__(self, sink: Any, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, sink: RunEvents, on_error: Callable[[BaseException], None]) -> None:
         self.sink = sink
         self.on_error = on_error
         self.facts = ProcessFacts()
