@@ -6,7 +6,7 @@ import json
 
 from helpers_advise import write_config
 
-from ampdoctor.advice.command import main
+from ampdoctor.ui.advise_command import main
 
 
 def test_a_config_folder_gives_the_table_and_the_json(tmp_path, capsys):

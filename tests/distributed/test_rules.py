@@ -24,7 +24,7 @@ from torch import nn
 
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.guard.history import rank_disagreements
+from ampdoctor.ranks.merge import rank_disagreements
 from ampdoctor.preflight.engine import check, run_preflight
 from ampdoctor.repairs.master_weights import MasterWeights
 from ampdoctor.repairs.upcast import fix, upcast_trainable_params_

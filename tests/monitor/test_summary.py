@@ -18,7 +18,7 @@ from torch import nn
 
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.grad_stats import FORMATS, KINDS
-from ampdoctor.monitor.summary import render_watch
+from ampdoctor.ui.watch_view import render_watch
 from ampdoctor.monitor.watcher import watch
 
 MODULES = {  # name: (l2, absmax, min_nonzero, zero_frac, nonfinite, fp16 underflow, fp16 overflow)

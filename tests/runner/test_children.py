@@ -128,7 +128,7 @@ def test_a_rank_child_is_merged_by_rank_and_a_killed_one_is_named_missing_withou
     import time
 
     from ampdoctor.core.findings import Finding, Severity
-    from ampdoctor.core.ranks import RankInfo
+    from ampdoctor.ranks.info import RankInfo
     from ampdoctor.core.report import Report
     from ampdoctor.runner.children import ChildProcesses
 
@@ -155,7 +155,7 @@ def test_a_child_that_exited_unreaped_is_not_taken_for_running(tmp_path):
     import subprocess
     import time
 
-    from ampdoctor.runner.children import _alive
+    from ampdoctor.ranks.mailbox import alive as _alive
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])   # not waited for: a zombie once it exits
     deadline = time.monotonic() + 30

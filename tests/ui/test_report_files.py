@@ -220,7 +220,8 @@ def _console(renderable) -> str:
 
 def test_a_merged_torchrun_report_shows_the_ranks_of_each_finding(tmp_path):
     from ampdoctor.core.findings import Finding, Severity
-    from ampdoctor.core.report import Report, merge_rank_reports
+    from ampdoctor.core.report import Report
+    from ampdoctor.ranks.merge import merge_rank_reports
 
     seed = Finding("AMP101", Severity.ERROR, "head", "head.weight (float16, [4, 16]) is trainable float16")
     overflow = Finding("AMP601", Severity.ERROR, "0 (Linear)", "output inf at step 1")

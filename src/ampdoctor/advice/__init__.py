@@ -2,8 +2,8 @@
 
 ``ampdoctor.advise(model, batch_size=..., seq_len=..., budget="24GiB")`` and ``ampdoctor advise PATH``: see
 docs/advise.md. Model-state bytes are counted per tensor (equal to the real tensors'); activations are measured by
-one fake forward and backward per strategy (``activations.py``). Names load lazily, so that the CLI can import
-``command`` to build its parser without importing torch.
+one fake forward and backward per strategy (``activations.py``). Names load lazily. The command and the drawing are
+``ampdoctor.ui.advise_command`` and ``ampdoctor.ui.advice_view``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {"advise": "advisor", "Advice": "advisor", "parse_size": "advisor", "advise_main": "command"}
+_LAZY = {"advise": "advisor", "Advice": "advisor", "parse_size": "advisor"}
 
 __all__ = sorted(_LAZY)
 

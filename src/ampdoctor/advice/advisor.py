@@ -16,6 +16,7 @@ from ampdoctor.advice.lora import lora_parameter_count, lora_targets
 from ampdoctor.advice.recipes import recipe
 from ampdoctor.advice.sources import load_model, unique_parameters
 from ampdoctor.advice.states import OPTIMIZERS, STRATEGIES, ParamInfo, model_state_bytes, sharded_keys
+from ampdoctor.core.views import Drawn
 
 __all__ = ["advise", "Advice", "parse_size", "PREFERENCE"]
 
@@ -42,7 +43,7 @@ def parse_size(text: str | int) -> int:
 
 
 @dataclass
-class Advice:
+class Advice(Drawn):
     """What ``advise`` found; ``to_dict()`` is the JSON, ``rich.print(advice)`` the table."""
 
     model: str
@@ -73,10 +74,6 @@ class Advice:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def __rich__(self) -> Any:
-        from ampdoctor.advice.render import render_advice
-
-        return render_advice(self)
 
 
 def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, budget: str | int | None = None,

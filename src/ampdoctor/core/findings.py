@@ -36,7 +36,7 @@ class Finding:
             row listing the places (``core.grouping``); the JSON keeps each.
         ranks: the ranks of a distributed run (torchrun) that saw this very finding, e.g. ``(0, 1)``, or ``None``
             outside a distributed run. Ranks that saw one finding at the same place and step share it
-            (``ampdoctor.core.report.merge_rank_reports``); another place or step stays apart.
+            (``ampdoctor.ranks.merge.merge_rank_reports``); another place or step stays apart.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'

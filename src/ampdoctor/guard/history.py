@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -152,67 +152,3 @@ def _grads_reset(marker: tuple[weakref.ref, weakref.ref] | None) -> bool | None:
     if param is None:
         return None
     return param.grad is None or param.grad is not marker[1]()
-
-
-def _scale_at(history: list[tuple[int, float]], step: int) -> float | None:
-    """Return the scale in force at ``step`` from ``(step, scale)`` change points (None before the first)."""
-    scale = None
-    for at, value in history:
-        if at > step:
-            break
-        scale = value
-    return scale
-
-
-def rank_disagreements(per_rank: Mapping[int, Mapping[str, Any]]) -> list[Finding]:
-    """Compare the ranks' skip decisions and loss scales, step by step, after the run (AMP411).
-
-    Pure and local: it issues no collective. The caller gathers, from each rank's report, what that rank's
-    loss-scale monitor recorded (``ampdoctor.monitor.loss_scale.ScaleMonitor``):
-
-    * ``steps``: how many optimizer steps it saw;
-    * ``skipped_steps``: the indices of the steps its GradScaler skipped;
-    * ``scale_history``: ``(step, scale)`` whenever the scale it used changed.
-
-    Only the steps every rank recorded are compared (a rank that crashed early is compared up to its last step).
-
-    >>> same = {"steps": 3, "skipped_steps": [0], "scale_history": [(0, 65536.0), (1, 32768.0)]}
-    >>> rank_disagreements({0: same, 1: same})
-    []
-    >>> other = {"steps": 3, "skipped_steps": [], "scale_history": [(0, 65536.0)]}
-    >>> [f.code for f in rank_disagreements({0: same, 1: other})]
-    ['AMP411']
-    """
-    if len(per_rank) < 2:
-        return []
-    common = min(int(r.get("steps", 0)) for r in per_rank.values())
-    skipped = {rank: {int(s) for s in r.get("skipped_steps", ()) if int(s) < common} for rank, r in per_rank.items()}
-    histories = {rank: sorted((int(s), float(v)) for s, v in r.get("scale_history", ())) for rank, r in per_rank.items()}
-    differ = sorted(set().union(*skipped.values()) - set.intersection(*skipped.values()))
-    said: list[str] = []
-    at: list[int] = []
-    if differ:
-        first = differ[0]
-        skip = sorted(rank for rank, steps in skipped.items() if first in steps)
-        took = sorted(rank for rank in skipped if rank not in skip)
-        at.append(first)
-        said.append(f"at optimizer step {first} rank(s) {_ranks(skip)} skipped the step while rank(s) {_ranks(took)} "
-                    f"applied it; {len(differ)} of the {common} steps compared were skipped on some ranks only")
-    changes = sorted({s for h in histories.values() for s, _ in h if s < common})
-    for step in changes:
-        scales = {rank: _scale_at(h, step) for rank, h in histories.items()}
-        if len(set(scales.values())) > 1:
-            at.append(step)
-            said.append(f"from step {step} the loss scales differ: "
-                        + ", ".join(f"rank {rank} {'?' if v is None else f'{v:g}'}" for rank, v in sorted(scales.items())))
-            break
-    if not said:
-        return []
-    return [Finding("AMP411", Severity.ERROR, f"{len(per_rank)} ranks",
-                    "; ".join(said) + ". Each rank decided from its own gradients: its GradScaler does not all-reduce "
-                    "found_inf (sharded gradients under a plain GradScaler, AMP211), so the replicas or shards were "
-                    "updated on some ranks only", min(at))]
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")

@@ -2,10 +2,10 @@
 
 Lightning (``strategy="ddp"``, ``"ddp_spawn"``) and the transformers Trainer (under torchrun) run the callback in
 every process. Each rank diagnoses its own replica (pre-flight, watch, crash explanation); at the end it hands its
-report to rank 0 through ``ampdoctor.runner.rank_reports.RankExchange``, the file hand-over the command line uses,
-so rank 0 prints once and writes one JSON whose findings list the ranks that saw them. Files, not
-torch.distributed: a rank that crashed never reaches a collective, and a collective only some ranks join hangs the
-job. No rank ever waits on another in a collective of ours; rank 0 waits for files, with a deadline.
+report to rank 0 through ``ampdoctor.ranks.exchange.RankExchange``, the hand-over the command line uses (the job's
+c10d store under torchrun, else private files), so rank 0 prints once and writes one JSON whose findings list the
+ranks that saw them (``ampdoctor.ranks.job.end_job``). No collective: a rank that crashed never reaches one, and a
+collective only some ranks join hangs the job. Rank 0 waits for reports, with a deadline.
 
 The ranks meet in a folder named from what the launcher gives every rank of one launch: torchrun's variables, or
 only ``MASTER_ADDR``/``MASTER_PORT`` (Lightning sets those, and takes the rank from the process group), plus
@@ -18,14 +18,13 @@ labelled with its rank (``report.rank1.json``), and only rank 0, or a rank that 
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from ampdoctor.core.ranks import RankInfo, from_environment, from_process_group, launch_job
-from ampdoctor.core.report import Report
-from ampdoctor.runner.rank_reports import RankExchange, label_rank, rank_path
+from ampdoctor.ranks.exchange import RankExchange
+from ampdoctor.ranks.info import RankInfo, from_environment, from_process_group, launch_job
+from ampdoctor.ranks.merge import rank_path
 
 __all__ = ["CallbackRanks"]
 
@@ -43,10 +42,9 @@ class CallbackRanks:
     def __init__(self, info: RankInfo, exchange: RankExchange | None) -> None:
         self.info, self.exchange = info, exchange
         self.rank = info.rank
-        self.merged: Report | None = None   # rank 0: the job's report, once collected
 
     @classmethod
-    def detect(cls) -> "CallbackRanks | None":
+    def detect(cls, stopped: Callable[[], bool] = lambda: False) -> "CallbackRanks | None":
         """Return this process's side of the job, or ``None`` in a single process (the callback works as before).
 
         The process group first (Lightning sets no ``RANK``), then torchrun's variables; reading them is local.
@@ -57,7 +55,7 @@ class CallbackRanks:
         job = info.job or launch_job()
         if job is None:
             return cls(info, None)
-        exchange = RankExchange(replace(info, job=f"{job}-callback{next(_RUNS)}"))
+        exchange = RankExchange(replace(info, job=f"{job}-callback{next(_RUNS)}"), stopped=stopped)
         exchange.start()   # rank 0: clear what a killed earlier launch left in the folder
         return cls(info, exchange)
 
@@ -76,64 +74,3 @@ class CallbackRanks:
         if self.exchange is None:
             return rank_path(json_path, self.rank)
         return json_path if self.rank == 0 else None
-
-    def end(self, own: Report, failed_at: float | None, json_path: str | None, show: bool,
-            say: Callable[[Any], None], write: Callable[[str, str], None], watch_summary: Any = None) -> None:
-        """Report the job: rank 0 collects, prints and writes the merged report; the other ranks hand theirs over,
-        and a rank that crashed prints its own (labelled with its rank) where rank 0 could not report it.
-
-        ``say`` prints a renderable or a line; ``write(path, text)`` writes a file; ``show`` is whether rank 0
-        prints at all.
-        """
-        exit_code = int(own.exception is not None)
-        explained = bool(own.extra.get("explained_by"))
-        if self.exchange is None:
-            labelled, path = label_rank(own, self.rank, json_path)
-            if path:
-                write(path, labelled.to_json())
-            if (show and self.rank == 0) or exit_code:
-                say(labelled)
-            return
-        exchange = self.exchange
-        try:
-            exchange.send(own, exit_code, explained, failed_at)
-            if self.rank != 0:
-                mine, lines = exchange.unreported(own, exit_code, explained)
-                if mine is not None:
-                    say(mine)
-                    if json_path:   # rank 0 may never write it; if it still does, it writes the merge over it
-                        write(json_path, mine.to_json())
-                        say(f"ampdoctor: rank {self.rank}'s report written to {json_path}")
-                for line in lines:   # the callback reports before the framework prints the traceback
-                    say(f"ampdoctor: {line.replace('its traceback is above', 'its traceback follows')}")
-                return
-            self.merged = merged = exchange.collect(own, exit_code, explained, failed_at)
-            if json_path:
-                write(json_path, merged.to_json())
-            if show:
-                if watch_summary is not None and (own.extra.get("watch") or {}).get("steps"):
-                    say(watch_summary)   # rank 0's own numbers; each rank's are in its own flight recorder
-                shown = exchange.shown(merged)
-                first = (merged.exception or {}).get("rank")
-                if first not in (None, "0") and exchange.statuses.get(int(first), {}).get("printed"):
-                    # its own rank printed that crash already (rank 0 was blocked on it): summary_lines names it
-                    shown = replace(shown, exception=None)
-                    if shown.findings or shown.missing_ranks or shown.changes:
-                        say(shown)
-                else:
-                    say(shown)
-                for line in exchange.summary_lines(merged, own):
-                    say(f"ampdoctor: {line}")
-            exchange.announce(merged)
-        finally:
-            exchange.finish()   # a SIGTERM that came while waiting is delivered now, as without ampdoctor
-
-
-def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole (a reader, or a crash mid-write, never sees half a file)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(partial, path)

@@ -22,8 +22,10 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.integrations._ranks import CallbackRanks, write_text
+from ampdoctor.core.io import write_atomic
+from ampdoctor.integrations._ranks import CallbackRanks
 from ampdoctor.session.session import Session
+from ampdoctor.session.termination import Termination
 
 __all__ = ["CallbackSession", "check_options"]
 
@@ -70,6 +72,7 @@ class CallbackSession:
         self.report = self.session.report
         self._console = console
         self.ranks: CallbackRanks | None = None   # None: a single process
+        self._termination = Termination(self._terminated)
 
     @property
     def started(self) -> bool:
@@ -111,6 +114,7 @@ class CallbackSession:
         """
         if self.session.started:
             return
+        call_safely(self._termination.install, on_error=self.internal_error)   # the end also happens on SIGTERM
         call_safely(self._find_ranks, on_error=self.internal_error)
         real = list({id(o): o for o in map(unwrap_optimizer, optimizers)}.values())
         setup = call_safely(TrainingSetup, model, real, scaler, autocast_dtype, accelerator,
@@ -126,7 +130,7 @@ class CallbackSession:
 
     def _find_ranks(self) -> None:
         # Before the watch starts: each rank's flight recorder needs its own file.
-        self.ranks = CallbackRanks.detect()
+        self.ranks = CallbackRanks.detect(self._termination.stopped)
         if self.ranks is not None:
             self.session.log_dir = self.ranks.log_dir(self.session.log_dir)
             self.show = self.show and self.ranks.rank == 0
@@ -141,43 +145,47 @@ class CallbackSession:
 
     # ---- the end ----------------------------------------------------------------------------------------------
     def finish(self, findings: Callable[[], list[Finding]] | None = None) -> Report:
-        """End the session (``findings()``: the framework's own, at the end), then write and show the report; in a
-        job of several processes, rank 0 reports the job."""
+        """End the session (``findings()``: the framework's own, at the end), then show and write the report; in a
+        job of several processes rank 0 reports the job (``ampdoctor.ranks.job.end_job``)."""
         if self.session.finished or not self.session.started:
             return self.report
-        self.session.finish(findings)
-        if self.ranks is None:
-            call_safely(self.write, on_error=self.internal_error)
+        self._termination.begin_end()
+        try:
+            self.session.finish(findings)
+            call_safely(self._end, on_error=self.internal_error)
+        finally:
+            self._termination.release()   # a SIGTERM that came while the run ended is delivered now
+        return self.report
+
+    def _end(self) -> None:
+        from ampdoctor.ranks.job import JobEnd, end_job
+
         log_path = (self.report.extra.get("watch") or {}).get("log_path")
         if log_path:   # each rank's own log ends with its own report
             from ampdoctor.monitor.recorder import append_report
 
             call_safely(append_report, log_path, self.report.to_dict(), on_error=self.internal_error)
-        summary = call_safely(self._watch_summary, on_error=self.internal_error)
-        if self.ranks is not None:   # rank 0 reports the job; a crashed rank itself where rank 0 could not
-            call_safely(self.ranks.end, self.report, self.failed_at, self.json_path, self.show, self._print,
-                        write_text, summary, on_error=self.internal_error)
-        elif self.show:
-            if summary is not None:
-                call_safely(self._print, summary, on_error=self.internal_error)
-            call_safely(self._print, self.report, on_error=self.internal_error)
-        return self.report
+        failed = int(self.report.exception is not None or bool(self.report.exit_status))
+        end = JobEnd(failed, bool(self.report.extra.get("explained_by")), self.failed_at, self.json_path,
+                     show=self.show, fix=self.session.fix, fix_name="fix=True", traceback="follows",
+                     code="the training code")
+        exchange = self.ranks.exchange if self.ranks is not None else None
+        rank = self.ranks.info if self.ranks is not None else None
+        end_job(self.report, end, exchange, rank, self._print, write_atomic)
 
-    def _watch_summary(self) -> Any:
-        """Return the watch's summary to print (the findings go to the report's one table), None without steps."""
-        watch = self.report.extra.get("watch") or {}
-        if not watch.get("steps"):
-            return None   # a run that crashed before its first step has no numbers to show
-        from ampdoctor.monitor.summary import render_watch
-
-        return render_watch(watch, None)
+    def _terminated(self) -> None:
+        """A SIGTERM stopped the training: end the run now, as at its end (the report covers the steps so far)."""
+        self.report.exit_status = 143   # 128 + SIGTERM, what the shell reports
+        self.report.extra["terminated"] = "SIGTERM"
+        self.session.finish()
+        self._end()
 
     # ---- output and isolation ---------------------------------------------------------------------------------
     def write(self) -> None:
         """Write the report's JSON to ``json_path`` (atomically: a crash mid-write leaves the previous one)."""
         path = self.json_path if self.ranks is None else self.ranks.json_path(self.json_path)
         if path is not None:   # in a job, the ranks other than 0 hand their report to rank 0 at the end instead
-            write_text(path, self.report.to_json())
+            write_atomic(path, self.report.to_json())
 
     def _print(self, renderable: Any) -> None:
         if self._console is None:
@@ -186,7 +194,7 @@ class CallbackSession:
             self._console = Console(stderr=True, highlight=False)
         if isinstance(renderable, str):
             self._console.print(renderable, markup=False, soft_wrap=True)
-        else:
+        else:   # a Report or a ReportView: drawn by ampdoctor.ui
             self._console.print(renderable)
 
     def _event(self, line: str) -> None:

@@ -68,7 +68,7 @@ class FlightRecorder:
     """
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = False) -> None:
-        from ampdoctor.core.ranks import from_environment, from_process_group
+        from ampdoctor.ranks.info import from_environment, from_process_group
 
         ranked = from_process_group() or from_environment()
         target = Path(path)

@@ -6,13 +6,14 @@ state of its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
-from ampdoctor.monitor.summary import render_watch
+from ampdoctor.core.views import Drawn
 
-__all__ = ["WatchResults", "armed_findings", "ARMED_CODES"]
+__all__ = ["WatchResults", "WatchView", "armed_findings", "ARMED_CODES"]
 
 # What a monitor armed for one step reports: the first inf/NaN output or input. Its headroom (AMP606) and inf
 # output gradients (AMP602, what a GradScaler's skips are for) are left to a watch with activations=True.
@@ -22,6 +23,19 @@ ARMED_CODES = ("AMP601", "AMP609")
 def armed_findings(monitor: Any) -> list[Finding]:
     """Return the findings of an ``ActivationMonitor`` armed for one step (see ``ARMED_CODES``)."""
     return [f for f in monitor.findings() if f.code in ARMED_CODES]
+
+
+@dataclass(frozen=True)
+class WatchView(Drawn):
+    """A watch's summary to show (``rich.print(w.summary())``; drawn by ``ampdoctor.ui.watch_view``).
+
+    Attributes:
+        summary: ``Watch.summary_data()``.
+        findings: the watch's findings to list under it; ``[]``: say the verdict; None: shown elsewhere.
+    """
+
+    summary: dict[str, Any]
+    findings: list[Finding] | None = None
 
 
 class WatchResults:
@@ -73,9 +87,9 @@ class WatchResults:
             return armed_findings(live) if self._armed else live.findings()
         return kept[1] if kept else []
 
-    def summary(self, findings: bool = True) -> Any:
-        """Return a rich renderable of the summary and (unless ``findings=False``) the findings."""
-        return render_watch(self.summary_data(), self.findings() if findings else None)
+    def summary(self, findings: bool = True) -> WatchView:
+        """Return the summary and (unless ``findings=False``) the findings, for ``rich.print``."""
+        return WatchView(self.summary_data(), self.findings() if findings else None)
 
     def report(self) -> Report:
         """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""

@@ -75,6 +75,7 @@ def start() -> None:
         return
     from ampdoctor.core.callsite import without_own_frames
     from ampdoctor.core.isolation import call_safely
+    from ampdoctor.ranks.children import rank_name, write_child
     from ampdoctor.runner.doctor import Doctor
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
@@ -88,7 +89,7 @@ def start() -> None:
             print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(), file=sys.stderr)
 
     def on_rank(info: Any) -> None:   # a rank of the parent's job: the parent waits for its report, by rank
-        _write(directory, f"rank-{os.getpid()}.json", {"rank": info.rank, "world": info.world_size})
+        write_child(directory, rank_name(os.getpid()), {"rank": info.rank, "world": info.world_size})
         if shared_log:   # its flight recorder is ampdoctor.rank{r}.jsonl next to the other ranks' ones
             doctor.log_dir = shared_log
 
@@ -130,6 +131,8 @@ _finished: set[int] = set()
 
 
 def _finish(doctor: Any, directory: str) -> None:
+    from ampdoctor.ranks.children import report_name, write_child
+
     if id(doctor) in _finished:   # SIGTERM came during atexit, or atexit after SIGTERM's report
         return
     _finished.add(id(doctor))
@@ -139,11 +142,5 @@ def _finish(doctor: Any, directory: str) -> None:
         return  # a process that trained nothing has nothing to add
     info = doctor.rank_info   # a rank of a job the parent launched itself: merged with the parent's as a rank
     ranked = {"rank": info.rank, "world": info.world_size, "failed_at": doctor.failed_at} if info else {}
-    _write(directory, f"child-{os.getpid()}.json", {"process": label(), **ranked, "report": report.to_dict()})
+    write_child(directory, report_name(os.getpid()), {"process": label(), **ranked, "report": report.to_dict()})
 
-
-def _write(directory: str, name: str, data: dict[str, Any]) -> None:
-    path = os.path.join(directory, name)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, default=str)
-    os.replace(path + ".tmp", path)  # the parent never reads half a file

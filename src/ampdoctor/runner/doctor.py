@@ -22,7 +22,7 @@ from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
-from ampdoctor.core.ranks import RankInfo, from_process_group
+from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
                                         trained_models, unwrap_module)
@@ -240,6 +240,12 @@ class Doctor:
             self.rank_info = from_process_group()
             if self.rank_info is not None:
                 call_safely(self.on_rank, self.rank_info)
+
+    def terminated(self) -> None:
+        """End the run now: a SIGTERM stopped it while the script ran (the report covers the steps until then)."""
+        self.report.exit_status = 143   # 128 + SIGTERM, what the shell reports
+        self.report.extra["terminated"] = "SIGTERM"
+        self.detach()
 
     # ---- crash explanation -----------------------------------------------------------------------------------
     def explain(self, exc: BaseException) -> list[Finding]:

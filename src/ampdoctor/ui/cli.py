@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("env", help="print the environment report to paste into an issue")
 
-    from ampdoctor.advice.command import EXAMPLES as ADVISE_EXAMPLES, add_arguments as add_advise_arguments
+    from ampdoctor.ui.advise_command import EXAMPLES as ADVISE_EXAMPLES, add_arguments as add_advise_arguments
 
     advise = sub.add_parser("advise", help="memory per training strategy (fp32, AMP, master weights, LoRA, 8-bit, "
                             "checkpointing, ZeRO/FSDP) and which one fits", epilog=ADVISE_EXAMPLES + "\n" + EXIT_STATUS,
@@ -153,12 +153,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ampdoctor.runner.doctor import Doctor
+    from ampdoctor.ranks.exchange import RankExchange
     from ampdoctor.runner.children import ChildProcesses
-    from ampdoctor.runner.launcher import run_module, run_script
-    from ampdoctor.runner.rank_reports import RankExchange
+    from ampdoctor.runner.doctor import Doctor
+    from ampdoctor.runner.launcher import RunResult, run_module, run_script
+    from ampdoctor.session.termination import Termination
 
     err = plain_console(stderr=True)
+    _check_run_arguments(args)
+    options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
+                   activations=args.activations)
+    ended: list[int] = []
+
+    def end(result: RunResult) -> int:   # once: after the script, or on SIGTERM while it runs
+        if not ended:
+            termination.begin_end()
+            ended.append(_finish_run(args, result, doctor, exchange, err))
+        return ended[0]
+
+    def end_on_sigterm() -> None:
+        doctor.terminated()
+        end(RunResult(143, doctor.report, False))
+
+    termination = Termination(end_on_sigterm)
+    exchange = RankExchange.for_this_process(termination.stopped)   # None outside a torchrun job of several ranks
+    say = (lambda line: None) if exchange and exchange.rank else (lambda line: _say(err, line))  # rank 0 speaks
+    doctor = Doctor(**options, on_event=say)
+    children = None if args.no_children else ChildProcesses(options)
+    termination.install()   # the end of the run also happens on SIGTERM (a scheduler, torchrun's agent)
+    try:
+        if args.module is not None:
+            module, *module_args = args.module
+            try:
+                result = run_module(module, module_args, doctor, children=children)
+            except ModuleNotFoundError as exc:
+                raise _UsageError(str(exc)) from None
+        else:
+            script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
+            result = run_script(args.script, script_args, doctor, children=children)
+        return end(result)
+    finally:
+        termination.release()   # a SIGTERM that came while the run ended is delivered now
+
+
+def _check_run_arguments(args: argparse.Namespace) -> None:
+    """Refuse what cannot run before the script starts: a long run must not end with "cannot write"."""
     if args.module is not None:
         if not args.module:
             raise _UsageError("-m needs a module name, e.g. `ampdoctor run -m mypackage.train --epochs 1`")
@@ -175,93 +214,35 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_watch and (args.log_dir or args.activations):
         given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
-    # Output paths are checked before the script starts: a long run must not end with "cannot write".
     if args.json:
         _check_writable(args.json, "--json")
     if args.log_dir:
         _check_log_dir(args.log_dir)
-    options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                   activations=args.activations)
-    exchange = RankExchange.for_this_process()   # None outside a torchrun job of several processes
-    say = (lambda line: None) if exchange and exchange.rank else (lambda line: _say(err, line))  # rank 0 speaks
-    doctor = Doctor(**options, on_event=say)
-    children = None if args.no_children else ChildProcesses(options)
-    if args.module is not None:
-        module, *module_args = args.module
-        try:
-            result = run_module(module, module_args, doctor, children=children)
-        except ModuleNotFoundError as exc:
-            raise _UsageError(str(exc)) from None
-    else:
-        script_args = args.args[1:] if args.args[:1] == ["--"] else args.args
-        result = run_script(args.script, script_args, doctor, children=children)
-    try:
-        return _finish_run(args, result, doctor, exchange, err)
-    finally:
-        if exchange is not None:
-            exchange.finish()   # a SIGTERM that came while waiting for the other ranks is delivered now
 
 
-def _finish_run(args: argparse.Namespace, result: object, doctor: object, exchange: object, err: Console) -> int:
+def _finish_run(args: argparse.Namespace, result: Any, doctor: Any, exchange: Any, err: Console) -> int:
     """Print the report, write the JSON and the log's report line; under torchrun, once, for the whole job."""
-    from ampdoctor.runner.rank_reports import label_rank
-    from ampdoctor.ui.console import render_report
+    from ampdoctor.ranks.job import JobEnd, end_job
 
     own = result.report
     _append_to_log(own, err)   # each rank's own log ends with its own report
-    failed_at, json_path = doctor.failed_at or (time.time() if result.exit_code else None), args.json
-    if exchange is not None:
-        exchange.send(own, result.exit_code, result.explained, failed_at)
-        if exchange.rank != 0:   # rank 0 speaks for the job; a failed rank speaks only where rank 0 could not
-            mine, lines = exchange.unreported(own, result.exit_code, result.explained)
-            if mine is not None:
-                err.print(render_report(mine, show_exception=False))
-            for line in lines:
-                _say(err, f"ampdoctor: {line}")
-            if mine is not None and args.json:   # rank 0 may never write it; if it still does, it writes the merge
-                _write(args.json, mine.to_json())
-                _say(err, f"ampdoctor: rank {exchange.rank}'s report written to {args.json}", wrap=False)
-            return result.exit_code   # --strict is decided by rank 0, on the whole job's report
-        report = exchange.collect(own, result.exit_code, result.explained, failed_at)
-    elif doctor.rank_info is not None and "ranks" not in own.extra:   # a group made by hand: each rank reports
-        report, json_path = label_rank(own, doctor.rank_info.rank, json_path)
-    else:
-        report = own
-    watch = own.extra.get("watch") or {}
-    if watch.get("steps"):   # a run that crashed before its first step has no numbers to show
-        from ampdoctor.monitor.summary import render_watch
-
-        err.print(render_watch(watch, None))   # the findings go to the report's one table
-    repaired = {f["code"] for f in report.extra.get("fixed", [])}
-    left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]
-    own_rank = exchange.rank if exchange is not None else doctor.rank_info.rank if doctor.rank_info else None
-    mine_first = not report.exception or report.exception.get("rank") in (None, str(own_rank))
-    if left or result.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
-        # the traceback above ends with this process's own exception; another rank's is shown with its rank
-        err.print(render_report(exchange.shown(report) if exchange else report, show_exception=not mine_first))
-    elif report.changes:
-        listed = f", and listed as info in {json_path}" if json_path else ""
-        _say(err, f"ampdoctor: no findings left after {len(report.changes)} change(s) by --fix; what it repaired "
-                  f"({', '.join(sorted(repaired))}) is still in the script{listed}")
-    elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
-        err.print(render_report(report, show_exception=False))
-    for line in exchange.summary_lines(report, own) if exchange is not None else []:
-        _say(err, f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
-    if args.fix and not report.changes and left and not report.extra.get("fix_refused"):   # nothing it could do
-        codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
-        if codes:
-            one = len(codes) == 1
-            _say(err, f"ampdoctor --fix changed nothing: {', '.join(codes)} {'has' if one else 'have'} no automatic "
-                      f"repair; {'its fix is' if one else 'their fixes are'} in the script (how to fix, above)")
-    if mine_first and result.exit_code and own.exception and not result.explained:
-        _say(err, f"ampdoctor: the script failed with {own.exception['type']}, which is not a known "
-                  "mixed-precision failure; its traceback is above, unchanged.")
-    if json_path:
-        _write(json_path, report.to_json())
-        _say(err, f"ampdoctor: report written to {json_path}", wrap=False)
-    if exchange is not None:
-        exchange.announce(report)
+    failed_at = doctor.failed_at or (time.time() if result.exit_code else None)
+    end = JobEnd(result.exit_code, result.explained, failed_at, args.json, fix=args.fix)
+    report = end_job(own, end, exchange, doctor.rank_info, lambda item: _show(err, item), _write)
+    if exchange is not None and exchange.rank != 0:
+        return result.exit_code   # --strict is decided by rank 0, on the whole job's report
     return result.exit_code or (_strict_status(report, err) if args.strict else 0)
+
+
+def _show(console: Console, item: Any) -> None:
+    """Print what the end of a run shows: a ``ReportView``, or a line (``ampdoctor: ...``)."""
+    if isinstance(item, str):
+        # a line built around a path stays whole, to copy
+        _say(console, item, wrap="report written to" not in item)
+        return
+    from ampdoctor.ui.views import render_view
+
+    console.print(render_view(item))
 
 
 def _append_to_log(report: object, err: Console) -> None:
@@ -376,7 +357,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _advise(args: argparse.Namespace) -> int:
-    from ampdoctor.advice.command import advise_main
+    from ampdoctor.ui.advise_command import advise_main
 
     return advise_main(args)
 

@@ -129,7 +129,7 @@ def _rank_logs(folder: str) -> dict[int, str]:
 def _load_ranks(folder: str, paths: dict[int, str]) -> Loaded:
     """Load the per-rank logs of one distributed run together: findings merged with their ranks, the lowest
     rank's steps for the tables and plots, and a line per rank saying how far it got."""
-    from ampdoctor.core.report import merge_rank_reports
+    from ampdoctor.ranks.merge import merge_rank_reports
 
     loaded: dict[int, Loaded] = {}
     for rank, target in sorted(paths.items()):

@@ -1,25 +1,19 @@
-"""The pieces of a distributed run's one report, in one process: the merge, the JSON, the console line, the
-folder of per-rank logs, and the file hand-over between ranks (its deadline, stale files, SIGTERM)."""
+"""The merge of the ranks' reports into one: findings seen by several ranks once, their details, the missing ranks,
+AMP411, the labels of a rank that reports itself, and a folder of per-rank flight recorders read together."""
 
 from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.ranks import RankInfo, from_environment
-from ampdoctor.core.report import Report, merge_rank_reports
+from ampdoctor.core.report import Report
 from ampdoctor.monitor.recorder import FlightRecorder
-from ampdoctor.runner import rank_reports
-from ampdoctor.runner.rank_reports import RankExchange
+from ampdoctor.ranks.merge import disagreements, merge_rank_reports, rank_path
 from ampdoctor.ui.report_files import load_any
 
 HALF = "2.weight (float16, [4, 16]) is trainable float16"
@@ -99,108 +93,6 @@ def test_the_console_says_on_which_ranks() -> None:
     assert "ampdoctor: no report from rank 5" in text
 
 
-def test_rank_from_the_launchers_environment() -> None:
-    info = from_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                             "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                             "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"})
-    assert (info.rank, info.world_size, info.local_rank, info.node) == (1, 2, 1, 0)
-    assert info.job == "127.0.0.1-29500-abc-2"   # a restart meets in a new folder
-    assert from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
-    assert from_environment({"RANK": "2", "WORLD_SIZE": "2"}) is None
-    assert from_environment({"RANK": "1", "WORLD_SIZE": "2"}).job is None   # no launcher: no folder to meet in
-
-
-def _pair(tmp_path: Path, world: int = 2) -> list[RankExchange]:
-    return [RankExchange(RankInfo(r, world, r, world, 0, "job"), folder=str(tmp_path)) for r in range(world)]
-
-
-def test_rank_0_merges_what_the_other_ranks_wrote_and_clears_the_folder(tmp_path: Path) -> None:
-    zero, one = _pair(tmp_path)
-    zero.start()
-    one.start()
-    assert one.send(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
-    merged = zero.collect(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
-    assert [f.ranks for f in merged.findings] == [(0, 1)] and merged.missing_ranks == []
-    zero.announce(merged)
-    zero.finish()
-    assert not os.path.exists(zero.folder)
-
-
-def test_rank_0_waits_until_its_deadline_then_names_the_missing_rank(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(rank_reports.ENV_WAIT, "0.3")
-    zero, _ = _pair(tmp_path)
-    zero.start()
-    started = time.monotonic()
-    merged = zero.collect(_report(), 0, False, None)
-    zero.finish()
-    assert 0.25 < time.monotonic() - started < 5
-    assert merged.missing_ranks == [1] and not merged.ok
-    assert "no report from rank(s) 1 (none within 0.3 s)" in merged.extra["ranks"]["notes"][0]
-
-
-def test_a_file_an_earlier_launch_left_behind_is_not_merged(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(rank_reports.ENV_WAIT, "0.2")
-    old, _ = _pair(tmp_path)
-    old.send(_report(Finding("AMP104", Severity.ERROR, "opt", "eps")), 1, False, 1.0)   # as a killed job's rank
-    stale = Path(old.folder) / "rank0.json"
-    os.replace(stale, Path(old.folder) / "rank1.json")
-    os.utime(Path(old.folder) / "rank1.json", (time.time() - 600, time.time() - 600))
-    zero, _ = _pair(tmp_path)
-    zero.start()
-    merged = zero.collect(_report(), 0, False, None)
-    zero.finish()
-    assert merged.findings == [] and merged.missing_ranks == [1]
-
-
-def test_a_failed_rank_prints_its_own_report_when_rank_0_never_collects(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(rank_reports.ENV_WAIT, "0.2")
-    _, one = _pair(tmp_path)
-    one.start()
-    own = _report(Finding("AMP401", Severity.ERROR, "optimizer[0]", "twice"), exception="RuntimeError")
-    assert one.send(own, 1, True, time.time())
-    mine, lines = one.unreported(own, 1, True)
-    one.finish()
-    assert mine is not None and [f.ranks for f in mine.findings] == [(1,)] and mine.exception["rank"] == "1"
-    assert json.loads((Path(one.folder) / "rank1.json").read_text())["printed"] is True
-
-
-def test_a_failed_rank_stays_quiet_when_rank_0_reported_it(tmp_path: Path) -> None:
-    zero, one = _pair(tmp_path)
-    zero.start()
-    one.start()
-    own = _report(Finding("AMP101", Severity.ERROR, "2", HALF), exception="ValueError")
-    one.send(own, 1, True, time.time())
-
-    def rank_0() -> None:
-        merged = zero.collect(own, 1, True, time.time())
-        zero.announce(merged)
-
-    thread = threading.Thread(target=rank_0)
-    thread.start()
-    mine, lines = one.unreported(own, 1, True)   # rank 0 runs in a thread: no SIGTERM handler is installed there
-    thread.join(timeout=30)
-    one.finish()
-    assert mine is None and lines == ["rank 1's failure is in rank 0's report"]
-
-
-def test_sigterm_while_rank_0_waits_ends_the_wait_and_is_delivered_again(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(rank_reports.ENV_WAIT, "30")
-    received = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    try:
-        zero, _ = _pair(tmp_path)
-        zero.start()
-        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()   # torchrun stopping the job
-        started = time.monotonic()
-        merged = zero.collect(_report(), 0, False, None)
-        assert time.monotonic() - started < 10 and received == []   # ours caught it, the script's did not yet
-        assert "torchrun stopped the job first" in merged.extra["ranks"]["notes"][0]
-        zero.finish()   # the script's own handler gets the signal now
-        assert received == [signal.SIGTERM]
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeypatch) -> None:
     for rank, detail in ((0, "3% underflow"), (1, "12% underflow")):
         monkeypatch.setenv("RANK", str(rank))
@@ -223,7 +115,7 @@ def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeyp
 
 @pytest.mark.parametrize("path, rank, expected", [("out/r.json", 1, "out/r.rank1.json"), ("r", 2, "r.rank2")])
 def test_a_rank_reporting_itself_writes_its_own_json(path: str, rank: int, expected: str) -> None:
-    assert rank_reports.rank_path(path, rank) == expected
+    assert rank_path(path, rank) == expected
 
 
 def _watched_report(inf_at: set[int]):
@@ -251,8 +143,6 @@ def _watched_report(inf_at: set[int]):
 def test_ranks_that_skipped_different_steps_get_amp411_from_their_reports():
     # FSDP1 with a plain GradScaler: each rank decides from its own shard. The merge compares the ranks' recorded
     # skips and scales (from the report files, no collective) and says where they first differ.
-    from ampdoctor.runner.rank_reports import disagreements
-
     apart = disagreements({0: _watched_report({1}), 1: _watched_report(set())})
     assert [(f.code, f.step) for f in apart] == [("AMP411", 1)]
     assert disagreements({0: _watched_report({1}), 1: _watched_report({1})}) == []  # they agree: quiet

@@ -1,0 +1,54 @@
+"""How each data object of ampdoctor is drawn when rich prints it (see ``ampdoctor.core.views``)."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+from typing import Any
+
+from rich.console import Group, RenderableType
+
+from ampdoctor.advice.advisor import Advice
+from ampdoctor.core.report import Report, ReportView
+from ampdoctor.monitor.watch_results import WatchView
+from ampdoctor.ui.advice_view import render_advice
+from ampdoctor.ui.console import render_report
+from ampdoctor.ui.watch_view import render_watch
+
+__all__ = ["draw", "render_view"]
+
+
+def render_view(view: ReportView) -> RenderableType:
+    """Return the parts of a report that ``view`` asks for: the watch's summary, then the findings or verdict."""
+    parts: list[RenderableType] = []
+    watch = view.report.extra.get("watch") or {}
+    if view.watch and watch.get("steps"):
+        parts.append(render_watch(watch, None))   # its findings are in the report's one table
+    if view.findings:
+        parts.append(render_report(view.report, show_exception=view.exception))
+    return Group(*parts)
+
+
+@singledispatch
+def draw(data: Any) -> RenderableType:
+    """Return the rich renderable of ``data``, one of ampdoctor's data objects."""
+    raise TypeError(f"ampdoctor.ui has no drawing for {type(data).__name__}")
+
+
+@draw.register
+def _(report: Report) -> RenderableType:
+    return render_report(report)
+
+
+@draw.register
+def _(view: ReportView) -> RenderableType:
+    return render_view(view)
+
+
+@draw.register
+def _(view: WatchView) -> RenderableType:
+    return render_watch(view.summary, view.findings)
+
+
+@draw.register
+def _(advice: Advice) -> RenderableType:
+    return render_advice(advice)

@@ -1,0 +1,191 @@
+"""The hand-over of the ranks' reports to rank 0 in one process: its deadline, stale files, a refused folder, the
+job's c10d store, a rank that died, and SIGTERM while rank 0 waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.report import Report
+from ampdoctor.ranks import exchange as rank_exchange
+from ampdoctor.ranks.exchange import RankExchange
+from ampdoctor.ranks.info import RankInfo, from_environment
+
+HALF = "2.weight (float16, [4, 16]) is trainable float16"
+
+
+def _report(*findings: Finding, exception: str | None = None) -> Report:
+    report = Report(list(findings), observed={"models": 1, "optimizers": 1, "scalers": 1})
+    if exception:
+        report.exception = {"type": exception, "message": "boom", "traceback": ""}
+    return report
+
+
+def test_rank_from_the_launchers_environment() -> None:
+    info = from_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                             "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                             "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert (info.rank, info.world_size, info.local_rank, info.node) == (1, 2, 1, 0)
+    assert info.job == "127.0.0.1-29500-abc-2"   # a restart meets in a new folder
+    assert from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    assert from_environment({"RANK": "2", "WORLD_SIZE": "2"}) is None
+    assert from_environment({"RANK": "1", "WORLD_SIZE": "2"}).job is None   # no launcher: no folder to meet in
+
+
+def _pair(tmp_path: Path, world: int = 2) -> list[RankExchange]:
+    return [RankExchange(RankInfo(r, world, r, world, 0, "job"), folder=str(tmp_path)) for r in range(world)]
+
+
+def test_rank_0_merges_what_the_other_ranks_wrote_and_clears_the_folder(tmp_path: Path) -> None:
+    zero, one = _pair(tmp_path)
+    zero.start()
+    one.start()
+    assert one.send(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
+    merged = zero.collect(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
+    assert [f.ranks for f in merged.findings] == [(0, 1)] and merged.missing_ranks == []
+    zero.announce(merged)
+    assert not os.path.exists(zero.mailbox.folder)
+
+
+def test_rank_0_waits_until_its_deadline_then_names_the_missing_rank(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "0.3")
+    zero, _ = _pair(tmp_path)
+    zero.start()
+    started = time.monotonic()
+    merged = zero.collect(_report(), 0, False, None)
+    assert 0.25 < time.monotonic() - started < 5
+    assert merged.missing_ranks == [1] and not merged.ok
+    assert "no report from rank(s) 1 (none within 0.3 s)" in merged.extra["ranks"]["notes"][0]
+
+
+def test_a_file_an_earlier_launch_left_behind_is_not_merged(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "0.2")
+    old, _ = _pair(tmp_path)
+    old.send(_report(Finding("AMP104", Severity.ERROR, "opt", "eps")), 1, False, 1.0)   # as a killed job's rank
+    stale = Path(old.mailbox.folder) / "rank0"
+    os.replace(stale, Path(old.mailbox.folder) / "rank1")
+    os.utime(Path(old.mailbox.folder) / "rank1", (time.time() - 600, time.time() - 600))
+    zero, _ = _pair(tmp_path)
+    zero.start()
+    merged = zero.collect(_report(), 0, False, None)
+    assert merged.findings == [] and merged.missing_ranks == [1]
+
+
+def test_a_failed_rank_prints_its_own_report_when_rank_0_never_collects(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "0.2")
+    _, one = _pair(tmp_path)
+    one.start()
+    own = _report(Finding("AMP401", Severity.ERROR, "optimizer[0]", "twice"), exception="RuntimeError")
+    assert one.send(own, 1, True, time.time())
+    mine, lines = one.unreported(own, 1, True)
+    assert mine is not None and [f.ranks for f in mine.findings] == [(1,)] and mine.exception["rank"] == "1"
+    assert json.loads((Path(one.mailbox.folder) / "rank1").read_text())["printed"] is True
+
+
+def test_a_failed_rank_stays_quiet_when_rank_0_reported_it(tmp_path: Path) -> None:
+    zero, one = _pair(tmp_path)
+    zero.start()
+    one.start()
+    own = _report(Finding("AMP101", Severity.ERROR, "2", HALF), exception="ValueError")
+    one.send(own, 1, True, time.time())
+
+    def rank_0() -> None:
+        merged = zero.collect(own, 1, True, time.time())
+        zero.announce(merged)
+
+    thread = threading.Thread(target=rank_0)
+    thread.start()
+    mine, lines = one.unreported(own, 1, True)   # rank 0 runs in a thread: no SIGTERM handler is installed there
+    thread.join(timeout=30)
+    assert mine is None and lines == ["rank 1's failure is in rank 0's report"]
+
+
+def test_sigterm_while_rank_0_waits_ends_the_wait_and_is_delivered_again(tmp_path: Path, monkeypatch) -> None:
+    from ampdoctor.session.termination import Termination
+
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "30")
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # as in a script that sets no handler of its own ...
+        termination = Termination(lambda: None)
+        termination.begin_end()   # ... whose run is ending: a SIGTERM now only cuts the waits short
+        zero = RankExchange(RankInfo(0, 2, 0, 2, 0, "job"), folder=str(tmp_path), stopped=termination.stopped)
+        zero.start()
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()   # torchrun stopping the job
+        started = time.monotonic()
+        merged = zero.collect(_report(), 0, False, None)
+        assert time.monotonic() - started < 10 and termination.received
+        assert "no report from rank(s) 1 (the job was stopped first)" in merged.extra["ranks"]["notes"][0]
+        signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+        termination._previous = signal.getsignal(signal.SIGTERM)   # the script's handler, to see the delivery
+        signal.signal(signal.SIGTERM, termination._on_sigterm)
+        termination.release()   # the signal is delivered again now that the run has ended
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_folder_that_others_can_write_is_refused_and_the_ranks_report_themselves(tmp_path: Path) -> None:
+    info = RankInfo(0, 2, 0, 2, 0, "job")
+    folder = tmp_path / f"ampdoctor-{os.getuid()}-ranks-job"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)   # as if another user had made it ready for this job's name
+    zero = RankExchange(info, folder=str(tmp_path))
+    assert zero.mailbox is None and not zero.collects
+    assert "can be written by other users (mode 777)" in zero.notes[0]
+    merged = zero.collect(_report(), 0, False, None)
+    assert merged.missing_ranks == [1]
+    assert any("can be written by other users" in note for note in merged.extra["ranks"]["notes"])
+
+
+def test_the_folder_is_made_for_this_user_alone(tmp_path: Path) -> None:
+    zero = RankExchange(RankInfo(0, 2, 0, 2, 0, "job"), folder=str(tmp_path))
+    assert oct(os.stat(zero.mailbox.folder).st_mode & 0o777) == "0o700"
+
+
+def test_reports_travel_through_the_jobs_c10d_store(monkeypatch) -> None:
+    # torchrun's agent hosts a TCPStore for the job (TORCHELASTIC_USE_AGENT_STORE=True); here the test hosts one
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    zero, one = (RankExchange(RankInfo(r, 2, r, 1, r, "job")) for r in range(2))   # one rank per node
+    assert "c10d store" in zero.where and not zero.node_only and one.collects   # no folder every node can read
+    zero.start()
+    one.start()
+    assert one.send(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
+    merged = zero.collect(_report(Finding("AMP101", Severity.ERROR, "2", HALF)), 0, False, None)
+    assert [f.ranks for f in merged.findings] == [(0, 1)] and merged.missing_ranks == []
+    zero.announce(merged)
+    assert not server.check(["ampdoctor/job/rank1"])   # cleared
+
+
+def test_a_rank_whose_process_is_gone_died_and_failed_first(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "0.2")
+    zero, one = (RankExchange(RankInfo(r, 2, r, 2, 0, "job"), folder=str(tmp_path)) for r in range(2))
+    zero.start()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    one.start()
+    one.mailbox.put("started1", {**one.mailbox.get("started1"), "pid": int(gone.stdout)})   # then it was killed
+    crashed = _report(exception="DistBackendError")
+    crashed.exception["message"] = "[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection reset by peer"
+    merged = zero.collect(crashed, 1, False, time.time())
+    ranks = merged.extra["ranks"]
+    assert ranks["missing"] == [1] and ranks["died"] == [1] and ranks["failed_first"] == 1
+    lines = zero.summary_lines(merged, crashed)
+    assert any(line.startswith("rank 1 failed first: it died without a report") for line in lines), lines
