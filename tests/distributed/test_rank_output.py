@@ -55,6 +55,8 @@ def test_the_seed_error_on_every_rank_is_one_diagnosis_listing_both_ranks(tmp_pa
     assert sum(line.startswith("ampdoctor: report written to") for line in lines) == 1
     assert sum(line.startswith("AMP101 error") for line in lines) == 1
     assert "    on ranks 0, 1" in lines
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "c10d store" in report["ranks"]["via"]   # no folder configured: torchrun's agent store carried them
     # both ranks' tracebacks keep torch's "[rankN]:" prefix, as without ampdoctor
     assert "[rank0]: ValueError: Attempting to unscale FP16 gradients." in output
     assert "[rank1]: ValueError: Attempting to unscale FP16 gradients." in output
@@ -115,6 +117,22 @@ def test_a_killed_rank_leaves_readable_logs_that_report_renders(tmp_path: Path, 
     shown = capsys.readouterr().out
     assert "rank 1: 6 sampled step(s), last sampled step 5; no end line" in " ".join(shown.split())
     assert "findings: all 2 ranks" in shown
+
+
+def test_a_killed_rank_is_named_in_rank_0s_report_and_json(tmp_path: Path) -> None:
+    # Rank 1 is SIGKILLed at step 6; rank 0 hits gloo's "Connection reset by peer", and torchrun's agent stops it
+    # with SIGTERM while it waits for rank 1's report. No folder is configured: the reports go through the job's store.
+    code, output = _launch(tmp_path, "--json", "r.json", "--log-dir", "logs", str(SCRIPT), "kill1", "20",
+                           default_folder=True)
+    assert code != 0, output[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    ranks = report["ranks"]
+    assert report["ok"] is False and ranks["missing"] == [1], output[-5000:]
+    assert ranks["died"] == [1] and ranks["failed_first"] == 1
+    assert "c10d store" in ranks["via"]
+    text = " ".join(output.split())
+    assert "ampdoctor: rank 1 failed first: it died without a report (its process is gone)" in text
+    assert "ampdoctor: report written to r.json" in output
 
 
 def test_accelerate_launch_on_torchrun_gives_the_same_one_report(tmp_path: Path) -> None:

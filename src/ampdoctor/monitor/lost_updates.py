@@ -167,8 +167,8 @@ class LostUpdateMonitor:
     def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
         """Take the host values of ``pending()``; return ``{name: lost fraction}`` for this sample."""
         flat = values.get("counts")
-        if not flat:
-            return {}
+        if not flat or not any(flat[0::2]):
+            return {}   # no sampled entry had a gradient at the step (a step(closure) computes them after): none measured
         self.steps += 1
         out: dict[str, Any] = {}
         for k, name in enumerate(self.names):

@@ -249,6 +249,11 @@ class Watch(WatchResults):
             self._guard("gradients", read)
         return wrapped
 
+    def read_step(self, optimizer: Any) -> None:
+        """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
+        its pre-hooks ran (``ampdoctor run`` finds the model in a ``step(closure)``'s forward)."""
+        self._optimizer_pre_hook(optimizer, (), {})
+
     def note_clip(self, total_norm: Any, scaled: bool = False) -> None:
         """Record a clip's returned (pre-clip) norm on a sampled step; ``scaled``: it clipped before unscale_."""
         if self._sampled_now:  # other steps do no device work for it

@@ -230,6 +230,7 @@ class RankExchange:
         times = {r: s["failed_at"] for r, s in self.statuses.items() if isinstance(s.get("failed_at"), (int, float))}
         merged = merge_rank_reports(reports, expected=range(world), failed_at=times, notes=notes)
         ranks = merged.extra["ranks"]
+        ranks["via"] = self.where
         if died:
             ranks["died"] = died
         first = self._failed_first(merged, died)

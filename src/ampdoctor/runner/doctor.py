@@ -24,6 +24,7 @@ from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
 from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
+from ampdoctor.monitor.watched import closure_calls_back
 from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
                                         trained_models, unwrap_module)
 from ampdoctor.session.frameworks import autocast_ahead, framework_autocast
@@ -199,16 +200,26 @@ class Doctor:
             self._accelerator_found = _accelerator() or False   # one scan; False: looked, none
         return self._accelerator_found or None
 
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         real = unwrap_optimizer(optimizer)
         if real in self._internal:
-            return   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
+            return None   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
         self.session.seen["optimizers"].add(id(real))
         self.session.confirm_wiring(real)   # its first step: the gradients are there now
         if self.session.broken or (self.setup is not None and real in self._diagnosed):
-            return
+            return None
+        if self.setup is None and not self.models:
+            # step(closure) before any forward (Lightning, LBFGS): the forward runs in the closure, where the first
+            # look attaches the watch after this step's hooks; the watch reads this step when the closure returns.
+            return closure_calls_back(args, kwargs, lambda: self._caught_up(optimizer))
         # The first step, or an optimizer never diagnosed: a new fold, a resume, a second stage.
         call_safely(self._start, on_error=self.session.internal_error)
+        return None
+
+    def _caught_up(self, optimizer: Any) -> None:
+        watch = self.session.watch
+        if watch is not None:
+            call_safely(watch.read_step, optimizer, on_error=self.session.internal_error)
 
     # ---- the looks: what the process trains now, handed to the session ---------------------------------------
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:

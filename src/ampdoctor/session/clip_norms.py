@@ -14,6 +14,7 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.monitor.grad_stats import local_tensor
 
 
 class ClipNorms:
@@ -33,7 +34,12 @@ class ClipNorms:
         self._last: torch.Tensor | None = None
 
     def record(self, max_norm: Any, norm: Any) -> None:
-        """Record one call; calls that cannot clip (``max_norm=inf``: a norm computed for logging) are left out."""
+        """Record one call; calls that cannot clip (``max_norm=inf``: a norm computed for logging) are left out.
+
+        Of DTensor gradients (FSDP2, tensor parallelism) the clip returns a DTensor: a replicated norm is read
+        locally; a partial one (each rank's part) is left out, since reading it would take a collective."""
+        if isinstance(norm, torch.Tensor) and getattr(norm, "placements", None) is not None:
+            norm = local_tensor(norm)
         if not isinstance(norm, torch.Tensor) or isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) \
                 or not math.isfinite(max_norm):
             return

@@ -200,9 +200,11 @@ class Session:
         that an upcast would break them): repair ``module``, which will run under ``dtype`` autocast, now."""
         from ampdoctor.preflight.engine import run_preflight
 
-        self.parts.guard("run", self.repairs.repair, setup, [module], {id(module): dtype}, run_preflight(setup),
-                         lambda: run_preflight(setup), self.fix_name, self.fixed_in,
-                         on_error=lambda exc: self.parts.fail("fix", exc))
+        def repair() -> None:
+            self.repairs.repair(setup, [module], {id(module): dtype}, run_preflight(setup), lambda: run_preflight(setup),
+                                self.fix_name, self.fixed_in, on_error=lambda exc: self.parts.fail("fix", exc))
+
+        self.parts.guard("run", repair)
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
         """Under ``fix``: upcast again before this forward if the loop cast the model back to half."""

@@ -1,0 +1,49 @@
+"""The callbacks and ``ampdoctor run`` are one lifecycle (``ampdoctor.session``): on one script they say the same.
+
+The script (``scripts/same_as_run.py``) trains a model whose head a stray ``.half()`` left in float16, by Lightning
+or by the transformers Trainer. Once under ``ampdoctor run``, once with the framework's callback: the findings and the
+watch's summary (steps, sampled steps, host syncs, every gradient statistic, the lost updates) are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch_jobs import clean_environment
+
+SCRIPT = Path(__file__).parent / "scripts" / "same_as_run.py"
+# How the clip is named differs by design: `ampdoctor run` sees clip_grad_norm_, the callback the Trainer's argument.
+NAMED_BY_THE_FRAMEWORK = {"AMP611"}
+
+
+def _run(tmp_path: Path, *command: str) -> dict:
+    env = clean_environment(OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"))
+    done = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-3000:]
+    return json.loads((tmp_path / "r.json").read_text())
+
+
+@pytest.mark.parametrize("framework", ["lightning", "trainer"])
+def test_the_callback_and_ampdoctor_run_give_the_same_findings_and_watch_summary(tmp_path, framework):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "callback").mkdir()
+    run = _run(tmp_path / "run", "-m", "ampdoctor", "run", "--json", "r.json", str(SCRIPT), framework)
+    callback = _run(tmp_path / "callback", str(SCRIPT), framework, "r.json")
+
+    def findings(report: dict) -> list[tuple[str, str, str]]:
+        return [(f["code"], f["severity"], f["where"] if f["code"] not in NAMED_BY_THE_FRAMEWORK else "")
+                for f in report["findings"]]
+
+    assert findings(run) == findings(callback)
+    assert {"AMP103"} <= {f["code"] for f in run["findings"]}
+    watched, called = run["watch"], callback["watch"]
+    for key in ("steps", "sampled_steps", "host_syncs", "every", "stats", "formats", "scale", "gradients",
+                "lost_updates", "activations", "off"):
+        assert watched[key] == called[key], key
+    assert watched["steps"] == 12 and watched["lost_updates"]["params"]["body.head.weight"]["lost_fraction"] > 0
