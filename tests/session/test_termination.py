@@ -42,6 +42,7 @@ def test_sigterm_while_the_script_trains_ends_the_run_with_its_report_and_status
     lines = err.splitlines()
     assert any(line.startswith("AMP103 ") for line in lines), err[-3000:]
     assert "ampdoctor: report written to r.json" in lines
+    assert "ampdoctor: the run was stopped by SIGTERM after " in " ".join(err.split())
     header, records, problems = read_log(tmp_path / "logs")
     assert [r["type"] for r in records][-2:] == ["end", "report"] and problems == []
 

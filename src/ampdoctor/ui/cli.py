@@ -173,6 +173,8 @@ def _run(args: argparse.Namespace) -> int:
 
     def end_on_sigterm() -> None:
         doctor.terminated()
+        if children is not None:   # the hook files go now: the signal ends this process without atexit
+            children.__exit__(None, None, None)
         end(RunResult(143, doctor.report, False))
 
     termination = Termination(end_on_sigterm)

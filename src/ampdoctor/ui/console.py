@@ -247,6 +247,8 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         panel = fixes_panel(ordered)
         if panel is not None:
             parts.append(panel)
+        if report.extra.get("terminated"):   # the findings so far: a stopped run is no all-clear of the rest
+            parts.append(Sentence(f"ampdoctor: {exit_sentence(report)}", style="bold yellow"))
     elif getattr(report, "saw_nothing", False):
         parts.append(Sentence(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
                               "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
