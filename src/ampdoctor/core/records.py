@@ -7,10 +7,11 @@ watch summary, ``ampdoctor report`` on the console, the HTML page, the PNG figur
 the lines through the typed views here (`read_recording`), and a module's numbers come from the one roll-up,
 `rollup`, so no two views can disagree.
 
-A step's ``gradients.rows`` hold one row of counts per parameter; the header names the columns (``grad_columns``,
-``ampdoctor.monitor.grad_stats.COLUMNS``) and the parameters (``params``: name, module, dtype). A fraction is never
-stored: ``zero_frac`` and ``negligible_frac`` are counts over ``numel``; ``<fmt>_underflow`` / ``_overflow`` /
-``_subnormal`` are counts over the signal entries examined (``sampled_nonzero``), and so is a module's share.
+A step's ``gradients.rows`` hold one row of counts per parameter (never fractions); the header names the columns
+(``grad_columns``: ``ampdoctor.monitor.grad_stats.COLUMNS``, passed in by the monitors, as core imports no monitor)
+and the parameters (``params``: name, module, dtype). ``zero_frac`` and ``negligible_frac`` are counts over
+``numel``; ``<fmt>_underflow`` / ``_overflow`` / ``_subnormal`` are counts over the signal entries examined
+(``sampled_nonzero``), for one parameter and for a module alike.
 
 Schemas. ``ampdoctor.watch/2`` records a step's lost updates as counts (per parameter, entries with a non-zero
 gradient that moved and that were lost, and the step's totals and fraction). ``ampdoctor.watch/1`` logs stay
@@ -50,7 +51,11 @@ _KNOWN_REPORT_KEYS = {"schema", "ok", "findings", "exception", "environment", "c
 # ---- writing: the lines and their entries ----------------------------------------------------------------------
 def header_line(fields: Mapping[str, Any], *, started: float, pid: int, rank: int | None = None,
                 world_size: int | None = None) -> dict[str, Any]:
-    """Return the header line: the schema, when and which process started, its rank, then ``fields``."""
+    """Return the header line: the schema, when and which process started, its rank, then ``fields``.
+
+    >>> header_line({"every": 1}, started=0.0, pid=7, rank=1, world_size=2)["schema"]
+    'ampdoctor.watch/2'
+    """
     where = {} if rank is None else {"rank": rank, "world_size": world_size}
     return {"type": "header", "schema": WATCH_SCHEMA, "started": started, "pid": pid, **where, **fields}
 
@@ -70,13 +75,21 @@ def step_line(step: int, t: float, *, gradients: dict[str, Any] | None = None, s
 
 def end_line(*, steps: int, summary: Any = None, environment: Any = None,
              findings: Iterable[Finding] = ()) -> dict[str, Any]:
-    """Return the line a watch writes when it closes: its step count, summary, environment and findings."""
+    """Return the line a watch writes when it closes: its step count, summary, environment and findings.
+
+    >>> end_line(steps=3)
+    {'type': 'end', 'steps': 3, 'summary': None, 'environment': None, 'findings': []}
+    """
     return {"type": "end", "steps": steps, "summary": summary, "environment": environment,
             "findings": [f.to_dict() for f in findings]}
 
 
 def report_line(report: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the line that holds the run's whole report (``Report.to_dict()``)."""
+    """Return the line that holds the run's whole report (``Report.to_dict()``).
+
+    >>> report_line({"schema": REPORT_SCHEMA})["type"]
+    'report'
+    """
     return {"type": "report", "report": dict(report)}
 
 
@@ -130,7 +143,11 @@ def scale_entry(first: int, end: int, scale: float | None, changes: list[list[fl
                 skipped_total: int, skip_run: int) -> dict[str, Any]:
     """Return a step's ``scale`` entry: the GradScaler's steps ``first`` to ``end`` since the last sampled step,
     the scale after them, where it changed (``[step, scale used from then]``), the steps skipped among them, all
-    steps skipped so far and the current run of skips."""
+    steps skipped so far and the current run of skips.
+
+    >>> scale_entry(4, 6, 512.0, [[5, 512.0]], [4], 3, 0)["steps"]
+    [4, 6]
+    """
     return {"steps": [first, end], "scale": scale, "scale_changes": changes, "skipped": skipped,
             "skipped_total": skipped_total, "skip_run": skip_run}
 
@@ -194,12 +211,14 @@ def _stats(group: list[Sequence[float]], columns: Sequence[str], module: bool) -
 
     numel = total("numel")
     out: dict[str, float] = {"params": len(group), "numel": _count(numel)} if module else {}
-    out.update(absmax=max(row[col["absmax"]] for row in group),
-               l2=math.sqrt(sum(row[col["l2"]] ** 2 for row in group)))
+    l2 = [row[col["l2"]] for row in group]
+    out.update(absmax=max(row[col["absmax"]] for row in group),   # a parameter's L2 as written: its square could
+               l2=math.sqrt(sum(n * n for n in l2)) if module else l2[0])   # underflow (1e-170) or overflow
     if not all(key in col for key in _COUNTS) or any(math.isnan(row[col["sampled"]]) for row in group):
         return out  # stats="norms": no counts
     signal = total("sampled_nonzero")
-    out.update(min_nonzero=min(row[col["min_nonzero"]] for row in group), nonfinite=_count(total("nonfinite")),
+    nonfinite = sum(_count(row[col["nonfinite"]]) for row in group)   # the sum of what each parameter shows
+    out.update(min_nonzero=min(row[col["min_nonzero"]] for row in group), nonfinite=nonfinite,
                zero_frac=total("zeros") / numel if numel else 0.0,
                **({} if module else {"sampled": _count(total("sampled"))}),
                negligible_frac=total("negligible") / numel if numel else 0.0)
@@ -518,7 +537,12 @@ def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str
 
 # ---- the JSON report -------------------------------------------------------------------------------------------
 def report_to_dict(report: Any, why_not_ok: str | None) -> dict[str, Any]:
-    """Return the JSON shape of a ``Report``: each finding with its rule's title and fix, and ``why_not_ok``."""
+    """Return the JSON shape of a ``Report``: each finding with its rule's title and fix, and ``why_not_ok``.
+
+    >>> from ampdoctor.core.report import Report
+    >>> report_to_dict(Report(environment={}), None)["ok"]
+    True
+    """
     findings = []
     for f in report.findings:
         data = f.to_dict()
