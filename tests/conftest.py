@@ -9,7 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Scripts run as __main__ by the tests (they train at import): never import them to look for doctests.
-collect_ignore_glob = ["scripts/*", "harm/scripts/*", "real/cases/*", "public/*/*.py"]
+collect_ignore_glob = ["scripts/*", "*/scripts/*", "real/cases/*", "public/*/*.py"]
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,9 @@ MAX_LINES = 400
 LONG_MODULES: dict[str, str] = {
     "core/catalog.py": "the rule table itself: one Rule record per code, data rather than logic; one table reads "
                        "better than the same records scattered over files by code range",
+    "core/records.py": "the record format is one contract: the lines' builders, their typed views, the one module "
+                       "roll-up and the JSON report's shape side by side, so that writer and reader cannot drift "
+                       "apart again (they did when they lived in monitor/, ui/ and advice/)",
 }
 # Attribute names of private torch internals; only ampdoctor/_torch may read them.
 TORCH_INTERNALS = re.compile(

@@ -24,6 +24,7 @@ import ampdoctor.monitor.activations
 import ampdoctor.runner.doctor
 import ampdoctor.explanations.crash
 import ampdoctor.monitor.grad_stats
+import ampdoctor.monitor.gradients
 import ampdoctor.guard.scaler_guard
 import ampdoctor.monitor.lost_updates
 import ampdoctor.monitor.op_replay
@@ -185,7 +186,7 @@ RUN_FAULTS = [
     Fault("recorder-disk-full-later", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=4,
           error=_disk_full),
     # summary_data() runs twice: for the doctor's report, then for the recorder's end line at detach
-    Fault("watch-report", lambda: ampdoctor.monitor.watcher, "module_rollup", "ampdoctor", steps_aside=False),
+    Fault("watch-report", lambda: ampdoctor.monitor.gradients, "rollup", "ampdoctor", steps_aside=False),
     Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
 ]
 

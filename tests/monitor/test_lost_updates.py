@@ -127,6 +127,7 @@ def test_weights_that_are_fp32_at_step_time_lose_nothing() -> None:
 def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path) -> None:
     # The step ends in the watch's optimizer post-hook; the lost-update counts come from a post-hook too. Theirs
     # must run first, or step k's counts land in step k + 1's record and the last ones in a "partial" line.
+    from ampdoctor.core.records import read_recording
     from ampdoctor.monitor.recorder import read_log
 
     torch.manual_seed(0)
@@ -138,6 +139,7 @@ def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path
         opt.step()
         opt.zero_grad()
     w.detach()
-    steps = [r for r in read_log(tmp_path)[1] if r.get("type") == "step"]
-    assert [(r["step"], r.get("partial", False)) for r in steps] == [(0, False), (1, False), (2, False)]
-    assert all(r["lost_updates"] == {"weight": 1.0, "bias": 1.0} for r in steps)
+    steps = read_recording(*read_log(tmp_path)[:2]).steps
+    assert [(s.step, s.partial) for s in steps] == [(0, False), (1, False), (2, False)]
+    assert all(s.lost.fraction == 1.0 and {n: p.fraction for n, p in s.lost.params.items()} == {"weight": 1.0,
+               "bias": 1.0} for s in steps)

@@ -34,8 +34,8 @@ MODULES = {  # name: (l2, absmax, min_nonzero, zero_frac, nonfinite, fp16 underf
 
 
 def module_stats(l2, absmax, min_nonzero, zero_frac, nonfinite, underflow, overflow) -> dict[str, float]:
-    stats = {"params": 2, "l2": l2, "absmax": absmax, "min_nonzero": min_nonzero, "nonfinite": nonfinite,
-             "zero_frac": zero_frac}
+    stats = {"params": 2, "numel": 4096, "l2": l2, "absmax": absmax, "min_nonzero": min_nonzero,
+             "nonfinite": nonfinite, "zero_frac": zero_frac, "negligible_frac": 0.0}
     stats.update({f"{f.name}_{kind}": 0.0 for f in FORMATS for kind in KINDS})
     stats.update(fp16_underflow=underflow, fp16_overflow=overflow)
     return stats

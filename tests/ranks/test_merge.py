@@ -110,7 +110,7 @@ def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeyp
     assert loaded.report.findings[1].detail.endswith("\nOn rank 1: 12% underflow")
     assert loaded.notes[0] == "rank 0: 1 sampled step(s), last sampled step 0; ended"
     assert loaded.notes[1].startswith("rank 1: 1 sampled step(s), last sampled step 0; no end line")
-    assert sorted(loaded.ranks) == [0, 1] and loaded.header["rank"] == 0
+    assert sorted(loaded.ranks) == [0, 1] and loaded.run.header.rank == 0
 
 
 @pytest.mark.parametrize("path, rank, expected", [("out/r.json", 1, "out/r.rank1.json"), ("r", 2, "r.rank2")])

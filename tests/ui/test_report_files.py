@@ -248,3 +248,47 @@ def test_activations_of_one_step_are_drawn_per_module_not_as_a_one_point_line(tm
     page = render_html(load_any(str(tmp_path)))
     assert "Activation headroom per module at step 0" in page and "Activation headroom over" not in page
     assert "id='fig-activations'><svg" in page
+
+
+def test_lost_updates_of_a_pure_bf16_run_reach_the_report(tmp_path):
+    """The recorder wrote a step's lost updates as ``{param: fraction}`` and the report read ``["fraction"]``: a run
+    with AMP607 had no lost-update series, column or figure."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).bfloat16()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)   # most updates are below half a bf16 ulp of the weights
+    with ampdoctor.watch(model, opt, every=1, log_dir=str(tmp_path)) as w:
+        for _ in range(5):
+            model(torch.randn(8, 32, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP607" in {f.code for f in w.findings()}
+    loaded = load_any(str(tmp_path))
+    data = run_data(loaded)
+    assert [s for s, _ in data.lost] == [0, 1, 2, 3, 4] and all(0 < v <= 1 for _, v in data.lost)
+    assert series(loaded)["lost updates (fraction)"] == data.lost
+    assert "lost updates (fraction)" in _console(render_loaded(loaded))
+    if have_matplotlib():
+        assert "id='fig-lost_updates'><svg" in render_html(loaded)
+
+
+def test_a_modules_underflow_share_is_the_same_in_the_summary_and_on_the_page(tmp_path):
+    """The watch summary weighted each parameter's share by the entries it examined, the page pooled the counts over
+    the signal entries: with a weight half of whose gradient entries are 0 next to a bias with none, the console said
+    one share and the heatmap another for the same module and step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    spread = torch.logspace(-7, 0, 16) * (torch.arange(16) % 2)   # half the inputs of model[2] are exactly 0
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ampdoctor.watch(model, opt, scaler, every=1, log_dir=str(tmp_path)) as w:
+        for _ in range(3):
+            loss = model[2](model[1](model[0](torch.randn(4, 8))) * spread).pow(2).mean() * 1e-9
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    params = w.summary_data()["gradients"]["params"]
+    assert params["2.weight"]["fp16_underflow"] > 0.1 and params["2.bias"]["zero_frac"] == 0.0
+    summary = w.summary_data()["gradients"]["modules"]["2"]["fp16_underflow"]
+    page = run_data(load_any(str(tmp_path))).cast["fp16_underflow"]["2"][-1]
+    assert summary == pytest.approx(page, rel=1e-12)

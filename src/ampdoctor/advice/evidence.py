@@ -1,14 +1,14 @@
 """Read a flight recorder (``ampdoctor.watch(log_dir=...)``) for what the measured gradients say about fp16/bf16.
 
-From each sampled step's ``gradients.rows`` (columns named by the header's ``grad_columns``; magnitudes are of the
-unscaled gradient): the smallest examined non-zero |g| and the abs-max per parameter, and the fp16/bf16 underflow
-fractions at the loss scale of that step. From ``lost_updates``: the measured fraction of updates that rounding
-lost in fp16/bf16 parameters (recorded only for such parameters).
+From each sampled step's gradients (read through ``ampdoctor.core.records``; magnitudes are of the unscaled
+gradient): the smallest examined non-zero |g| and the abs-max per parameter, and the fp16/bf16 underflow
+fractions at the loss scale of that step. From the lost updates: the measured share of updates that rounding lost
+in fp16/bf16 parameters (recorded only for such parameters), per parameter over the sampled steps.
 
 fp16 keeps ``|g| * S`` when it is at least its smallest subnormal, 2**-24, and overflows above 65504; so a layer
 whose smallest gradient is ``m`` needs ``S >= 2**ceil(log2(2**-24 / m))``, and the largest gradient ``M`` allows
-``S <= 2**floor(log2(65504 / M))``. Entries below 2**-24 of the step's largest |g| are at fp32's rounding level
-(``ampdoctor.monitor.grad_stats``: negligible) and are not asked for. bf16's smallest subnormal is 2**-133.
+``S <= 2**floor(log2(65504 / M))``. Entries below ``grad_stats.FLOOR`` (2**-24) of the step's largest |g| are at
+fp32's rounding level (negligible) and are not asked for. bf16's smallest subnormal is 2**-133.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ampdoctor.core.records import read_recording
+from ampdoctor.monitor.formats import BF16, FP16
+from ampdoctor.monitor.grad_stats import FLOOR
 from ampdoctor.monitor.recorder import read_log
 
 __all__ = ["read_evidence"]
-
-FP16_MIN_SUBNORMAL = 2.0**-24
-FP16_MAX = 65504.0
-BF16_MIN_SUBNORMAL = 2.0**-133
-NEGLIGIBLE = 2.0**-24  # relative to the step's largest |g|
 
 
 def read_evidence(path: str) -> dict[str, Any]:
@@ -32,41 +30,34 @@ def read_evidence(path: str) -> dict[str, Any]:
     header, records, problems = read_log(path)
     if header is None:
         raise ValueError(f"{path!r} has no flight-recorder header: {'; '.join(problems[:2])}")
-    names = [p.get("name", str(i)) for i, p in enumerate(header.get("params", []))]
-    dtypes = {p.get("name"): p.get("dtype") for p in header.get("params", [])}
-    columns = {c: i for i, c in enumerate(header.get("grad_columns", []))}
+    recording = read_recording(header, records)
+    dtypes = dict(zip(recording.header.layout.names, recording.header.dtypes))
     smallest: dict[str, float] = {}
     largest = 0.0
-    underflow = {"fp16": [], "bf16": []}
+    underflow: dict[str, list[float]] = {"fp16": [], "bf16": []}
     scales = []
-    lost_moved: dict[str, list[float]] = {}
     steps = 0
-    for record in records:
-        grads = record.get("gradients") or {}
-        rows = grads.get("rows") or []
-        if rows and "min_nonzero" in columns:
-            steps += 1
-            scales.append(grads.get("loss_scale"))
-            finite = [r[columns["absmax"]] for r in rows if r[columns["has_grad"]] and math.isfinite(r[columns["absmax"]])]
-            step_max = max(finite, default=0.0)
-            largest = max(largest, step_max)
-            floor = step_max * NEGLIGIBLE
-            for name, row in zip(names, rows):
-                low = row[columns["min_nonzero"]]
-                if row[columns["has_grad"]] and math.isfinite(low) and low > 0:
-                    smallest[name] = min(smallest.get(name, math.inf), max(low, floor))
-                signal = row[columns["sampled_nonzero"]] if "sampled_nonzero" in columns else 0
-                for fmt in underflow:
-                    key = f"{fmt}_underflow"
-                    if key in columns and signal and signal == signal:
-                        underflow[fmt].append(row[columns[key]] / signal)
-        for name, fraction in (record.get("lost_updates") or {}).items():
-            lost_moved.setdefault(name, []).append(fraction)
-    return _conclude(path, steps, smallest, largest, underflow, scales, lost_moved, dtypes)
+    for step in recording.steps:
+        params = step.gradients.params() if step.gradients is not None else {}
+        if not params:
+            continue
+        steps += 1
+        scales.append(step.gradients.loss_scale)
+        step_max = max((s["absmax"] for s in params.values() if math.isfinite(s["absmax"])), default=0.0)
+        largest = max(largest, step_max)
+        floor = step_max * FLOOR
+        for name, stats in params.items():
+            low = stats.get("min_nonzero", math.nan)
+            if math.isfinite(low) and low > 0:
+                smallest[name] = min(smallest.get(name, math.inf), max(low, floor))
+            for fmt in underflow:
+                if f"{fmt}_underflow" in stats:
+                    underflow[fmt].append(stats[f"{fmt}_underflow"])
+    return _conclude(path, steps, smallest, largest, underflow, scales, recording.lost_by_param(), dtypes)
 
 
 def _conclude(path: str, steps: int, smallest: dict[str, float], largest: float, underflow: dict[str, list[float]],
-              scales: list[Any], lost: dict[str, list[float]], dtypes: dict[str, Any]) -> dict[str, Any]:
+              scales: list[Any], lost: dict[str, float], dtypes: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"log": path, "sampled_steps": steps, "lines": [], "safe": {}}
     lines: list[str] = out["lines"]
     if not steps:
@@ -74,8 +65,8 @@ def _conclude(path: str, steps: int, smallest: dict[str, float], largest: float,
                      "nothing to say about fp16/bf16")
         out["safe"] = {"fp16": None, "bf16": None, "pure_bf16": None}
     else:
-        need = {n: math.ceil(math.log2(FP16_MIN_SUBNORMAL / m)) for n, m in smallest.items()}
-        allowed = math.floor(math.log2(FP16_MAX / largest)) if largest > 0 else None
+        need = {n: math.ceil(math.log2(FP16.min_subnormal / m)) for n, m in smallest.items()}
+        allowed = math.floor(math.log2(FP16.max / largest)) if largest > 0 else None
         worst = sorted(need.items(), key=lambda kv: -kv[1])[:5]
         k = max(need.values(), default=0)
         recorded = [s for s in scales if s]
@@ -90,14 +81,14 @@ def _conclude(path: str, steps: int, smallest: dict[str, float], largest: float,
         if recorded:
             lines.append(f"at the recorded loss scale {recorded[-1]:g}, up to {fp16_u:.2%} of a layer's gradient "
                          f"entries underflowed in fp16")
-        bf16_lost = [n for n, m in smallest.items() if m < BF16_MIN_SUBNORMAL / 2]
+        bf16_lost = [n for n, m in smallest.items() if m < BF16.underflow_at_most]
         out["bf16"] = {"underflowing_layers": bf16_lost, "smallest_gradient": min(smallest.values(), default=None)}
         lines.append("bf16 loses none of these gradients (smallest |g| "
                      f"{min(smallest.values(), default=0):.3g} >= 2^-133)" if not bf16_lost else
                      f"bf16 underflows gradients of {', '.join(bf16_lost[:3])}")
         out["safe"].update(fp16=fits, bf16=not bf16_lost)
     if lost:
-        fractions = {n: sum(v) / len(v) for n, v in lost.items()}
+        fractions = lost   # per parameter, over the sampled steps (core.records.Recording.lost_by_param)
         mean = sum(fractions.values()) / len(fractions)
         out["lost_updates"] = {"mean": mean, "params": fractions}
         kinds = sorted({str(dtypes.get(n)) for n in fractions})

@@ -62,6 +62,23 @@ class Finding:
             data["ranks"] = list(self.ranks)
         return data
 
+    @classmethod
+    def from_dict(cls, data: Any) -> "Finding":
+        """Rebuild a finding from `to_dict` output (a JSON report, a flight recorder's line); raise ``ValueError``
+        on anything else. Optional fields of the wrong type read as absent.
+
+        >>> f = Finding.from_dict({"code": "AMP101", "severity": "error", "where": "fc", "detail": "half", "step": "?"})
+        >>> f.severity, f.step
+        (<Severity.ERROR: 'error'>, None)
+        """
+        try:
+            step, process, cause = data.get("step"), data.get("process"), data.get("cause")
+            return cls(str(data["code"]), Severity(data["severity"]), str(data["where"]), str(data["detail"]),
+                       step if isinstance(step, int) else None, process if isinstance(process, str) else None,
+                       cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")))
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed finding {data!r:.200}: {exc!r:.200}") from None
+
 
 def read_ranks(value: object) -> tuple[int, ...] | None:
     """Return the ``ranks`` of a finding read back from JSON: sorted distinct ints, or ``None`` for anything else.

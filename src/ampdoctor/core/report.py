@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.environment import Environment
-from ampdoctor.core.findings import Finding, Severity, read_ranks
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.records import REPORT_SCHEMA, report_fields, report_to_dict
 from ampdoctor.core.views import Drawn
 
-SCHEMA = "ampdoctor.core.report/1"
+SCHEMA = REPORT_SCHEMA
 NOTHING_OBSERVED = ("nothing was trained in a process ampdoctor could see: no model ran a forward pass with "
                     "gradients, and no optimizer or GradScaler was used, so nothing was diagnosed")
 
@@ -77,29 +77,15 @@ class Report(Drawn):
             self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:
-        findings = []
-        for f in self.findings:
-            data = f.to_dict()
-            try:
-                rule = get_rule(f.code)
-                data.update(title=rule.title, fix=rule.fix)
-            except KeyError:
-                data.update(title="", fix="")
-            findings.append(data)
-        return {
-            "schema": SCHEMA,
-            "ok": self.ok,
-            "findings": findings,
-            "exception": self.exception,
-            "environment": dict(self.environment),
-            "changes": self.changes,
-            **({} if self.observed is None else {"observed": self.observed}),
-            **({"exit_status": self.exit_status} if self.exit_status else {}),
-            **({"why_not_ok": NOTHING_OBSERVED} if self.saw_nothing else
-               {"why_not_ok": missing_ranks_sentence(self.missing_ranks)} if self.missing_ranks else
-               {"why_not_ok": exit_sentence(self)} if self.exit_status and not self.exception else {}),
-            **self.extra,
-        }
+        """Return the JSON shape of the report (``ampdoctor.core.records.report_to_dict``)."""
+        why = None
+        if self.saw_nothing:
+            why = NOTHING_OBSERVED
+        elif self.missing_ranks:
+            why = missing_ranks_sentence(self.missing_ranks)
+        elif self.exit_status and not self.exception:
+            why = exit_sentence(self)
+        return report_to_dict(self, why)
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), indent=kwargs.pop("indent", 2), default=str, **kwargs)
@@ -107,32 +93,7 @@ class Report(Drawn):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
         """Rebuild a report from ``to_dict()`` output; raise ``ValueError`` on anything else."""
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ValueError(f"not an ampdoctor report: expected schema {SCHEMA!r}, got "
-                             f"{(data.get('schema') if isinstance(data, dict) else type(data).__name__)!r:.80}")
-        items = _typed(data, "findings", list, [])
-        findings = []
-        for item in items:
-            try:
-                step, process, cause = item.get("step"), item.get("process"), item.get("cause")
-                findings.append(Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]),
-                                        str(item["detail"]), step if isinstance(step, int) else None,
-                                        process if isinstance(process, str) else None,
-                                        cause if isinstance(cause, str) else None, read_ranks(item.get("ranks"))))
-            except (AttributeError, KeyError, ValueError, TypeError) as exc:
-                raise ValueError(f"malformed finding {item!r:.200}: {exc!r:.200}") from None
-        exception = _typed(data, "exception", dict, None)
-        if exception is not None:
-            exception = {str(k): str(v) for k, v in exception.items()}
-        known = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok",
-                 "exit_status"}
-        observed = _typed(data, "observed", dict, None)
-        return cls(findings, exception, _typed(data, "environment", dict, {}),
-                   [str(c) for c in _typed(data, "changes", list, [])],
-                   {k: v for k, v in data.items() if k not in known},
-                   None if observed is None else {str(k): int(v) for k, v in observed.items()
-                                                  if isinstance(v, int)},
-                   _typed(data, "exit_status", int, None))
+        return cls(**report_fields(data))
 
 
 
@@ -174,12 +135,3 @@ def exit_sentence(report: Report) -> str:
         " (`--activations --every 1` looks at the activations of every step)"
     return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear{hint}"
 
-
-def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise ValueError(f"not an ampdoctor report: {key!r} should be a JSON {kind.__name__}, got "
-                         f"{type(value).__name__}: {value!r:.80}")
-    return value

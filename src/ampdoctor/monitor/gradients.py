@@ -2,7 +2,7 @@
 
 ``GradientReader.read`` computes the ``GradStats`` rows of a sampled step on the device (no host sync); the watch
 copies ``pending()`` to the host with everything else and hands the values to ``consume()``, which builds the
-step record's ``"gradients"`` entry. The alarms on it:
+step line's ``"gradients"`` entry (``ampdoctor.core.records.gradients_entry``). The alarms on it:
 
 * AMP608: some gradient entry is inf/NaN (its tensor's abs-max is not finite), so the global norm is too, and no
   GradScaler skipped the step. A norm whose float32 sum of squares overflowed is not one: ``GradStats`` computes it
@@ -26,11 +26,11 @@ import torch
 
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
+from ampdoctor.core.records import Step, gradient_rows, gradients_entry, param_stats, read_step, rollup
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats, local_tensor
 from ampdoctor.monitor.reduction import ShardReduction
 
-__all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_record", "gradient_alarms",
-           "rows_to_dicts"]
+__all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_alarms", "rows_to_dicts"]
 
 _PARTIAL = ("partial DTensor gradient (a pending sum over ranks): the statistics of a sum are not a function of "
             "each rank's part, so it is left out rather than misreported")
@@ -85,6 +85,7 @@ class GradientReader:
         self._read = "none"
         self._clip: torch.Tensor | None = None  # [pre-clip norm, 1 if it clipped scaled grads, 1 if a norm came back]
         self.last: dict[str, dict[str, float]] = {}  # per-parameter statistics of the last consumed step
+        self.last_rows: list[list[float]] = []       # its rows of counts, one per parameter (core.records.rollup)
         self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
         self.last_clipped_scaled = False               # the last step's clip ran on still-scaled gradients
         self.norm_history: list[tuple[int, float]] = []  # (step, global norm) of sampled steps, up to NORM_HISTORY
@@ -187,9 +188,10 @@ class GradientReader:
         self._params = []
         self.clear()
 
-    def summary(self, modules: dict[str, dict[str, float]]) -> dict[str, Any]:
-        """Return the JSON-ready summary: the last step's statistics by parameter and by module, and the norms."""
-        out: dict[str, Any] = {"params": self.last, "modules": modules}
+    def summary(self, modules: Sequence[str]) -> dict[str, Any]:
+        """Return the JSON-ready summary: the last step's statistics by parameter and by module (``modules``: the
+        module of each parameter; pooled by ``core.records.rollup``), and the norms."""
+        out: dict[str, Any] = {"params": self.last, "modules": rollup(self.last_rows, COLUMNS, modules)}
         if self.unsummarised:
             out["unsummarised"] = dict(self.unsummarised)
         if self.reduction is not None:
@@ -206,20 +208,17 @@ class GradientReader:
         return out
 
     def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
-        """Take the host copy of ``pending()``; return the step record's ``"gradients"`` entry."""
-        record, self.last = gradient_record(values, self.names, self._read)
-        if "clip" in values:
-            # clip_grad_norm_ returns the norm before clipping; on still-scaled gradients it carries the scale
-            norm, scaled, returned = values["clip"]
-            record["clipped_scaled"] = scaled > 0
-            if returned:
-                record["pre_clip_norm"] = norm
-        self.last_pre_clip = record.get("pre_clip_norm")
-        self.last_clipped_scaled = bool(record.get("clipped_scaled"))
-        total = record["global_norm"]
-        if total is not None and len(self.norm_history) < NORM_HISTORY:
-            self.norm_history.append((step, total))
-        return record
+        """Take the host copy of ``pending()``; return the step line's ``"gradients"`` entry."""
+        rows = gradient_rows(values["rows"], len(COLUMNS))
+        scale = values.get("scale")
+        entry = gradients_entry(rows, COLUMNS, read=self._read, loss_scale=scale[0] if scale else None,
+                                clip=values.get("clip"))
+        self.last, self.last_rows = param_stats(rows, COLUMNS, self.names), rows
+        read = read_step({"step": step, "gradients": entry}).gradients
+        self.last_pre_clip, self.last_clipped_scaled = read.pre_clip_norm, read.clipped_scaled
+        if read.global_norm is not None and len(self.norm_history) < NORM_HISTORY:
+            self.norm_history.append((step, read.global_norm))
+        return entry
 
 
 def _combine(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
@@ -227,55 +226,29 @@ def _combine(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
     return torch.where(later[:, COL["has_grad"]:COL["has_grad"] + 1] > 0, later, earlier)
 
 
-def gradient_record(values: dict[str, list[float]], names: Sequence[str],
-                    read: str) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
-    """Return the step record's ``"gradients"`` entry and the per-parameter statistics by name.
+def gradient_alarms(record: Step, params: dict[str, dict[str, float]], *, scaler: bool, stats: str,
+                    skips_known: bool = True) -> Iterator[tuple[str, Severity, str, str]]:
+    """Yield ``(code, severity, where, detail)`` for the alarms a step line raises (AMP608, AMP605).
 
     Args:
-        values: the host copy of the pending statistics: ``"rows"`` (flat, ``len(COLUMNS)`` per parameter) and,
-            if known, ``"scale"`` (the loss scale the statistics assumed).
-        names: the parameter names, one per row.
-        read: how the gradients were read: ``"scaled"``, ``"unscaled"``.
-
-    >>> record, params = gradient_record({"rows": [0.0] * len(COLUMNS), "scale": [1024.0]}, ["w"], "scaled")
-    >>> record["read"], record["loss_scale"], record["global_norm"], params  # "w" had no gradient
-    ('scaled', 1024.0, None, {})
-    """
-    width = len(COLUMNS)
-    flat = values["rows"]
-    rows = [flat[i:i + width] for i in range(0, len(flat), width)]
-    params = rows_to_dicts(rows, names)
-    norms = [s["l2"] for s in params.values()]
-    total = math.sqrt(sum(n * n for n in norms)) if norms else None
-    scale = values.get("scale")
-    return {"read": read, "loss_scale": scale[0] if scale else None, "global_norm": total, "rows": rows}, params
-
-
-def gradient_alarms(record: dict[str, Any], params: dict[str, dict[str, float]], step: int, *, scaler: bool,
-                    stats: str, skips_known: bool = True) -> Iterator[tuple[str, Severity, str, str]]:
-    """Yield ``(code, severity, where, detail)`` for the alarms a step record raises (AMP608, AMP605).
-
-    Args:
-        record: the step record, with ``"gradients"`` from :func:`gradient_record` and ``"scale"`` if any.
-        params: the per-parameter statistics of that record.
-        step: the step number.
+        record: the step line (``core.records.read_step``), with its gradients and, if any, its scale entry.
+        params: the per-parameter statistics of that step.
         scaler: whether the watch has a GradScaler (AMP605 is about the loss scale).
         stats: the watch's statistics level; ``"norms"`` has no counts, so no AMP605.
         skips_known: whether a skipped step would be in the record (False: the GradScaler's part of the watch is
             off after an internal error, and "not skipped" cannot be said: no AMP608).
     """
-    grads = record.get("gradients")
-    if not grads or grads["global_norm"] is None:
+    grads, step = record.gradients, record.step
+    if grads is None or grads.global_norm is None:
         return
-    skipped = step in (record.get("scale") or {}).get("skipped", [])
     bad = [n for n, s in params.items() if not math.isfinite(s["absmax"])]  # abs-max is inf/NaN iff an entry is
-    if not math.isfinite(grads["global_norm"]) and bad and not skipped and skips_known:
+    if not math.isfinite(grads.global_norm) and bad and not record.skipped and skips_known:
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
-               f"global gradient norm {grads['global_norm']} at step {step} and the step was not skipped "
+               f"global gradient norm {grads.global_norm} at step {step} and the step was not skipped "
                f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")
-    if not scaler or stats == "norms" or grads.get("clipped_scaled"):
+    if not scaler or stats == "norms" or grads.clipped_scaled:
         return  # clipping the still-scaled gradients shrank them by the scale: their underflow is an artefact
-    scale = grads.get("loss_scale")
+    scale = grads.loss_scale
     flagged = [(s["fp16_underflow"], s["fp16_subnormal"], n) for n, s in params.items()
                if s.get("fp16_underflow", 0.0) >= UNDERFLOW_FRACTION
                or s.get("fp16_subnormal", 0.0) >= SUBNORMAL_FRACTION]
@@ -304,29 +277,9 @@ def _underflow_detail(stats: dict[str, float], under: float, subnormal: float, s
 
 
 def rows_to_dicts(matrix: Sequence[Sequence[float]], names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Turn host rows of ``GradStats.compute`` into ``{name: {stat: value}}``, with fractions instead of counts.
-
-    ``zero_frac`` and ``negligible_frac`` are of all entries; ``<fmt>_underflow`` / ``_overflow`` / ``_subnormal``
-    are of the signal entries examined (finite, above the floor); ``min_nonzero`` is the smallest finite non-zero
-    |g| examined. Parameters without a gradient are left out.
+    """Turn host rows of ``GradStats.compute`` into ``{name: {stat: value}}`` (``core.records.param_stats``).
 
     >>> rows_to_dicts([[1, 4, 3.0, 0.5, 3.1, 0, 1, 0, 4, 3, 1] + [0] * 11], ["w"])["w"]["fp16_underflow"]
     0.3333333333333333
     """
-    out: dict[str, dict[str, float]] = {}
-    for name, row in zip(names, matrix):
-        if not row[COL["has_grad"]]:
-            continue
-        numel = row[COL["numel"]]
-        nonzero = row[COL["sampled_nonzero"]]
-        stats: dict[str, float] = {"absmax": row[COL["absmax"]], "l2": row[COL["l2"]]}
-        if not math.isnan(row[COL["sampled"]]):  # counts were computed
-            stats.update(min_nonzero=row[COL["min_nonzero"]], nonfinite=int(round(row[COL["nonfinite"]])),
-                         zero_frac=row[COL["zeros"]] / numel if numel else 0.0, sampled=int(row[COL["sampled"]]),
-                         negligible_frac=row[COL["negligible"]] / numel if numel else 0.0)
-            for kind in KINDS:
-                for f in FORMATS:
-                    key = f"{f.name}_{kind}"
-                    stats[key] = row[COL[key]] / nonzero if nonzero else 0.0
-        out[name] = stats
-    return out
+    return param_stats(matrix, COLUMNS, names)

@@ -35,6 +35,7 @@ import torch
 from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabled, live_scale
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.records import scale_entry
 
 __all__ = ["ScaleMonitor"]
 
@@ -218,8 +219,7 @@ class ScaleMonitor:
             if self.lowest is None or self.current_scale < self.lowest[1]:
                 self.lowest = (self.steps, self.current_scale)  # the scale the next step starts from
         self._check()
-        return {"steps": [first, self.steps], "scale": self.current_scale, "scale_changes": changes,
-                "skipped": skipped_now, "skipped_total": self.skipped, "skip_run": self.run}
+        return scale_entry(first, self.steps, self.current_scale, changes, skipped_now, self.skipped, self.run)
 
     # ---- alarms -------------------------------------------------------------------------------------------
     def _check(self) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.records import lost_updates_entry
 from ampdoctor.monitor.grad_stats import sample_index
 
 __all__ = ["LostUpdateMonitor", "LOST_FRACTION"]
@@ -164,21 +165,21 @@ class LostUpdateMonitor:
         counts, self._counts = self._counts, None
         return {} if counts is None else {"counts": counts}
 
-    def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
-        """Take the host values of ``pending()``; return ``{name: lost fraction}`` for this sample."""
+    def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any] | None:
+        """Take the host values of ``pending()``; return the step line's ``lost_updates`` entry (the counts of this
+        sample: ``core.records.lost_updates_entry``), or None when nothing was counted."""
         flat = values.get("counts")
         if not flat or not any(flat[0::2]):
-            return {}   # no sampled entry had a gradient at the step (a step(closure) computes them after): none measured
+            return None   # no sampled entry had a gradient at the step (a step(closure) computes them after)
         self.steps += 1
-        out: dict[str, Any] = {}
+        counts = []
         for k, name in enumerate(self.names):
             moved, unchanged = int(flat[2 * k]), int(flat[2 * k + 1])
             self.with_grad[k] += moved
             self.lost[k] += unchanged
-            if moved:
-                out[name] = unchanged / moved
+            counts.append((name, moved, unchanged))
         self._check(step)
-        return out
+        return lost_updates_entry(counts)
 
     def fractions(self) -> dict[str, float]:
         """Return the lost fraction per watched parameter over every sampled step (parameters never updated

@@ -1,4 +1,4 @@
-"""A JSON-lines flight recorder: one header line, then one line per sampled step, each flushed when written.
+"""The flight recorder's file: JSON lines appended whole and flushed, and read back whole, torn or restarted.
 
 Durability. Every line is written whole and flushed to the operating system (``f.write(line); f.flush()``), so a
 crash or ``kill -9`` of the training process loses at most the line being written: the kernel already holds the
@@ -7,9 +7,9 @@ rest. ``os.fsync`` per line would also survive a power loss or kernel panic, but
 off by default (``fsync=False``), and the file is fsynced once when the recorder closes.
 
 Format. Lines are JSON objects written by ``json.dumps``; non-finite floats use Python's ``NaN`` / ``Infinity`` /
-``-Infinity`` tokens, which ``json.loads`` reads back. A run starts with a ``"type": "header"`` line
-(``"schema": "ampdoctor.watch/1"``); step lines have ``"type": "step"``; a clean close writes ``"type": "end"``.
-Reading never unpickles or evaluates anything.
+``-Infinity`` tokens, which ``json.loads`` reads back. What the lines hold (a header line with its schema, step
+lines, an end line, a report line) is defined in ``ampdoctor.core.records``, which also reads them
+(``read_recording``); this module only writes and parses the file. Reading never unpickles or evaluates anything.
 
 Runs and ranks. A file is appended to, never truncated: a restarted job (torchrun ``--max-restarts``, a resumed
 script) adds a new header line and its own steps after the earlier runs, which stay readable (`read_runs`;
@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ampdoctor.core.records import WATCH_SCHEMA, end_line, header_line, header_problem, report_line
+
 __all__ = ["SCHEMA", "LOG_NAME", "FlightRecorder", "LogRun", "log_name", "rank_of_log", "read_log", "read_runs"]
 
-SCHEMA = "ampdoctor.watch/1"
+SCHEMA = WATCH_SCHEMA  # the schema this ampdoctor writes; core.records reads the older ones too
 LOG_NAME = "ampdoctor.jsonl"
 _RANK_LOG = re.compile(r"^ampdoctor\.rank(\d+)\.jsonl$")
 
@@ -56,8 +58,9 @@ class FlightRecorder:
         path: the file, or a directory to put the log in (created if missing): ``ampdoctor.jsonl``, or
             ``ampdoctor.rank{r}.jsonl`` in a distributed job of several processes. An existing file is appended
             to: this run starts with its own header line after the earlier runs.
-        header: JSON-ready fields of the header line; ``type``, ``schema``, ``started`` (seconds since the epoch),
-            ``pid``, and in a distributed job ``rank`` and ``world_size`` are added.
+        header: JSON-ready fields of the header line (``monitor.summary.log_header``); ``type``, ``schema``,
+            ``started`` (seconds since the epoch), ``pid``, and in a distributed job ``rank`` and ``world_size``
+            are added (``core.records.header_line``).
         fsync: also ``os.fsync`` after every line (survives power loss; costs a disk round trip per line).
 
     >>> import tempfile
@@ -83,9 +86,8 @@ class FlightRecorder:
         self._file: IO[str] | None = open(target, "a", encoding="utf-8")
         if self._file.tell() > 0 and not _ends_with_newline(target):
             self._file.write("\n")  # an earlier run killed mid-line: its torn line stays a line of its own
-        where = {"rank": ranked.rank, "world_size": ranked.world_size} if ranked else {}
-        self.write({"type": "header", "schema": SCHEMA, "started": round(time.time(), 3), "pid": os.getpid(),
-                    **where, **header})
+        self.write(header_line(header, started=round(time.time(), 3), pid=os.getpid(),
+                               rank=ranked.rank if ranked else None, world_size=ranked.world_size if ranked else None))
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line and flush it; raise ``ValueError`` once closed."""
@@ -99,12 +101,13 @@ class FlightRecorder:
         self.lines += 1
 
     def close(self, end: dict[str, Any] | None = None) -> None:
-        """Write an ``end`` line (if given), fsync once and close. Closing twice is a no-op."""
+        """Write an ``end`` line of the fields ``end`` (if given; see ``core.records.end_line``), fsync once and
+        close. Closing twice is a no-op."""
         if self._file is None:
             return
         try:
             if end is not None:
-                self.write({"type": "end", **end})
+                self.write(end_line(**end))
             os.fsync(self._file.fileno())
         finally:
             self._file.close()
@@ -126,7 +129,7 @@ def append_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
 
     `ampdoctor report LOG` then shows the same findings and counts as the console and the JSON of that run.
     """
-    line = json.dumps({"type": "report", "report": report}, separators=(",", ":"), default=_jsonable) + "\n"
+    line = json.dumps(report_line(report), separators=(",", ":"), default=_jsonable) + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
 
@@ -221,8 +224,9 @@ def read_runs(path: str | os.PathLike[str]) -> list[LogRun]:
                 runs[0] = LogRun(item, problems=runs[0].problems, line=number)  # only garbage came before it
             else:
                 runs.append(LogRun(item, line=number))
-            if item.get("schema") != SCHEMA:
-                runs[-1].problems.append(f"line {number}: header schema {item.get('schema')!r}, expected {SCHEMA!r}")
+            problem = header_problem(item)
+            if problem is not None:
+                runs[-1].problems.append(f"line {number}: {problem}")
             continue
         run = current(number)
         if run.header is None and not run.problems:

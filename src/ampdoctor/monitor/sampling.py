@@ -12,7 +12,8 @@ first steps.
 from __future__ import annotations
 
 import math
-from typing import Any
+
+from ampdoctor.core.records import Step
 
 DENSE_STEPS = 10
 ESCALATE_STEPS = 4
@@ -25,9 +26,12 @@ class Sampling:
     >>> s = Sampling(every=50)
     >>> [step for step in range(120) if s.sampled(step)][-4:]
     [8, 9, 50, 100]
-    >>> s.escalate({"scale": {"skipped": [60]}}, step=60), s.sampled(61), s.sampled(65)
+    >>> from ampdoctor.core.records import read_step
+    >>> def line(step, skipped=()):
+    ...     return read_step({"step": step, "scale": {"skipped": list(skipped)}})
+    >>> s.escalate(line(60, [60]), step=60), s.sampled(61), s.sampled(65)
     (True, True, False)
-    >>> s.escalate({"scale": {"skipped": [61]}}, step=61), s.escalate({}, step=62), s.escalate({"scale": {"skipped": [63]}}, step=63)
+    >>> s.escalate(line(61, [61]), step=61), s.escalate(line(62), step=62), s.escalate(line(63, [63]), step=63)
     (False, False, True)
     """
 
@@ -42,11 +46,11 @@ class Sampling:
         escalated = self.escalated_at is not None and step <= self.escalated_at + ESCALATE_STEPS
         return step < self.dense or step % self.every == 0 or escalated
 
-    def escalate(self, record: dict[str, Any], step: int) -> bool:
-        """Return True when ``record`` starts an episode of trouble: a skipped step or a non-finite gradient norm
-        after a clean sampled step (at most ``MAX_ESCALATIONS`` times)."""
-        skipped = (record.get("scale") or {}).get("skipped")
-        norm = (record.get("gradients") or {}).get("global_norm")
+    def escalate(self, record: Step, step: int) -> bool:
+        """Return True when the step line ``record`` starts an episode of trouble: a skipped step or a non-finite
+        gradient norm after a clean sampled step (at most ``MAX_ESCALATIONS`` times)."""
+        skipped = record.scale is not None and record.scale.skipped
+        norm = None if record.gradients is None else record.gradients.global_norm
         troubled = bool(skipped) or (norm is not None and not math.isfinite(norm))
         new_episode, self._troubled = troubled and not self._troubled, troubled
         if not new_episode or self.escalations >= MAX_ESCALATIONS:

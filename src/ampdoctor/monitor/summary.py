@@ -1,4 +1,4 @@
-"""What a watch says of itself as data: per-module roll-ups, the flight recorder's header, the run's formats.
+"""What a watch says of itself as data: the flight recorder's header and the formats the run trains in.
 
 Everything here works on plain data (the JSON-ready dicts ``Watch.summary_data()`` returns and the host values of
 the statistics); nothing touches the model, the optimizer or the scaler beyond reading a few settings. The summary
@@ -7,48 +7,13 @@ is drawn by ``ampdoctor.ui.watch_view``.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Sequence
 
 from ampdoctor.core.isolation import call_safely
-from ampdoctor.monitor.grad_stats import COLUMNS, FORMATS, KINDS
+from ampdoctor.monitor.grad_stats import COLUMNS, FORMATS
 
-__all__ = ["module_rollup", "log_header", "run_formats"]
-
-
-def module_rollup(params: dict[str, dict[str, float]], module_of: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Combine per-parameter statistics into per-module ones: L2 of L2s, max of maxes, min of mins, summed counts,
-    and fractions weighted by the entries they were measured on.
-
-    >>> module_rollup({"fc.w": {"l2": 3.0, "absmax": 2.0}, "fc.b": {"l2": 4.0, "absmax": 1.0}}, {"fc.w": "fc",
-    ...                "fc.b": "fc"})
-    {'fc': {'params': 2, 'l2': 5.0, 'absmax': 2.0}}
-    """
-    out: dict[str, dict[str, float]] = {}
-    for module, names in _group(params, module_of).items():
-        stats = [params[n] for n in names]
-        rolled: dict[str, float] = {"params": len(stats), "l2": math.sqrt(sum(s["l2"] ** 2 for s in stats)),
-                                    "absmax": max(s["absmax"] for s in stats)}
-        if all("sampled" in s for s in stats):  # counts were computed (stats != "norms")
-            weights = [s["sampled"] for s in stats]
-            total = sum(weights) or 1
-            rolled.update(min_nonzero=min(s["min_nonzero"] for s in stats),
-                          nonfinite=sum(s["nonfinite"] for s in stats),
-                          zero_frac=sum(s["zero_frac"] * w for s, w in zip(stats, weights)) / total)
-            for f in FORMATS:
-                for kind in KINDS:
-                    key = f"{f.name}_{kind}"
-                    rolled[key] = sum(s[key] * w for s, w in zip(stats, weights)) / total
-        out[module] = rolled
-    return out
-
-
-def _group(params: dict[str, Any], module_of: dict[str, str]) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
-    for name in params:
-        groups.setdefault(module_of.get(name, "(not in model)"), []).append(name)
-    return groups
+__all__ = ["log_header", "run_formats"]
 
 
 def log_header(optimizer: Any, scaler: Any, *, every: int, stats: str, sample: int,

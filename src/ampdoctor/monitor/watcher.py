@@ -39,6 +39,7 @@ from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
+from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
 from ampdoctor.monitor.host_sync import HostCopy
 from ampdoctor.monitor.loss_scale import ScaleMonitor
@@ -46,7 +47,7 @@ from ampdoctor.monitor.lost_updates import LostUpdateMonitor
 from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
-from ampdoctor.monitor.summary import log_header, module_rollup, run_formats
+from ampdoctor.monitor.summary import log_header, run_formats
 from ampdoctor.monitor.watch_results import WatchResults, armed_findings
 from ampdoctor.monitor.watched import (EngineCopies, closure_calls_back, name_params, refuse_meta, scaler_of,
                                        steps_through, watched_chain)
@@ -130,7 +131,7 @@ class Watch(WatchResults):
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
         self._recorder: FlightRecorder | None = None
-        self._deferred: tuple[HostCopy, dict[str, Any], bool] | None = None  # a sampled step's copy, not yet read
+        self._deferred: tuple[HostCopy, int, float, dict[str, Any], bool] | None = None  # a step's copy, not read
         self._parts = WatchParts()
         self._started = time.perf_counter()
         self.attached = False
@@ -217,7 +218,7 @@ class Watch(WatchResults):
         if self._recorder is not None:
             self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
-                "findings": [f.to_dict() for f in self.findings()]}))
+                "findings": self.findings()}))
         self._model = self._optimizer = self._scaler = self._stepper = None
         self._chain, self._params = [], []
         self._grads.release()
@@ -312,10 +313,10 @@ class Watch(WatchResults):
         self.host_syncs += copy.syncs
         self._grads.clear()
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
-        record: dict[str, Any] = {"type": "step", "step": step, "t": round(time.perf_counter() - self._started, 4)}
+        entries: dict[str, Any] = {}  # the step line's entries, by core.records.step_line's keywords
         if self._activations is not None and "activations" not in self._parts.off and not partial:
-            self._guard("activations", lambda: record.update(activations=self._activations.step_record(step)))
-        self._deferred = (copy, record, partial)
+            self._guard("activations", lambda: entries.update(activations=self._activations.step_record(step)))
+        self._deferred = (copy, step, round(time.perf_counter() - self._started, 4), entries, partial)
         # deferred only when the next step is sampled too: escalation needs the values (test_deferred_read.py)
         if not copy.deferred or partial or not self._sampling.sampled(step + 1):
             self._consume()
@@ -324,28 +325,27 @@ class Watch(WatchResults):
         """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise alarms."""
         if self._deferred is None:
             return
-        (copy, record, partial), self._deferred = self._deferred, None
-        host, step = copy.values(), record["step"]
+        (copy, step, t, entries, partial), self._deferred = self._deferred, None
+        host = copy.values()
         if "gradients" in host:
-            self._guard("gradients", lambda: record.update(gradients=self._grads.consume(host["gradients"], step)))
+            self._guard("gradients", lambda: entries.update(gradients=self._grads.consume(host["gradients"], step)))
         if "scale" in host:
-            self._guard("scale", lambda: record.update(scale=self._scale_monitor.consume(host["scale"])))
+            self._guard("scale", lambda: entries.update(scale=self._scale_monitor.consume(host["scale"])))
         if "lost_updates" in host:
             self._guard("lost_updates",
-                        lambda: record.update(lost_updates=self._lost.consume(host["lost_updates"], step)))
-        self._guard("gradients", lambda: self._check_gradients(record, step, partial))
+                        lambda: entries.update(lost_updates=self._lost.consume(host["lost_updates"], step)))
+        record = step_line(step, t, partial=partial, **entries)  # partial: written at detach, for the last steps
+        view = read_step(record)
+        self._guard("gradients", lambda: self._check_gradients(view, partial))
         if not partial:
-            self._guard("watch", lambda: self._escalate(record, step))
-        if partial:
-            record["partial"] = True  # written at detach: the steps since the last sampled one
-        else:
+            self._guard("watch", lambda: self._escalate(view, step))
             self.sampled_steps += 1
         self.last_record = record
         if self._recorder is not None and "recorder" not in self._parts.off:
             self._guard("recorder", lambda: self._recorder.write(record))
 
     # ---- escalation -----------------------------------------------------------------------------------------
-    def _escalate(self, record: dict[str, Any], step: int) -> None:
+    def _escalate(self, record: Step, step: int) -> None:
         """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
         if self._armed is not None and step >= self._armed[1]:  # its last step is recorded: keep what it found
             self._guard("activations", self._disarm)
@@ -356,13 +356,13 @@ class Watch(WatchResults):
             self._guard("activations", lambda: self._arm_activations(self.steps + 1))
 
     # ---- alarms ---------------------------------------------------------------------------------------------
-    def _check_gradients(self, record: dict[str, Any], step: int, partial: bool = False) -> None:
+    def _check_gradients(self, record: Step, partial: bool = False) -> None:
         # whether the step was skipped is unknown with the scale part off (its own error) or a step that never
         # ended (partial: read at detach, e.g. after a crash inside it): then no AMP608
         skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
-        for alarm in gradient_alarms(record, self.last_grads, step, scaler=self._scaler is not None, stats=self.stats,
+        for alarm in gradient_alarms(record, self.last_grads, scaler=self._scaler is not None, stats=self.stats,
                                      skips_known=skips):
-            self._parts.report(alarm[0], alarm[1], alarm[2], step, alarm[3])
+            self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3])
 
     def _guard(self, part: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         return self._parts.guard(part, fn, on_fail=self._fail, **kwargs)
@@ -390,7 +390,7 @@ class Watch(WatchResults):
     # ---- results (findings, summary and report: ampdoctor.monitor.watch_results) -------------------------
     def summary_data(self) -> dict[str, Any]:
         """Return the JSON-ready summary (``Report.extra["watch"]``)."""
-        grads = self._grads.summary(module_rollup(self.last_grads, dict(zip(self.param_names, self.param_modules))))
+        grads = self._grads.summary(self.param_modules)
         activations = self._activations.summary() if self._activations is not None else (
             self._activation_result[0] if self._activation_result else None)
         return {

@@ -267,7 +267,7 @@ def write_pngs(loaded: Any, folder: str) -> list[str]:
     try:
         os.makedirs(folder, exist_ok=True)
         paths = []
-        for figure in draw_figures(read_run(loaded.header, loaded.records, loaded.report.extra)):
+        for figure in draw_figures(read_run(loaded.run, loaded.report.extra)):
             path = os.path.join(folder, f"{figure.key}.png")
             figure.png(path)
             paths.append(path)

@@ -62,7 +62,7 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
         groups = len(group_findings(report.findings))
         lines.insert(0, f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
                         + (f" (shown in {_plural(groups, 'row')})" if groups < errors + warnings else ""))
-    elif getattr(loaded, "header", None) is not None and not _has_report(loaded):
+    elif getattr(loaded, "run", None) is not None and loaded.run.header is not None and not _has_report(loaded):
         lines.insert(0, "no findings in this log: a watch keeps its findings in its report, not in the flight "
                         "recorder (`ampdoctor run --log-dir` appends the report to it)")
     elif not report.exception and not report.saw_nothing:
@@ -85,17 +85,18 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
 
 
 def _has_report(loaded: Any) -> bool:
-    return any(r.get("type") == "report" for r in getattr(loaded, "records", []))
+    run = getattr(loaded, "run", None)
+    return run is not None and run.report is not None
 
 
 def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_hint: str) -> str:
     """Return the page's HTML; ``figures`` None means matplotlib is missing (tables only, with ``install_hint``)."""
     report = loaded.report
-    header = loaded.header or {}
+    header = loaded.run.header if loaded.run is not None else None
     kind, lines = verdict(loaded, data)
     meta = [f"source {loaded.path}"]
-    if header.get("created"):
-        meta.append(f"started {header['created']}")
+    if header is not None and header.created:
+        meta.append(f"started {header.created}")
     if data.source == "log":
         meta.append(f"{_plural(data.sampled_steps, 'sampled step')}")
     if data.formats:
@@ -119,18 +120,12 @@ def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_h
         parts.append(f"<h2>Reading problems</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in shown)
                      + (f"<li>… and {len(loaded.problems) - 50} more</li>" if len(loaded.problems) > 50 else "")
                      + "</ul>")
-    env = dict(report.environment or {}) or _log_environment(loaded)
+    env = dict(report.environment or {}) or (loaded.run.environment if loaded.run is not None else {})
     if env:
         parts.append("<h2>Environment</h2><table id='environment'>" + "".join(
             f"<tr><td>{esc(str(k))}</td><td>{esc(str(v))}</td></tr>" for k, v in env.items()) + "</table>")
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def _log_environment(loaded: Any) -> dict[str, Any]:
-    end = next((r for r in reversed(loaded.records) if r.get("type") == "end"), {})
-    env = end.get("environment") or (loaded.header or {}).get("environment")
-    return env if isinstance(env, dict) else {}
 
 
 def _findings(findings: list[Any]) -> str:

@@ -1,6 +1,7 @@
 """Read what ampdoctor wrote (a JSON report or a JSON-lines flight recorder) and show it: console or HTML.
 
 Reading uses ``json.loads`` only: nothing is unpickled or evaluated, and every value is treated as untrusted text.
+A flight recorder's lines are read through ``ampdoctor.core.records`` (``read_recording``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ampdoctor.core.findings import Finding, Severity, read_ranks
+from ampdoctor.core.records import Recording, read_recording
 from ampdoctor.core.report import Report
 from ampdoctor.ui.run_data import RunData, read_run
 
@@ -24,19 +25,18 @@ MAX_BYTES = 512 * 1024 * 1024  # refuse to load more than this; a flight recorde
 
 @dataclass
 class Loaded:
-    """A loaded file: a report, or a flight recorder's header, step records and reading problems."""
+    """A loaded file: a report, or a flight recorder's run (its lines' views) and reading problems."""
 
     path: str
     report: Report
-    header: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)
+    run: Recording | None = None   # a flight recorder's (last) run; None for a JSON report
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)   # what was read and how, e.g. earlier runs in the same file
     ranks: dict[int, "Loaded"] = field(default_factory=dict)  # a folder of per-rank logs: each rank's own
 
     @property
     def is_log(self) -> bool:
-        return self.header is not None or bool(self.records)
+        return self.run is not None
 
     @property
     def ok(self) -> bool:
@@ -79,7 +79,7 @@ def load_any(path: str) -> Loaded:
         raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor report") from None
     except ValueError as exc:
         loaded = _load_log(path, target)
-        if loaded.header is None and not loaded.records:
+        if loaded.run is None:
             raise ValueError(f"{path!r} is neither a JSON report nor a flight recorder ({exc})") from None
         return loaded
     if isinstance(data, dict) and data.get("type") == "header":
@@ -95,24 +95,18 @@ def _load_log(path: str, target: str) -> Loaded:
     except RecursionError:
         raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor flight recorder") from None
     if not runs:
-        return Loaded(path, _log_report(None, []), None, [], ["empty file: no header line"])
+        return Loaded(path, Report(environment={}), None, ["empty file: no header line"])
+    recordings = [read_recording(run.header, run.records) for run in runs]
     last = runs[-1]
     notes = []
     if len(runs) > 1:   # a restarted job appended to the same file: show its last run, say where the others are
-        earlier = ", ".join(f"run {i + 1} from line {run.line} ({_steps(run.records)} sampled step(s), "
-                            f"{'ended' if _ended(run.records) else 'no end line: stopped or killed'})"
-                            for i, run in enumerate(runs[:-1]))
+        earlier = ", ".join(f"run {i + 1} from line {run.line} ({len(rec.steps)} sampled step(s), "
+                            f"{'ended' if rec.ended else 'no end line: stopped or killed'})"
+                            for i, (run, rec) in enumerate(zip(runs[:-1], recordings)))
         notes.append(f"this file holds {len(runs)} runs (a restart appends): showing the last, run {len(runs)} "
                      f"from line {last.line}; earlier: {earlier}")
-    return Loaded(path, _log_report(last.header, last.records), last.header, last.records, last.problems, notes)
-
-
-def _steps(records: list[dict[str, Any]]) -> int:
-    return sum(1 for r in records if r.get("type") == "step")
-
-
-def _ended(records: list[dict[str, Any]]) -> bool:
-    return any(r.get("type") in ("end", "report") for r in records)
+    run = recordings[-1] if last.header is not None or last.records else None
+    return Loaded(path, _log_report(recordings[-1]), run, last.problems, notes + recordings[-1].notes)
 
 
 def _rank_logs(folder: str) -> dict[int, str]:
@@ -138,65 +132,48 @@ def _load_ranks(folder: str, paths: dict[int, str]) -> Loaded:
             raise ValueError(f"{target!r} is {size / 2**20:.0f} MiB, more than the {MAX_BYTES // 2**20} MiB "
                              "ampdoctor reads; pass a smaller log")
         loaded[rank] = _load_log(target, target)
-    worlds = {h.get("world_size") for h in (one.header or {} for one in loaded.values())}
-    world = max((w for w in worlds if isinstance(w, int) and 0 < w <= 1_000_000), default=None)
+    worlds = {one.run.header.world_size for one in loaded.values() if one.run and one.run.header}
+    world = max((w for w in worlds if w is not None and 0 < w <= 1_000_000), default=None)
     expected = range(world) if world else ()
     report = merge_rank_reports({r: one.report for r, one in loaded.items()}, expected=expected)
     notes, problems = [], []
     for rank, one in loaded.items():
-        state = "ended" if _ended(one.records) else "no end line: the process stopped or was killed mid-run"
-        steps = [r["step"] for r in one.records if r.get("type") == "step" and isinstance(r.get("step"), int)]
+        state = "ended" if one.run and one.run.ended else "no end line: the process stopped or was killed mid-run"
+        steps = [s.step for s in one.run.steps] if one.run else []
         last = f", last sampled step {steps[-1]}" if steps else ""
         notes.append(f"rank {rank}: {len(steps)} sampled step(s){last}; {state}")
         notes.extend(f"rank {rank}: {note}" for note in one.notes)
         problems.extend(f"rank {rank}: {p}" for p in one.problems)
     first = loaded[min(loaded)]
-    return Loaded(folder, report, first.header, first.records, problems, notes, loaded)
+    return Loaded(folder, report, first.run, problems, notes, loaded)
 
 
-def _log_report(header: dict[str, Any] | None, records: list[dict[str, Any]]) -> Report:
-    final = next((r for r in reversed(records) if r.get("type") == "report" and isinstance(r.get("report"), dict)),
-                 None)
-    if final is not None:  # `ampdoctor run` appended its whole report: the same findings as its console and JSON
+def _log_report(run: Recording) -> Report:
+    if run.report is not None:  # `ampdoctor run` appended its whole report: the same findings as its console and JSON
         try:
-            return Report.from_dict(final["report"])
+            return Report.from_dict(run.report)
         except ValueError:
             pass
-    end = next((r for r in reversed(records) if r.get("type") == "end"), {})
-    report = Report(environment=end.get("environment") or (header or {}).get("environment") or {})
-    for record in records:
-        for item in record.get("findings") or []:
-            finding = _finding(item)
-            if finding is not None:
-                report.add(finding)
+    report = Report(environment=run.environment)
+    for finding in run.findings:   # Finding.from_dict; a malformed one is left out
+        report.add(finding)
     return report
-
-
-def _finding(item: Any) -> Finding | None:
-    try:
-        step, process, cause = item.get("step"), item.get("process"), item.get("cause")
-        return Finding(str(item["code"]), Severity(item["severity"]), str(item["where"]), str(item["detail"]),
-                       step if isinstance(step, int) else None, process if isinstance(process, str) else None,
-                       cause if isinstance(cause, str) else None, read_ranks(item.get("ranks")))
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return None
 
 
 def combine(log: Loaded, report: Loaded) -> Loaded:
     """Return the flight recorder ``log`` with the findings of the JSON ``report`` of the same run.
 
-    >>> a, b = Loaded("a.jsonl", Report(), {"type": "header"}), Loaded("r.json", Report(changes=["x"]))
+    >>> a, b = Loaded("a.jsonl", Report(), read_recording({}, [])), Loaded("r.json", Report(changes=["x"]))
     >>> combine(a, b).report.changes, combine(a, b).path
     (['x'], 'a.jsonl + r.json')
     """
-    return Loaded(f"{log.path} + {report.path}", report.report, log.header, log.records,
-                  log.problems + report.problems, log.notes + report.notes, log.ranks)
+    return Loaded(f"{log.path} + {report.path}", report.report, log.run, log.problems + report.problems,
+                  log.notes + report.notes, log.ranks)
 
 
 def run_data(loaded: Loaded) -> RunData:
     """Return the numbers the page and the figures show (``ampdoctor.ui.run_data.read_run``)."""
-    return read_run(loaded.header, loaded.records, loaded.report.extra) if loaded.is_log or loaded.report.extra \
-        else RunData()
+    return read_run(loaded.run, loaded.report.extra) if loaded.is_log or loaded.report.extra else RunData()
 
 
 # ---- series extracted from the step records --------------------------------------------------------------------
@@ -231,13 +208,13 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     if not loaded.is_log and not loaded.notes:
         return loaded.report
     parts: list[RenderableType] = [Text(note) for note in loaded.notes]
-    header = loaded.header or {}
-    steps = [r for r in loaded.records if r.get("type") == "step" and isinstance(r.get("step"), int)]
+    header = loaded.run.header if loaded.run is not None else None
+    steps = [s.step for s in loaded.run.steps] if loaded.run is not None else []
     title = f"flight recorder {loaded.path}: {len(steps)} sampled step(s)"
     if loaded.ranks:
         title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
-    if header.get("ampdoctor"):
-        title += f", ampdoctor {header.get('ampdoctor')}"
+    if header is not None and header.version:
+        title += f", ampdoctor {header.version}"
     table = Table(title=title)
     data = run_data(loaded)
     by_step = {name: dict(values) for name, values in series(loaded).items()}
@@ -248,10 +225,9 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     for name in columns:
         table.add_column(name, justify="right")
     shown = steps if len(steps) <= 20 else steps[:5] + steps[-15:]
-    for index, record in enumerate(shown):
+    for index, step in enumerate(shown):
         if len(steps) > 20 and index == 5:
             table.add_row("…", *["…"] * len(columns))
-        step = record["step"]
         cells = [_fmt(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] if data.scale else []
         table.add_row(str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names])
     parts.append(table)
@@ -263,7 +239,7 @@ def render_loaded(loaded: Loaded) -> RenderableType:
             problems.append(f"  … and {len(loaded.problems) - 20} more\n")
         parts.append(problems)
     if steps:
-        parts.append(Text(f"last completed sampled step: {steps[-1]['step']}"))
+        parts.append(Text(f"last completed sampled step: {steps[-1]}"))
     if data.first_nonfinite:
         parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.get('module')} at step "
                           f"{data.first_nonfinite.get('step')}", style="red"))

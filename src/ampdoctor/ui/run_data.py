@@ -1,16 +1,17 @@
 """The numbers a report page shows, taken from a flight recorder's records or a JSON report's watch summary.
 
-Everything here reads plain JSON values (``json.loads`` output) and trusts none of them: a value of the wrong type
-is skipped, never raised on. A flight recorder gives every sampled step; a JSON report alone gives only the watch
-summary (the scale history, the last sampled step's gradients, the activation roll-up).
+A flight recorder is read through ``ampdoctor.core.records`` (its typed views, and the one per-module roll-up the
+watch summary uses too), so the page shows the console's numbers. A flight recorder gives every sampled step; a
+JSON report alone gives only the watch summary (the scale history, the last sampled step's gradients, the
+activation roll-up), whose plain JSON values are trusted in nothing: a value of the wrong type is skipped.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampdoctor.core.records import Header, Recording
 from ampdoctor.monitor.summary import run_formats
 
 __all__ = ["RunData", "read_run", "KINDS"]
@@ -41,7 +42,8 @@ class RunData:
         activation_modules: the activation monitor's per-module roll-up.
         first_nonfinite: the first non-finite forward event (module, class, step, kind, frames, op), or None.
         first_nonfinite_backward: the first non-finite gradient event, or None.
-        lost: ``(step, share of sampled updates lost to rounding)``.
+        lost: ``(step, share of sampled updates lost to rounding)``, pooled over the parameters.
+        notes: what the numbers come from or lack, in words (a report alone, an older log).
     """
 
     source: str = "none"
@@ -77,22 +79,23 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def read_run(header: dict[str, Any] | None, records: list[dict[str, Any]],
-             report_extra: dict[str, Any] | None = None) -> RunData:
-    """Return the plotted numbers of a flight recorder (``header``, ``records``) or a report's ``extra``.
+def read_run(recording: Recording | None, report_extra: dict[str, Any] | None = None) -> RunData:
+    """Return the plotted numbers of a flight recorder's run (``core.records.read_recording``) or a report's
+    ``extra``.
 
-    >>> data = read_run({"params": []}, [{"type": "step", "step": 0, "scale": {"steps": [0, 1], "scale": 32768.0,
-    ...     "scale_changes": [[0, 65536.0]], "skipped": [0]}}])
+    >>> from ampdoctor.core.records import read_recording
+    >>> data = read_run(read_recording({"params": []}, [{"type": "step", "step": 0, "scale": {"steps": [0, 1],
+    ...     "scale": 32768.0, "scale_changes": [[0, 65536.0]], "skipped": [0]}}]))
     >>> data.scale, data.skipped
     ([(0, 65536.0), (1, 32768.0)], [0])
     """
     data = RunData()
-    steps = [r for r in records if r.get("type") == "step" and isinstance(r.get("step"), int)]
-    end = next((r for r in reversed(records) if r.get("type") == "end"), None)
-    summary = _dict((end or {}).get("summary")) or _dict((report_extra or {}).get("watch"))
-    if header is not None or steps:
+    end = None if recording is None else recording.end
+    summary = (end.summary if end is not None else {}) or _dict((report_extra or {}).get("watch"))
+    if recording is not None and (recording.header is not None or recording.steps):
         data.source, data.closed = "log", end is not None
-        _read_steps(data, header or {}, steps)
+        _read_steps(data, recording)
+        data.notes += recording.notes
     elif summary:
         data.source = "report"
         data.notes.append("from the JSON report's watch summary: the scale history, the last sampled step's "
@@ -100,92 +103,58 @@ def read_run(header: dict[str, Any] | None, records: list[dict[str, Any]],
                           "step")
     if summary:
         _read_summary(data, summary)
-    data.formats = _formats(header, summary)
+    data.formats = _formats(None if recording is None else recording.header, summary)
     return data
 
 
-def _formats(header: dict[str, Any] | None, summary: dict[str, Any]) -> list[str]:
+def _formats(header: Header | None, summary: dict[str, Any]) -> list[str]:
     named = [str(f) for f in _list(summary.get("formats")) if isinstance(f, str)]
     if named:
         return named
     if header is None:
         return ["fp16", "bf16"]
-    dtypes = [str(_dict(p).get("dtype")) for p in _list(header.get("params"))]
-    return run_formats(header.get("scaler") or None, dtypes)
+    return run_formats(header.scaler or None, list(header.dtypes))
 
 
-def _read_steps(data: RunData, header: dict[str, Any], steps: list[dict[str, Any]]) -> None:
-    columns = [str(c) for c in _list(header.get("grad_columns"))]
-    params = [_dict(p) for p in _list(header.get("params"))]
-    modules = [str(p.get("module", p.get("name", "?"))) for p in params]
+def _read_steps(data: RunData, recording: Recording) -> None:
     last_scale: tuple[int, float] | None = None
-    for record in steps:
-        step = record["step"]
+    for record in recording.steps:
+        step = record.step
         data.sampled_steps += 1
         data.last_step = step
-        scale = _dict(record.get("scale"))
-        for change in _list(scale.get("scale_changes")):
-            if isinstance(change, list) and len(change) == 2 and isinstance(change[0], int) \
-                    and _num(change[1]) is not None:
-                data.scale.append((change[0], float(change[1])))
-        data.skipped += [s for s in _list(scale.get("skipped")) if isinstance(s, int)]
-        span = _list(scale.get("steps"))
-        if _num(scale.get("scale")) is not None and len(span) == 2 and isinstance(span[1], int):
-            last_scale = (span[1], float(scale["scale"]))
-        grads = _dict(record.get("gradients"))
-        if _num(grads.get("global_norm")) is not None:
-            data.global_norm.append((step, float(grads["global_norm"])))
-        rows = _list(grads.get("rows"))
-        if rows and columns and len(rows) == len(modules):
-            _read_rows(data, step, rows, columns, modules)
-        lost = _dict(record.get("lost_updates"))
-        if _num(lost.get("fraction")) is not None:
-            data.lost.append((step, float(lost["fraction"])))
-        act = _dict(record.get("activations"))
-        if act.get("sampled"):
-            forward, headroom = _dict(act.get("forward")), _dict(act.get("headroom"))
-            bad = forward.get("nonfinite_module")
-            data.activations.append({"step": step, "ratio": _num(headroom.get("ratio")),
-                                     "module": headroom.get("module"), "max_abs": _num(forward.get("max_abs")),
-                                     "nonfinite_module": bad if isinstance(bad, str) else None})
-            if isinstance(bad, str) and data.first_nonfinite is None:
-                data.first_nonfinite = {"module": bad, "step": step, "kind": "inf/NaN", "frames": None}
+        if record.scale is not None:
+            data.scale += record.scale.changes
+            data.skipped += record.scale.skipped
+            if record.scale.scale is not None and record.scale.end is not None:
+                last_scale = (record.scale.end, record.scale.scale)
+        grads = record.gradients
+        if grads is not None and grads.global_norm is not None:
+            data.global_norm.append((step, grads.global_norm))
+        modules = {} if grads is None else grads.modules()
+        if modules:
+            _add_modules(data, step, modules)
+        if record.lost is not None and record.lost.fraction is not None:
+            data.lost.append((step, record.lost.fraction))
+        act = record.activations
+        if act is not None and act.sampled:
+            data.activations.append({"step": step, "ratio": act.ratio, "module": act.module, "max_abs": act.max_abs,
+                                     "nonfinite_module": act.nonfinite_module})
+            if act.nonfinite_module is not None and data.first_nonfinite is None:
+                data.first_nonfinite = {"module": act.nonfinite_module, "step": step, "kind": "inf/NaN",
+                                        "frames": None}
     if last_scale is not None and (not data.scale or data.scale[-1][0] < last_scale[0]):
         data.scale.append(last_scale)
 
 
-def _read_rows(data: RunData, step: int, rows: list[Any], columns: list[str], modules: list[str]) -> None:
-    """Add one step's per-module L2 norms and cast shares, rolled up from the per-parameter rows."""
-    col = {name: i for i, name in enumerate(columns)}
-    sums: dict[str, dict[str, float]] = {}
-    for module, row in zip(modules, rows):
-        if not isinstance(row, list) or len(row) != len(columns) or not all(_num(v) is not None for v in row):
-            continue
-        if "has_grad" in col and not row[col["has_grad"]]:
-            continue
-        acc = sums.setdefault(module, {})
-        acc["l2sq"] = acc.get("l2sq", 0.0) + row[col["l2"]] ** 2 if "l2" in col else math.nan
-        for key in ("numel", "nonfinite", "sampled_nonzero", "sampled"):
-            if key in col:
-                acc[key] = acc.get(key, 0.0) + row[col[key]]
-        for name, i in col.items():
-            if name.endswith(("_underflow", "_overflow")):
-                acc[name] = acc.get(name, 0.0) + row[i]
-    if not sums:
-        return
+def _add_modules(data: RunData, step: int, modules: dict[str, dict[str, float]]) -> None:
+    """Add one step's per-module L2 norms and cast shares (``core.records.rollup``: the watch summary's numbers)."""
     index = len(data.cast_steps)
     data.cast_steps.append(step)
-    for module, acc in sums.items():
-        data.module_norms.setdefault(module, []).append((step, math.sqrt(acc["l2sq"])))
-        if math.isnan(acc.get("sampled", math.nan)):  # stats="norms": no counts
-            continue
-        shares: dict[str, float] = {}
-        nonzero = acc.get("sampled_nonzero", 0.0)
-        for name, count in acc.items():
-            if name.endswith(("_underflow", "_overflow")):
-                shares[name] = count / nonzero if nonzero else 0.0
-        if acc.get("numel"):
-            shares["nonfinite"] = min(1.0, acc.get("nonfinite", 0.0) / acc["numel"])
+    for module, stats in modules.items():
+        data.module_norms.setdefault(module, []).append((step, stats["l2"]))
+        shares = {name: value for name, value in stats.items() if name.endswith(("_underflow", "_overflow"))}
+        if "nonfinite" in stats and stats["numel"]:  # counts were computed (stats != "norms")
+            shares["nonfinite"] = min(1.0, stats["nonfinite"] / stats["numel"])
         for name, share in shares.items():
             column = data.cast.setdefault(name, {}).setdefault(module, [])
             column.extend([None] * (index - len(column)))
