@@ -12,6 +12,7 @@ from types import FrameType
 import torch
 from torch import nn
 
+from ampdoctor._torch.frames import frame_values
 from ampdoctor._torch.scaler import live_scale, optimizer_state
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
@@ -143,7 +144,7 @@ def _why_and_fix(crash: _Crash, scope: str | None, cast: str | None) -> str:
 
 def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
     out = []
-    for key, value in list(frame.f_locals.items()):
+    for key, value in frame_values(frame):
         values = value if isinstance(value, (tuple, list)) else (value,)
         for i, v in enumerate(values[:8]):
             if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ampdoctor._torch.autograd import version_counter
+
 __all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit", "scale_note"]
 
 
@@ -35,7 +37,7 @@ class StepRecord:
 
     def add_output(self, index: int, t: torch.Tensor) -> None:
         """Keep the (min, max) of module ``index``'s floating-point output ``t``, and probe its gradient."""
-        version = None if t.is_inference() else t._version
+        version = version_counter(t)
         last = self.last
         if last is not None and last[0] is t and version is not None and last[1] == version:
             pair, probe = last[2], last[3]  # a container returning its child's output: measured already

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from ampdoctor._torch.autograd import in_backward
+from ampdoctor._torch.dispatch import tree_leaves
 from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity

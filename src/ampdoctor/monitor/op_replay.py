@@ -16,9 +16,8 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ampdoctor._torch.dispatch import TorchDispatchMode, op_schema, op_writes_in_place, tree_leaves
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import user_name
 
@@ -198,13 +197,13 @@ class NonfiniteOpTracer(TorchDispatchMode):
                 or (self.within is not None and all(name != self.within for name, _ in self.stack))):
             return func(*args, **kwargs)
         # An in-place op overwrites its input, so inputs are measured before it runs.
-        mutable = func._schema.is_mutable
-        before = _stats(args, kwargs, "input", func._schema) if mutable else None
+        schema = op_schema(func)
+        before = _stats(args, kwargs, "input", schema) if op_writes_in_place(func) else None
         out = func(*args, **kwargs)
         outputs = _stats(out, {}, "output")
         kind = _kind(outputs)
         if kind is not None:
-            inputs = before if before is not None else _stats(args, kwargs, "input", func._schema)
+            inputs = before if before is not None else _stats(args, kwargs, "input", schema)
             if _kind(inputs, only=kind) is None:
                 module, module_class = self.stack[-1] if self.stack else ("(outside any module)", "")
                 self.found = NonfiniteOp(str(func), kind, module, module_class, tuple(n for n, _ in self.stack),

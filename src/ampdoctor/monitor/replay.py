@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ampdoctor._compat.engines import engine_family
+from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
 from ampdoctor.core.training import user_name
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
@@ -199,7 +199,7 @@ def replay_blocked(model: nn.Module) -> str | None:
     ranks, or a model without a distributed wrapper or DTensor parameters; the forward hooks still name the first
     non-finite module.
     """
-    if not runs_collectives(model):
+    if not runs_collectives(model, engine_family):
         return None
     return (f"Not re-run to dump frames on rank {process_rank()} of {distributed_world()}: the model runs "
             "collectives in its forward (DDP, FSDP or DTensor), and a re-run on this rank alone would wait for ranks "
