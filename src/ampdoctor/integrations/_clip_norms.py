@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ampdoctor.core.host_reads import to_host
+
 
 class ClipNorms:
     """Accumulate what ``clip_grad_norm_(parameters, max_norm)`` calls returned.
@@ -51,7 +53,8 @@ class ClipNorms:
         """Return the counts and norms (one host sync), or None when nothing was clipped against a finite bound."""
         if self._sums is None or self._last is None:
             return None
-        clipped, nonfinite, peak, last = torch.cat([self._sums, self._last.reshape(1).to(self._sums.device)]).tolist()
+        clipped, nonfinite, peak, last = to_host(torch.cat([self._sums, self._last.reshape(1).to(self._sums.device)]),
+                                                 "clip norms")
         return {"max_norm": self.max_norm, "calls": self.calls, "clipped": int(clipped), "nonfinite": int(nonfinite),
                 "peak": peak, "last": last}
 

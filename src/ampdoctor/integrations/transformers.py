@@ -30,6 +30,7 @@ from ampdoctor._compat.accelerate import accelerator_autocast
 from ampdoctor._compat.transformers import calling_trainer, epoch_method
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters
@@ -190,7 +191,7 @@ class _Losses:
     def findings(self, report: Report) -> list[Finding]:
         if self._bad is None:
             return []
-        bad, first = self._bad.tolist()
+        bad, first = to_host(self._bad, "transformers")   # the one read, at the end of the run
         if not bad:
             return []
         scale = (report.extra.get("watch") or {}).get("scale") or {}
