@@ -1,20 +1,20 @@
-"""The package's shape holds: layers without upward imports or cycles, small modules, torch internals in one place.
+"""The package's shape holds: layers without upward imports or cycles, and small modules.
 
 `lint-imports` (import-linter, contracts in pyproject.toml) checks the layers; a grimp graph checks for cycles. Both
-are shown to catch what they are meant to catch on a copy of the package with one bad import added.
+are shown to catch what they are meant to catch on a copy of the package with one bad import added. Where private
+internals may be used is checked over the AST in `tests/test_private_names.py`; that every probe module imports,
+in `tests/_torch/test_probes.py`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
-import pytest
 
 import ampdoctor
 
@@ -32,11 +32,6 @@ LONG_MODULES: dict[str, str] = {
                        "roll-up and the JSON report's shape side by side, so that writer and reader cannot drift "
                        "apart again (they did when they lived in monitor/, ui/ and advice/)",
 }
-# Attribute names of private torch internals; only ampdoctor/_torch may read them.
-TORCH_INTERNALS = re.compile(
-    r"_per_optimizer_states|grad_scaler import OptState|\._growth_tracker\b|\._init_scale\b|_init_growth_tracker\b"
-    r"|_current_graph_task_id|_execution_engine|\._mp_policy\b|found_inf_reduce_handler|\bgi_frame\b"
-    r"|_get_fsdp_state|\bscaler\._scale\b|\bs\._scale\b|_step_supports_amp_scaling\b(?!\(self)|\._step_count\b")
 
 
 def _lint_imports(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
@@ -111,6 +106,20 @@ def test_the_contracts_break_on_an_upward_import(tmp_path):
     assert "ampdoctor.core.findings -> ampdoctor.runner.doctor" in result.stdout
 
 
+def test_the_rooms_of_private_internals_import_only_what_their_contracts_allow(tmp_path):
+    copy = tmp_path / "src"
+    shutil.copytree(SRC, copy / "ampdoctor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for module, line in (("_torch/optim.py", "from ampdoctor._compat import engines  # _torch stands alone"),
+                         ("_compat/lightning.py", "from ampdoctor.core import dtypes  # _compat: only _torch")):
+        path = copy / "ampdoctor" / module
+        path.write_text(path.read_text() + f"\n{line}\n")
+    result = _lint_imports(tmp_path, copy)
+    assert result.returncode != 0
+    assert "ampdoctor._torch.optim -> ampdoctor._compat.engines" in result.stdout
+    assert "ampdoctor._compat.lightning -> ampdoctor.core.dtypes" in result.stdout
+
+
 def _modules() -> list[Path]:
     return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
 
@@ -128,22 +137,3 @@ def test_no_module_is_named_like_a_public_function():
     clashes = [str(p.relative_to(SRC)) for p in _modules() + [d for d in SRC.rglob("*") if d.is_dir()]
                if p.stem in public]
     assert clashes == []
-
-
-def test_private_torch_internals_are_read_only_in_the_torch_subpackage():
-    readers = {}
-    for p in _modules():
-        if p.relative_to(SRC).parts[0] == "_torch":
-            continue
-        hits = [f"{i}: {line.strip()}" for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-                if TORCH_INTERNALS.search(line) and not line.lstrip().startswith("#")]
-        if hits:
-            readers[str(p.relative_to(SRC))] = hits
-    assert readers == {}
-
-
-@pytest.mark.parametrize("module", sorted(
-    ".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__") for p in
-    (SRC / "_torch").glob("*.py")))
-def test_every_torch_probe_module_imports_on_the_installed_torch(module):
-    __import__(module)

@@ -478,3 +478,34 @@ def test_on_cuda_hooks_never_sync_and_the_culprit_is_named():
     assert record["forward"]["nonfinite_module"] == "1"
     first = monitor.summary()["first_nonfinite_forward"]
     assert first["reproduced"] and first["op"]["module"] == "1"
+
+
+def test_a_sampled_step_is_read_in_one_host_read_and_an_unsampled_one_in_none():
+    from ampdoctor.core.host_reads import HostReads
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    reads = HostReads("test")
+    monitor = ActivationMonitor(model, every=2, reads=reads).attach()
+    counts, records = [], []
+    for _ in range(4):   # calls 0 and 2 are sampled
+        model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+        before = reads.count
+        records.append(monitor.step_record())
+        counts.append(reads.count - before)
+    monitor.detach()
+    assert [r["sampled"] for r in records] == [True, False, True, False]
+    assert records[0]["forward"]["values"] == 5   # the input, the three layers and the Sequential
+    assert counts == [1, 0, 1, 0] and monitor.reads.count == reads.count == 2
+
+
+def test_the_batched_read_of_both_directions_gives_what_one_read_per_direction_gives():
+    from ampdoctor.core.host_reads import HostReads
+    from ampdoctor.monitor.activation_records import abs_max
+
+    fwd = [torch.aminmax(torch.tensor([-3.0, 2.0], dtype=torch.float16)), torch.aminmax(torch.tensor([float("inf")]))]
+    bwd = [torch.aminmax(torch.tensor([0.5, -0.25], dtype=torch.bfloat16))]
+    reads = HostReads("test")
+    together = abs_max(fwd, bwd, reads=reads)
+    assert reads.count == 1
+    assert together == [abs_max(fwd)[0], abs_max(bwd)[0]] == [[3.0, float("inf")], [0.5]]

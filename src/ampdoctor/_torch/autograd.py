@@ -1,8 +1,10 @@
-"""Autograd engine internals: which backward is running, and a callback at its end.
+"""Autograd internals: which backward is running, a callback at its end, and a tensor's version counter.
 
 Without ``torch._C._current_graph_task_id`` (torch < 2.0), every probe answers "not in a backward" (-1), so a
 monitor that skips recomputed forwards under checkpointing watches them too, which costs time, never correctness.
-Without ``queue_callback`` the caller is told (False) and keeps its fallback.
+Without ``queue_callback`` the caller is told (False) and keeps its fallback. ``Tensor._version`` counts the
+in-place writes autograd checks saved tensors against; an inference tensor has none (reading it raises), and the
+answer is then None, as it would be on a torch without the counter: the caller cannot tell a write from none.
 """
 
 from __future__ import annotations
@@ -36,3 +38,19 @@ def queue_backward_callback(callback: Callable[[], None]) -> bool:
         return False
     queue(callback)
     return True
+
+
+def version_counter(tensor: torch.Tensor) -> int | None:
+    """Return how many in-place writes ``tensor``'s storage has seen (its version), None when it keeps no count.
+
+    >>> t = torch.zeros(2)
+    >>> before = version_counter(t); _ = t.add_(1); version_counter(t) - before
+    1
+    >>> with torch.inference_mode():
+    ...     version_counter(torch.zeros(2)) is None
+    True
+    """
+    if tensor.is_inference():
+        return None
+    version = getattr(tensor, "_version", None)
+    return version if isinstance(version, int) else None

@@ -1,4 +1,4 @@
-"""torch.distributed internals: DTensor's found-inf reduction and FSDP2's mixed-precision policy.
+"""torch.distributed internals: DTensor's found-inf reduction, gradient layouts, FSDP1's flat parameters.
 
 Neither is imported here: a process that never imported torch.distributed is never made to.
 """
@@ -6,11 +6,9 @@ Neither is imported here: a process that never imported torch.distributed is nev
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
-
-from ampdoctor._torch.engines import engine_family
 
 
 def dtensor_reduces_found_inf() -> bool:
@@ -147,9 +145,14 @@ def fsdp1_layouts(model: Any) -> dict[int, Layout]:
     return out
 
 
+def is_flat_param(param: Any) -> bool:
+    """Return whether ``param`` is an FSDP1 ``FlatParameter`` (its class is plain Parameter: the flag tells)."""
+    return bool(getattr(param, "_is_flat_param", False))
+
+
 def flat_param_padding(param: Any) -> int:
     """Return the zero entries FSDP1 appended to this rank's shard of a flat parameter, 0 for anything else."""
-    if not getattr(param, "_is_flat_param", False):
+    if not is_flat_param(param):
         return 0
     return int(getattr(param, "_shard_numel_padded", 0) or 0)
 
@@ -178,11 +181,11 @@ def reduction_device(group: Any) -> Any:
     return torch.device("cpu")
 
 
-def runs_collectives(model: Any) -> bool:
+def runs_collectives(model: Any, engine: Callable[[Any], Any] = lambda module: False) -> bool:
     """Return whether calling ``model`` again on this rank alone could enter a collective the other ranks do not
     join: a process group of two or more ranks is initialised and the model is (or holds) a DDP, FSDP1 or FSDP2
-    module or an engine module (DeepSpeed's), or has DTensor parameters (tensor parallelism). With no process
-    group, or a plain model, False."""
+    module or a module for which ``engine(module)`` is true (``ampdoctor._compat.engines.engine_family``:
+    DeepSpeed's), or has DTensor parameters (tensor parallelism). With no process group, or a plain model, False."""
     if distributed_world() <= 1:
         return False
     wrappers = []
@@ -195,6 +198,6 @@ def runs_collectives(model: Any) -> bool:
     modules = list(model.modules()) if hasattr(model, "modules") else []
     if any(isinstance(m, tuple(wrappers)) for m in modules):
         return True
-    if any(engine_family(m) for m in modules):  # DeepSpeedEngine: ZeRO-3 all-gathers parameters in forward
+    if any(engine(m) for m in modules):  # DeepSpeedEngine: ZeRO-3 all-gathers parameters in forward
         return True
     return any(getattr(p, "placements", None) is not None for p in model.parameters()) if modules else True

@@ -27,17 +27,13 @@ import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils._pytree import tree_leaves
+
+from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 
 try:  # private; present since torch 2.0
     from torch._subclasses.fake_tensor import FakeTensorMode
 except ImportError:  # pragma: no cover - a torch without fake tensors
     FakeTensorMode = None  # type: ignore[assignment,misc]
-
-try:
-    from torch.utils._python_dispatch import TorchDispatchMode
-except ImportError:  # pragma: no cover
-    TorchDispatchMode = object  # type: ignore[assignment,misc]
 
 __all__ = ["fake_mode", "StorageTimeline", "storage_key", "is_fake"]
 

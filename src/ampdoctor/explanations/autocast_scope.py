@@ -14,8 +14,7 @@ import linecache
 import os
 from types import TracebackType
 
-import torch
-
+from ampdoctor._torch.frames import autocast_decorator
 from ampdoctor.core.callsite import is_own_file
 
 _MAX_SOURCE_LINES = 50_000   # a larger file is not parsed: the answer is "not seen", never a guess
@@ -34,8 +33,8 @@ def autocast_scope(tb: TracebackType | None) -> str | None:
             break
         frame, line = tb.tb_frame, tb.tb_lineno
         filename = frame.f_code.co_filename
-        instance = frame.f_locals.get("autocast_instance") if frame.f_code.co_name == "decorate_autocast" else None
-        if isinstance(instance, torch.autocast):
+        instance = autocast_decorator(frame)
+        if instance is not None:
             dtype = str(instance.fast_dtype).replace("torch.", "")
             found = f"inside a torch.autocast({instance.device!r}, dtype=torch.{dtype}) decorator on the forward"
         elif not is_own_file(filename):

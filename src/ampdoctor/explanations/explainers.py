@@ -12,10 +12,12 @@ from types import FrameType
 import torch
 from torch import nn
 
+from ampdoctor._torch.frames import frame_values
 from ampdoctor._torch.scaler import live_scale, optimizer_state
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, user_name
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
@@ -143,7 +145,7 @@ def _why_and_fix(crash: _Crash, scope: str | None, cast: str | None) -> str:
 
 def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
     out = []
-    for key, value in list(frame.f_locals.items()):
+    for key, value in frame_values(frame):
         values = value if isinstance(value, (tuple, list)) else (value,)
         for i, v in enumerate(values[:8]):
             if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
@@ -154,12 +156,14 @@ def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
 def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     if not crash.clip_params:
         return []
-    bad = []
+    graded = [p for p in crash.clip_params if isinstance(p, torch.Tensor) and p.grad is not None]
     with torch.no_grad():
-        for p in crash.clip_params:
-            if isinstance(p, torch.Tensor) and p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                info = setup.info(p) or ParamInfo(_tensor_name(p, setup), "(not in the model)", p)
-                bad.append(info)
+        flags = [torch.isfinite(p.grad).all() for p in graded]
+        flags = [f.full_tensor() if hasattr(f, "full_tensor") else f for f in flags]   # a DTensor's, as bool() reads
+        # one read: the flags gathered on the first one's device
+        finite = to_host(torch.stack([f.to(flags[0].device) for f in flags]), "explanations") if flags else []
+    bad = [setup.info(p) or ParamInfo(_tensor_name(p, setup), "(not in the model)", p)
+           for p, ok in zip(graded, finite) if not ok]
     scaled = ""
     if setup.scaler_enabled:
         ready = [o for o in setup.optimizers if not optimizer_state(setup.scaler, o)]

@@ -1,7 +1,7 @@
 """Read an exception's traceback: the GradScaler, optimizer, parameter and modules that were executing when it was
 raised, the user's frames, and the models and optimizers those frames hold.
 
-Frame locals of a traceback are plain Python; nothing here is kept past the explanation.
+Frame locals are read through ``ampdoctor._torch.frames``; nothing here is kept past the explanation.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from ampdoctor._torch.frames import clip_parameters, frame_self, frame_values, scaler_frame_tensors
 from ampdoctor.core.callsite import is_user_file
 from ampdoctor.core.training import TrainingSetup
 
@@ -41,20 +42,20 @@ class _Crash:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
         for frame in reversed(frames):
-            f_locals = frame.f_locals
-            owner = f_locals.get("self")
+            owner = frame_self(frame)
             filename = frame.f_code.co_filename
             if isinstance(owner, torch.amp.GradScaler):
                 crash.scaler = crash.scaler or owner
-                opt = f_locals.get("optimizer")
-                if crash.optimizer is None and isinstance(opt, torch.optim.Optimizer):
+                opt, param = scaler_frame_tensors(frame)
+                if crash.optimizer is None:
                     crash.optimizer = opt
-                if crash.param is None and isinstance(f_locals.get("param"), torch.Tensor):
-                    crash.param = f_locals["param"]
+                if crash.param is None:
+                    crash.param = param
             elif isinstance(owner, nn.Module):
                 crash.modules.append((owner, frame))
-            if frame.f_code.co_name == "clip_grad_norm_" and isinstance(f_locals.get("parameters"), list):
-                crash.clip_params = crash.clip_params or f_locals["parameters"]
+            clipped = clip_parameters(frame)
+            if clipped is not None:
+                crash.clip_params = crash.clip_params or clipped
             if is_user_file(filename):
                 crash.user_frames.append(frame)
         # The frames that called explain (e.g. the loop that caught the error) hold the model too.
@@ -79,7 +80,7 @@ class _Crash:
 
     def user_locals(self) -> Iterable[tuple[str, Any]]:
         for frame in self.user_frames:
-            yield from list(frame.f_locals.items())
+            yield from frame_values(frame)
 
     def guess_setup(self) -> TrainingSetup:
         """Build a setup from the models, optimizers and scaler found in the user's frames."""

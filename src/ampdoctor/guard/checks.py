@@ -16,6 +16,7 @@ from torch.optim import lr_scheduler
 
 from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
 from ampdoctor.explanations.naming import finding, with_scaler
@@ -61,7 +62,8 @@ def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> li
     backwards = cur.scale_calls - prev.scale_calls
     norm = ""
     if cur.last_clip is not None and cur.last_clip[0] > prev.seq:
-        norm = f"; clip_grad_norm_ returned {float(cur.last_clip[1]):.4g} in between"   # crash path: sync ok
+        returned = to_host(cur.last_clip[1].reshape(()), "guard")   # the crash path: one read
+        norm = f"; clip_grad_norm_ returned {returned:.4g} in between"
     if _grads_reset(prev.grad):
         return [finding("AMP402", label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
                         f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
@@ -216,7 +218,7 @@ def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
             by_device.setdefault(t.device, []).append((i, t))
     sums = [0.0] * len(groups)
     for items in by_device.values():
-        values = torch.stack([t.reshape(()).float() for _, t in items]).tolist()
+        values = to_host(torch.stack([t.reshape(()).float() for _, t in items]), "guard")
         for (i, _), v in zip(items, values):
             sums[i] += v
     return sums
@@ -248,10 +250,19 @@ class SkipTally:
             row[2] = torch.where(skipped > 0, torch.maximum(row[2], torch.full_like(row[2], index)), row[2])
 
     def read(self) -> list[tuple[tuple[int, str, str], int, int, int, float]]:
-        """Return ``((key, class, site), count, first, last, lr factor)`` for each row that counted a skip."""
-        out = []
+        """Return ``((key, class, site), count, first, last, lr factor)`` for each row that counted a skip.
+
+        The host read, at findings() time only: one per device the rows are on.
+        """
+        by_device: dict[torch.device, list[tuple[int, str, str]]] = {}
         for where, row in self._rows.items():
-            count, first, last, log_factor = row.tolist()   # the host read, at findings() time only
+            by_device.setdefault(row.device, []).append(where)
+        values: dict[tuple[int, str, str], list[float]] = {}
+        for keys in by_device.values():
+            values.update(zip(keys, to_host(torch.stack([self._rows[k] for k in keys]), "guard")))
+        out = []
+        for where in self._rows:
+            count, first, last, log_factor = values[where]
             if count > 0:
                 out.append((where, int(count), int(first), int(last), math.exp(log_factor)))
         return out
@@ -280,8 +291,8 @@ def _optimizer_step(optimizer: Any) -> float:
     """Return the ``step`` count of the optimizer's first parameter state (0 when it has none)."""
     for state in optimizer.state.values():
         step = state.get("step") if isinstance(state, dict) else None
-        if step is not None:
-            return float(step)
+        if step is not None:   # a tensor (on the device for capturable and fused optimizers): one read, once
+            return float(to_host(step, "guard") if isinstance(step, torch.Tensor) else step)
     return 0.0
 
 

@@ -9,7 +9,7 @@ When the hooks fire (Lightning 2.x, ``lightning/pytorch/trainer/trainer.py``): `
 and the optimizers and the precision plugin's GradScaler exist; the sanity check and the first step come after it.
 ``on_exception`` gets any exception out of ``fit``, then ``teardown`` runs and the exception is re-raised; except in
 the workers of ``ddp_spawn`` (``ddp_fork``, ``ddp_notebook``), where the launcher runs the fit without that handling:
-there an observer on ``trainer._run_stage`` sees the exception instead.
+there an observer on the trainer's method that runs the fit (``ampdoctor._compat.lightning``) sees the exception.
 
 Precision plugins, read from the trainer without constructing anything (``transformer-engine`` may not be
 importable): ``16-mixed``/``bf16-mixed`` are ``MixedPrecision``, autocast in fp16/bf16, with a GradScaler for
@@ -28,6 +28,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from ampdoctor._compat.lightning import spawned_worker, stage_method
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import unwrap_optimizer
@@ -98,8 +99,9 @@ class _Hooks:
             session.clip_label = f"Trainer(gradient_clip_val={gradient_clip})"
         optimizers = [unwrap_optimizer(o) for o in getattr(trainer, "optimizers", [])]
         session.start(pl_module, optimizers, scaler, autocast_dtype_of(trainer))
-        if session.started and _spawned(trainer):   # no on_exception in this worker: watch the training itself
-            self._observer = call_safely(on_exception, trainer, "_run_stage",
+        stage = stage_method(trainer) if session.started and spawned_worker(trainer) else None
+        if stage is not None:   # no on_exception in this worker: watch the training itself
+            self._observer = call_safely(on_exception, trainer, stage,
                                          lambda exc: self.on_exception(trainer, pl_module, exc),
                                          on_error=session.internal_error)
 
@@ -126,16 +128,6 @@ class _Hooks:
         observer, self._observer = self._observer, None
         if observer is not None:
             observer.remove()
-
-
-def _spawned(trainer: Any) -> bool:
-    """Whether this is a worker that ``ddp_spawn`` (``ddp_fork``, ``ddp_notebook``, XLA) started: the launcher runs
-    the fit there without Lightning's error handling, so no callback's ``on_exception`` is ever called in it."""
-    try:
-        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
-    except ImportError:   # a Lightning that moved it: the crash goes unexplained, as before
-        return False
-    return isinstance(getattr(getattr(trainer, "strategy", None), "launcher", None), _MultiProcessingLauncher)
 
 
 def _wrapped(trainer: Any, pl_module: Any) -> bool:

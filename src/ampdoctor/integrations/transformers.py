@@ -26,8 +26,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from ampdoctor._compat.accelerate import accelerator_autocast
+from ampdoctor._compat.transformers import calling_trainer, epoch_method
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters
@@ -37,7 +40,6 @@ from ampdoctor.integrations._session import CallbackSession, check_options
 
 __all__ = ["AmpDoctorCallback", "half_model_findings"]
 
-_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
 _NAMES = 5
 
@@ -77,7 +79,7 @@ class AmpDoctorCallback(TrainerCallback):
                        **kwargs: Any) -> None:
         main = bool(getattr(state, "is_world_process_zero", True))
         self._args = args
-        trainer = _calling_trainer()
+        trainer = calling_trainer()   # the Trainer is the `self` of a calling frame: no callback is handed one
         # Every rank diagnoses its replica; in a job of several processes the session hands its report to rank 0.
         self.session = session = CallbackSession(
             json_path=self.json_path, log_dir=self.log_dir, every=self.every, activations=self.activations,
@@ -88,9 +90,7 @@ class AmpDoctorCallback(TrainerCallback):
         scaler = getattr(optimizer, "scaler", None)
         if scaler is None:
             scaler = getattr(accelerator, "scaler", None)
-        autocast = None
-        if accelerator is not None and getattr(accelerator, "native_amp", False):
-            autocast = _AUTOCAST.get(str(getattr(accelerator, "mixed_precision", "no")))
+        autocast = accelerator_autocast(accelerator)
         session.report.extra["framework"] = {
             "name": "transformers", "version": getattr(sys.modules.get("transformers"), "__version__", None),
             "fp16": bool(getattr(args, "fp16", False)), "bf16": bool(getattr(args, "bf16", False)),
@@ -120,8 +120,7 @@ class AmpDoctorCallback(TrainerCallback):
         if callable(getattr(trainer, "training_step", None)):
             self._handles.append(observe(trainer, "training_step", after=lambda loss, *a, **k: losses.record(loss),
                                          on_error=session.internal_error))
-        name = "_run_epoch" if callable(getattr(trainer, "_run_epoch", None)) else "training_step"
-        self._handles.append(_on_exception(trainer, name, self._crashed))
+        self._handles.append(_on_exception(trainer, epoch_method(trainer), self._crashed))
 
     def _crashed(self, exc: BaseException) -> None:
         if self.session is not None and not self.session.finished and isinstance(exc, Exception):
@@ -192,7 +191,7 @@ class _Losses:
     def findings(self, report: Report) -> list[Finding]:
         if self._bad is None:
             return []
-        bad, first = self._bad.tolist()
+        bad, first = to_host(self._bad, "transformers")   # the one read, at the end of the run
         if not bad:
             return []
         scale = (report.extra.get("watch") or {}).get("scale") or {}
@@ -202,18 +201,3 @@ class _Losses:
             f"{int(bad)} of {self.seen} training losses were NaN/inf, the first at step {int(first)}{also}. With "
             "logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in their "
             "place, so the logged loss looks finite; set logging_nan_inf_filter=False to see them."), int(first))]
-
-
-def _calling_trainer() -> Any:
-    """Return the ``transformers.Trainer`` whose method is calling the callbacks, or None."""
-    from transformers import Trainer
-
-    frame = sys._getframe(1)
-    for _ in range(16):   # on_train_begin <- call_event <- on_train_begin (handler) <- _inner_training_loop
-        if frame is None:
-            return None
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, Trainer):
-            return candidate
-        frame = frame.f_back
-    return None

@@ -2,7 +2,7 @@
 
 A forward hook appends each module output's ``torch.aminmax`` pair to a :class:`StepRecord`; a :class:`GradProbe`
 registered on that output (``Tensor.register_hook``) appends its gradient's pair during backward. Nothing is read
-on the host until :func:`abs_max` copies every pair of a step in one sync.
+on the host until :func:`abs_max` copies every pair of a step, forward and backward, in one read.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ import functools
 from typing import Any
 
 import torch
+
+from ampdoctor._torch.autograd import version_counter
+from ampdoctor._torch.scaler import live_scale
+from ampdoctor.core.host_reads import HostReads, to_host
 
 __all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit", "scale_note"]
 
@@ -35,7 +39,7 @@ class StepRecord:
 
     def add_output(self, index: int, t: torch.Tensor) -> None:
         """Keep the (min, max) of module ``index``'s floating-point output ``t``, and probe its gradient."""
-        version = None if t.is_inference() else t._version
+        version = version_counter(t)
         last = self.last
         if last is not None and last[0] is t and version is not None and last[1] == version:
             pair, probe = last[2], last[3]  # a container returning its child's output: measured already
@@ -75,17 +79,28 @@ class GradProbe:
         return None
 
 
-def abs_max(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    """Return max(|min|, |max|) of each (min, max) pair, copying them to the host in one sync."""
-    if not pairs:
-        return []
+def abs_max(*groups: list[tuple[torch.Tensor, torch.Tensor]],
+            reads: HostReads | str = "activations") -> list[list[float]]:
+    """Return max(|min|, |max|) of each (min, max) pair of each group, all copied to the host in one read.
+
+    >>> abs_max([torch.aminmax(torch.tensor([-3.0, 1.0]))], [], [torch.aminmax(torch.tensor([2.0]))])
+    [[3.0], [], [2.0]]
+    """
     # DTensor results (DTensor modules): this rank's local values, no communication
-    flat = [x.to_local() if hasattr(x, "to_local") else x for pair in pairs for x in pair]
+    flat = [x.to_local() if hasattr(x, "to_local") else x for pairs in groups for pair in pairs for x in pair]
+    if not flat:
+        return [[] for _ in groups]
     try:
         stacked = torch.stack(flat)
-    except RuntimeError:  # values on several devices (pipeline or model parallel): one copy each
-        stacked = torch.stack([x.cpu() for x in flat])
-    return stacked.float().abs().view(-1, 2).amax(dim=1).tolist()
+    except RuntimeError:  # values on several devices (pipeline or model parallel): gathered on one of them first
+        device = next((x.device for x in flat if x.device.type != "cpu"), flat[0].device)
+        stacked = torch.stack([x.to(device) for x in flat])
+    values = to_host(stacked.float().abs().view(-1, 2).amax(dim=1), reads)
+    out, start = [], 0
+    for pairs in groups:
+        out.append(values[start:start + len(pairs)])
+        start += len(pairs)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,8 +118,10 @@ def output_limit(t: torch.Tensor) -> float | None:
     return limit
 
 
-def scale_note(scaler: Any) -> str:
-    """Return the sentence that says gradients seen by the hooks carry the loss scale (and its value)."""
+def scale_note(scaler: Any, reads: HostReads | str = "activations") -> str:
+    """Return the sentence that says gradients seen by the hooks carry the loss scale (and its value: one read)."""
     if scaler is None or not getattr(scaler, "is_enabled", lambda: False)():
         return " Gradients seen here are multiplied by the loss scale, if a GradScaler is used."
-    return f" Gradients seen here are multiplied by the GradScaler's scale ({scaler.get_scale():g} now)."
+    scale = live_scale(scaler)   # what get_scale() reads, or its init_scale before the first scale()
+    value = to_host(scale, reads) if scale is not None else scaler.get_scale()
+    return f" Gradients seen here are multiplied by the GradScaler's scale ({value:g} now)."

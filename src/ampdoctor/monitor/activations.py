@@ -2,7 +2,7 @@
 
 Cost model. On a sampled step each module's forward hook runs one ``torch.aminmax`` per floating-point output (no
 copy, no host sync) and keeps the two 0-d results; outputs that require grad get a ``Tensor.register_hook`` probe
-that does the same for their gradient. ``step_record()`` copies everything to the host in one sync, then finds
+that does the same for their gradient. ``step_record()`` copies everything to the host in one read, then finds
 the first non-finite value in call order and in backward order. Unsampled steps: one bool check per hook.
 Compiled code is not looked into: a hook traced by ``torch.compile`` would change the graph (what it reads must be
 materialised), so every hook returns at once while dynamo traces it. Re-run contract: on a module's first
@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
 from ampdoctor._torch.autograd import in_backward
+from ampdoctor._torch.dispatch import tree_leaves
 from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.training import user_name
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
 from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_lines, replay_blocked, rerun
@@ -48,11 +49,11 @@ class ActivationMonitor:
 
     Args:
         model: the module to watch; every submodule from ``model.named_modules()`` gets a forward hook.
-        every: standalone sampling: look at every ``every``-th call of ``model`` (1 = every call). A driver
-            (``ampdoctor.watch``) calls :meth:`set_sampling` instead.
+        every: look at every ``every``-th call of ``model`` (1: all); a driver (``watch``) calls ``set_sampling``.
         setup: the run's ``TrainingSetup``; its scaler is named in gradient findings (gradients are scaled).
         headroom: flag AMP606 when a module's output abs-max exceeds the format's maximum divided by this.
         frames: how many module frames to dump when a forward turns non-finite.
+        reads: the owner this monitor's host reads also count for (a ``Watch``'s ``reads``; ``core.host_reads``).
 
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     >>> with ActivationMonitor(model) as monitor:
@@ -63,14 +64,14 @@ class ActivationMonitor:
     """
 
     def __init__(self, model: nn.Module, *, every: int = 1, setup: Any = None, headroom: float = HEADROOM_FACTOR,
-                 frames: int = FRAMES) -> None:
+                 frames: int = FRAMES, reads: HostReads | None = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}; every=1 looks at every step")
         if not headroom > 1:
             raise ValueError(f"headroom must be a factor above 1, got {headroom!r}; the default is {HEADROOM_FACTOR}")
-        self._model = weakref.ref(model)
+        self._model, self.reads = weakref.ref(model), HostReads("activations", within=reads)
         self.every, self.headroom, self.frames = every, float(headroom), frames
         # the setup holds the model: keep only a weak reference to its scaler, so the monitor never pins the model
         scaler = getattr(setup, "scaler", None)
@@ -189,10 +190,9 @@ class ActivationMonitor:
         return self._record
 
     def step_record(self, step: int | None = None) -> dict[str, Any]:
-        """Close the current step and return its JSON-ready statistics; this is the monitor's one host sync.
+        """Close the current step and return its JSON-ready statistics, read from the device in one host read.
 
-        Call it after ``backward()`` (and the optimizer step). ``step`` overrides the monitor's own count.
-        """
+        Call it after ``backward()`` (and the optimizer step). ``step`` overrides the monitor's own count."""
         if self._broken:
             return {"step": step, "sampled": False, "error": self._error}
         try:
@@ -210,7 +210,7 @@ class ActivationMonitor:
         if step is not None:
             rec.step = step
         self._sampled += 1
-        fwd, bwd = abs_max(rec.fwd), abs_max(rec.bwd)  # the one host sync
+        fwd, bwd = abs_max(rec.fwd, rec.bwd, reads=self.reads)  # the one host read of a sampled step
         if rec.errors:
             raise rec.errors[0]
         step_max: dict[int, float] = {}
@@ -301,11 +301,11 @@ class ActivationMonitor:
                 frames, op = self._diagnose(rec.replay)
             except Exception as exc:  # a failed re-run costs the frames, not the monitor
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
-                lines += nonfinite_weights_lines(self._require_model(), self._names[i])
+                lines += nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
         else:  # no frames: say at least whether its own weights are already non-finite
-            lines += nonfinite_weights_lines(self._require_model(), self._names[i])
+            lines += nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))
@@ -333,14 +333,14 @@ class ActivationMonitor:
             "upstream": upstream}
         self._report("AMP602", i, Severity.WARNING, rec.step,
                      f"the gradient w.r.t. its output is {kind} at step {rec.step}: the first non-finite gradient "
-                     f"in backward order, with a finite forward pass. {origin}{scale_note(self._scaler())}")
+                     f"in backward order, with a finite forward pass. {origin}{scale_note(self._scaler(), self.reads)}")
 
     def _diagnose(self, replay: Replay) -> tuple[list[Frame], NonfiniteOp | str | None]:
         """Re-run the recorded forward (``ampdoctor.monitor.replay.rerun``) with this monitor's hooks quiet."""
         model = self._require_model()
         active, self._active, self._replaying = self._active, False, True
         try:
-            return rerun(model, replay, self.frames)
+            return rerun(model, replay, self.frames, self.reads)
         finally:
             self._active, self._replaying = active and self.enabled, False
 

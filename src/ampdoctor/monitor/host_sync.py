@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ampdoctor.core.host_reads import HostReads
+
 __all__ = ["host_copy", "HostCopy", "DEFER", "DEFER_ON_CPU"]
 
 # Read a sampled step's CUDA copy one step later, so that even every=1 does not drain the pipeline. The monitors
@@ -29,14 +31,16 @@ class HostCopy:
     """A started copy of ``{part: {key: tensor}}`` to the host; :meth:`values` returns it as flat lists.
 
     The tensors are flattened and concatenated on an accelerator if any is on one, else on the CPU (float64;
-    float32 on MPS, which has no float64).
+    float32 on MPS, which has no float64). The copy is one read for ``reads`` (``core.host_reads``), counted when
+    it starts; none when there is nothing to copy.
 
-    >>> copy = HostCopy({"a": {"x": torch.ones(2)}, "b": {}})
-    >>> copy.deferred, copy.values()
-    (False, {'a': {'x': [1.0, 1.0]}, 'b': {}})
+    >>> reads = HostReads("watch")
+    >>> copy = HostCopy({"a": {"x": torch.ones(2)}, "b": {}}, reads)
+    >>> copy.deferred, copy.values(), reads.count
+    (False, {'a': {'x': [1.0, 1.0]}, 'b': {}}, 1)
     """
 
-    def __init__(self, parts: dict[str, dict[str, torch.Tensor]]) -> None:
+    def __init__(self, parts: dict[str, dict[str, torch.Tensor]], reads: HostReads | str = "host copy") -> None:
         self._flat = [(m, k, t) for m, d in parts.items() for k, t in d.items()]
         self._out: dict[str, dict[str, list[float]]] = {m: {} for m in parts}
         self._host: torch.Tensor | None = None
@@ -53,6 +57,7 @@ class HostCopy:
             self._event.record()
         else:
             self._host = joined
+        (reads if isinstance(reads, HostReads) else HostReads(reads)).add()
 
     @property
     def syncs(self) -> int:
@@ -70,7 +75,7 @@ class HostCopy:
             return self._out
         if self._event is not None:
             self._event.synchronize()  # the one sync; the device finished this copy a step ago
-        values = self._host.tolist()
+        values = self._host.tolist()   # host memory (pinned on CUDA): the read was counted when the copy started
         offset = 0
         for m, k, t in self._flat:
             self._out[m][k] = values[offset:offset + t.numel()]
@@ -80,12 +85,13 @@ class HostCopy:
         return self._out
 
 
-def host_copy(parts: dict[str, dict[str, torch.Tensor]]) -> tuple[dict[str, dict[str, list[float]]], bool]:
+def host_copy(parts: dict[str, dict[str, torch.Tensor]],
+              reads: HostReads | str = "host copy") -> tuple[dict[str, dict[str, list[float]]], bool]:
     """Return the host values of ``{part: {key: tensor}}`` as flat lists (at once), and whether a sync happened.
 
     >>> host_copy({"a": {"x": torch.ones(2)}, "b": {}})
     ({'a': {'x': [1.0, 1.0]}, 'b': {}}, True)
     """
-    copy = HostCopy(parts)
+    copy = HostCopy(parts, reads)
     synced = bool(copy.syncs)
     return copy.values(), synced

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ampdoctor._torch.dispatch import TorchDispatchMode, op_schema, op_writes_in_place, tree_leaves
 from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.training import user_name
 
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
@@ -131,6 +131,7 @@ class NonfiniteOpTracer(TorchDispatchMode):
         within: only look at ops run while the module with this name is running (for example the module whose
             output turned non-finite), so that a harmless inf elsewhere (an overflow that is masked away) is not
             taken for the origin.
+        reads: who its host reads (one per op looked at) count for (``ampdoctor.core.host_reads``).
 
     A stack of modules is kept with global forward hooks (always called, so it unwinds on errors).
 
@@ -141,8 +142,10 @@ class NonfiniteOpTracer(TorchDispatchMode):
     'aten.mul.Tensor'
     """
 
-    def __init__(self, root: nn.Module | None = None, *, within: str | None = None) -> None:
+    def __init__(self, root: nn.Module | None = None, *, within: str | None = None,
+                 reads: HostReads | str = "op replay") -> None:
         super().__init__()
+        self.reads = reads if isinstance(reads, HostReads) else HostReads(reads)
         self.names: dict[nn.Module, str] = {}
         if root is not None:
             self.names.update((m, user_name(n) or "(root)") for n, m in root.named_modules(remove_duplicate=False))
@@ -198,13 +201,13 @@ class NonfiniteOpTracer(TorchDispatchMode):
                 or (self.within is not None and all(name != self.within for name, _ in self.stack))):
             return func(*args, **kwargs)
         # An in-place op overwrites its input, so inputs are measured before it runs.
-        mutable = func._schema.is_mutable
-        before = _stats(args, kwargs, "input", func._schema) if mutable else None
+        schema = op_schema(func)
+        before = _stats(args, kwargs, "input", self.reads, schema) if op_writes_in_place(func) else None
         out = func(*args, **kwargs)
-        outputs = _stats(out, {}, "output")
+        outputs = _stats(out, {}, "output", self.reads)
         kind = _kind(outputs)
         if kind is not None:
-            inputs = before if before is not None else _stats(args, kwargs, "input", func._schema)
+            inputs = before if before is not None else _stats(args, kwargs, "input", self.reads, schema)
             if _kind(inputs, only=kind) is None:
                 module, module_class = self.stack[-1] if self.stack else ("(outside any module)", "")
                 self.found = NonfiniteOp(str(func), kind, module, module_class, tuple(n for n, _ in self.stack),
@@ -212,8 +215,8 @@ class NonfiniteOpTracer(TorchDispatchMode):
         return out
 
 
-def _stats(args: Any, kwargs: dict[str, Any], role: str, schema: Any = None) -> list[TensorStat]:
-    """Measure the floating-point tensors among ``args``/``kwargs`` with one host sync.
+def _stats(args: Any, kwargs: dict[str, Any], role: str, reads: HostReads, schema: Any = None) -> list[TensorStat]:
+    """Measure the floating-point tensors among ``args``/``kwargs`` with one host read.
 
     Inputs are named after the op's schema (``self``, ``mat1``, ``tensors[1]``) when it is given.
     """
@@ -239,7 +242,7 @@ def _stats(args: Any, kwargs: dict[str, Any], role: str, schema: Any = None) -> 
         kept.append((role_name, t))
     if not kept:
         return []
-    values = torch.stack(pairs).abs().view(-1, 2).amax(dim=1).tolist()
+    values = to_host(torch.stack(pairs).abs().view(-1, 2).amax(dim=1), reads)
     return [TensorStat(r, dtype_name(t), tuple(t.shape), v) for (r, t), v in zip(kept, values)]
 
 

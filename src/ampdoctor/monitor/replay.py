@@ -26,10 +26,11 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ampdoctor._compat.engines import engine_family
+from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
+from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.training import user_name
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
 
@@ -81,7 +82,8 @@ class Frame:
     rows: tuple[tuple[str, str, float, float], ...]  # (kind, role, abs_min_nonzero, abs_max)
 
     @classmethod
-    def measure(cls, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> "Frame":
+    def measure(cls, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any,
+                reads: HostReads | str = "replay") -> "Frame":
         named: list[tuple[str, str, torch.Tensor]] = [
             ("weight", n, p) for n, p in module.named_parameters(recurse=False)]
         named += [("input", f"input[{i}]", t) for i, t in enumerate(args) if isinstance(t, torch.Tensor)]
@@ -96,7 +98,7 @@ class Frame:
         for _, _, t in named:
             a = t.detach().abs().float()
             stats += [torch.where(a > 0, a, math.inf).amin().to(device), a.amax().to(device)]
-        values = torch.stack(stats).view(-1, 2).tolist()
+        values = to_host(torch.stack(stats).view(-1, 2), reads)   # one read per frame
         rows = tuple((k, r, 0.0 if hi == 0 else lo, hi) for (k, r, _), (lo, hi) in zip(named, values))
         return cls(name, type(module).__name__, rows)
 
@@ -121,18 +123,21 @@ class Frame:
         return {"module": self.name, "class": self.cls, "rows": rows}
 
 
-def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], NonfiniteOp | str | None]:
+def rerun(model: nn.Module, replay: Replay, frames: int,
+          within: HostReads | None = None) -> tuple[list[Frame], NonfiniteOp | str | None]:
     """Re-run the recorded forward with frame hooks; then, unless a weight is non-finite, at the op level.
 
     The caller keeps its own hooks quiet meanwhile. Returns the last ``frames`` frames (ending at the first module
     whose output is non-finite, if any) and the op found (or the error text of a failed op-level re-run, or None).
+    Each frame is one host read, each op looked at one more, counted as ``"replay"`` reads ``within`` the caller's.
     """
+    reads = HostReads("replay", within=within)
     kept: collections.deque[Frame] = collections.deque(maxlen=max(frames, 1))
     done = []
 
     def dump(name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if not done:
-            kept.append(Frame.measure(name, module, args, kwargs, output))
+            kept.append(Frame.measure(name, module, args, kwargs, output, reads))
             if not kept[-1].output_finite:
                 done.append(True)
 
@@ -152,7 +157,7 @@ def rerun(model: nn.Module, replay: Replay, frames: int) -> tuple[list[Frame], N
             within = culprit.name if culprit.inputs_finite is not False else None
 
             def trace(*args: Any, **kwargs: Any) -> NonfiniteOp | None:
-                with NonfiniteOpTracer(model, within=within) as tracer:
+                with NonfiniteOpTracer(model, within=within, reads=reads) as tracer:
                     model(*args, **kwargs)
                 return tracer.found
 
@@ -199,7 +204,7 @@ def replay_blocked(model: nn.Module) -> str | None:
     ranks, or a model without a distributed wrapper or DTensor parameters; the forward hooks still name the first
     non-finite module.
     """
-    if not runs_collectives(model):
+    if not runs_collectives(model, engine_family):
         return None
     return (f"Not re-run to dump frames on rank {process_rank()} of {distributed_world()}: the model runs "
             "collectives in its forward (DDP, FSDP or DTensor), and a re-run on this rank alone would wait for ranks "
@@ -250,7 +255,7 @@ def render_frames(frames: list[Frame]) -> str:
     return "\n".join(lines)
 
 
-def nonfinite_weights_lines(model: nn.Module, name: str) -> list[str]:
+def nonfinite_weights_lines(model: nn.Module, name: str, within: HostReads | None = None) -> list[str]:
     """Return a sentence (in a list) when module ``name``'s own parameters already hold inf/NaN, else ``[]``.
 
     Said when no re-run gives frames (the step's inputs were not kept, or a re-run could hang the ranks): a module
@@ -258,12 +263,15 @@ def nonfinite_weights_lines(model: nn.Module, name: str) -> list[str]:
     Read when the step is recorded, after its optimizer step: the weights may have turned non-finite in this very
     update, so the sentence says "after this step" and leaves the earlier cause as a condition.
     Reads this rank's local values only (a DTensor's local shard): no collective. One host read for that one
-    module's parameters, on the error path.
+    module's parameters, on the error path (a ``"replay"`` read ``within`` the caller's).
     """
     module = model if name == "(root)" else model.get_submodule(name)
-    own = [(pname, p.to_local() if hasattr(p, "to_local") else p) for pname, p in module.named_parameters(recurse=False)]
+    params = module.named_parameters(recurse=False)
+    own = [(pname, p.to_local() if hasattr(p, "to_local") else p) for pname, p in params]
     own = [(pname, local.detach()) for pname, local in own if local.numel()]
-    finite = torch.stack([torch.isfinite(t).all().cpu() for _, t in own]).tolist() if own else []   # one read
+    # one read: the flags gathered on the first parameter's device (a model split over devices: copied there first)
+    finite = to_host(torch.stack([torch.isfinite(t).all().to(own[0][1].device) for _, t in own]),
+                     HostReads("replay", within=within)) if own else []
     bad = [pname for (pname, _), ok in zip(own, finite) if not ok]
     if not bad:
         return []

@@ -50,6 +50,12 @@ class WatchResults:
     _scaler: Any
     _recorder: Any
     _armed: Any
+    reads: Any
+
+    @property
+    def host_syncs(self) -> int:
+        """Device-to-host reads made by the watch and its parts: the sampled steps' copies, the activation monitor's."""
+        return self.reads.count
 
     @property
     def log_path(self) -> str | None:

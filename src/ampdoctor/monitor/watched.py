@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ampdoctor._torch.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
+from ampdoctor._compat.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer

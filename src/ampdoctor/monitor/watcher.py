@@ -16,9 +16,9 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, DeepSpeed's, stacked) are seen through: ``monitor.watched``. A step
 ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a DeepSpeed optimizer's ``step()``,
-which steps it once per group). A sampled step copies all monitors' device tensors to the host in one sync
-(``Watch.host_syncs``; read at once on CPU, at the end of the next step on CUDA: ``monitor.host_sync``); sharded
-gradients are first merged over their ranks (``monitor.reduction``: no escalation then, so the collectives match).
+which steps it once per group). A sampled step copies the monitors' device tensors to the host in one read (at once
+on CPU, after the next step on CUDA: ``monitor.host_sync``), the activation monitor's in one more (``host_syncs``
+counts every read: ``core.host_reads``); sharded gradients are merged over their ranks first (``monitor.reduction``).
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -27,7 +27,7 @@ removes every hook and drops the references. An internal exception is reported o
 from __future__ import annotations
 
 import time
-import types
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,6 +37,7 @@ from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
 from ampdoctor._torch.scaler import OptState, live_scale, stage
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
 from ampdoctor.core.records import Step, read_step, step_line
@@ -65,8 +66,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
     >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with watch(model, opt, every=1) as w:
     ...     model(torch.ones(3, 4)).sum().backward(); opt.step()
-    >>> w.steps, w.host_syncs
-    (1, 1)
+    >>> w.steps, w.host_syncs   # the step's copy, and a read of the activation monitor armed for the dense start
+    (1, 2)
     """
     return Watch(model, optimizer, scaler, every=every, log_dir=log_dir, activations=activations, stats=stats,
                  sample=sample, fsync=fsync, dense=dense).attach()
@@ -118,7 +119,7 @@ class Watch(WatchResults):
         self._grads.unsummarised.update({} if params else {type(optimizer).__name__: copies.why_empty()})  # say why
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
-        self.host_syncs = 0
+        self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
         # seconds spent computing statistics and closing steps (sync, record, log line); the O(1) per-step
         # observers and the activation monitor's module hooks are not in it
         self.seconds_inside = 0.0
@@ -173,7 +174,7 @@ class Watch(WatchResults):
 
     def _attach_activations(self) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
-        self._activations = ActivationMonitor(self._model, setup=types.SimpleNamespace(scaler=self._scaler))
+        self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler))
         self._activations.attach()
 
     def _arm_activations(self, last: int) -> None:
@@ -309,8 +310,7 @@ class Watch(WatchResults):
         if partial and not parts.get("gradients") and not parts.get("lost_updates") \
                 and "steps" not in parts.get("scale", {}):
             return  # detached right after a sampled step: nothing new
-        copy = HostCopy(parts)  # started here; read now on CPU, at the end of the next step on CUDA
-        self.host_syncs += copy.syncs
+        copy = HostCopy(parts, self.reads)  # started (and counted) here; read now on CPU, after the next step on CUDA
         self._grads.clear()
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
         entries: dict[str, Any] = {}  # the step line's entries, by core.records.step_line's keywords

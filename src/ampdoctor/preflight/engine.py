@@ -12,7 +12,7 @@ import ampdoctor.preflight.rules.config  # noqa: F401  (importing a rule module 
 import ampdoctor.preflight.rules.distributed  # noqa: F401
 import ampdoctor.preflight.rules.params  # noqa: F401
 import ampdoctor.preflight.rules.wiring  # noqa: F401
-from ampdoctor._torch.engines import engine_family, unwrap_engine_optimizer
+from ampdoctor._compat.engines import engine_family, unwrap_engine_optimizer
 from ampdoctor.core import catalog
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report

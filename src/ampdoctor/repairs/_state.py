@@ -11,7 +11,9 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampdoctor._torch.engines import ddp_wrappers, find_engines
+from ampdoctor._compat.engines import find_engines
+from ampdoctor._torch.distributed import is_flat_param
+from ampdoctor._torch.engines import ddp_wrappers
 from ampdoctor.core.dtypes import HALF
 
 # Parameters with an attached MasterWeights. Keyed by identity: a WeakSet would compare tensors with ==.
@@ -68,7 +70,7 @@ def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:
             "param_dtype=torch.float16)), with ShardedGradScaler for fp16."
         )
     # FlatParameter's class is plain Parameter (a metaclass makes isinstance work); the flag is what it sets.
-    if "FlatParameter" in classes or getattr(param, "_is_flat_param", False):
+    if "FlatParameter" in classes or is_flat_param(param):
         return ValueError(
             f"parameter {name!r} is an FSDP FlatParameter ({param.dtype}, {param.numel()} elements); FSDP owns its "
             "views and dtype, so it cannot be upcast in place. Build FSDP over fp32 parameters with "

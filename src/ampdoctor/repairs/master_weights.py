@@ -23,7 +23,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ampdoctor._torch.autograd import current_graph_task_id, queue_backward_callback
+from ampdoctor._torch import foreach
+from ampdoctor._torch.autograd import current_graph_task_id, queue_backward_callback, version_counter
+from ampdoctor._torch.modules import own_parameters
 from ampdoctor._torch.scaler import unscales_itself
 from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import optimizer_tensors
@@ -176,7 +178,7 @@ class MasterWeights(torch.optim.Optimizer):
             self.optimizer.load_state_dict(state_dict["optimizer"])  # first: if it refuses, the masters stay
             with torch.no_grad():
                 if self._masters:
-                    torch._foreach_copy_(self._masters, [saved[index] for index in self._index])
+                    foreach.copy_(self._masters, [saved[index] for index in self._index])
         finally:
             self._to_compute(keep_grads=True)
 
@@ -213,7 +215,7 @@ class MasterWeights(torch.optim.Optimizer):
         self._to_update()  # gathers every pending gradient into one fp32 gradient per parameter
         with torch.no_grad():
             if self._masters:
-                torch._foreach_copy_(self._halves, self._masters)
+                foreach.copy_(self._halves, self._masters)
             for p, half in zip(self._params, self._halves):
                 grad, p.grad = p.grad, None
                 p.data = half
@@ -266,7 +268,7 @@ class MasterWeights(torch.optim.Optimizer):
                 self._marker.append(None)
                 self._marker_version.append(0)
                 self._accumulated.append(0)
-                self._param_version.append(p._version)
+                self._param_version.append(version_counter(p))
                 set_managed(p, True)
                 hook = functools.partial(_on_grad_accumulated, weakref.ref(self), i)
                 self._handles.append(p.register_post_accumulate_grad_hook(hook))
@@ -297,8 +299,8 @@ class MasterWeights(torch.optim.Optimizer):
     def _before_forward(self, module: nn.Module) -> None:
         # Only a module that owns a wrapped parameter ends the update phase, so a metric or an EMA model run
         # between backward and step leaves the fp32 gradients in place for unscale_ and clipping.
-        for p in module._parameters.values():
-            if p is not None and id(p) in self._ids:
+        for p in own_parameters(module):
+            if id(p) in self._ids:
                 self._to_compute(keep_grads=True)
                 return
 
@@ -316,9 +318,9 @@ class MasterWeights(torch.optim.Optimizer):
         with torch.no_grad():
             # A write into the half copy (model.load_state_dict, an EMA copy-back) bumps the parameter's version
             # counter; the master follows it (half -> fp32 is exact).
-            written = [i for i, p in enumerate(params) if p._version != self._param_version[i]]
+            written = [i for i, p in enumerate(params) if version_counter(p) != self._param_version[i]]
             if written:
-                torch._foreach_copy_([masters[i] for i in written], [self._halves[i] for i in written])
+                foreach.copy_([masters[i] for i in written], [self._halves[i] for i in written])
 
             grads: list[torch.Tensor | None] = [None] * len(params)
             add_to, add_from, convert_at, convert_from = [], [], [], []
@@ -327,7 +329,7 @@ class MasterWeights(torch.optim.Optimizer):
                 # The marker is the zeroed half gradient placed next to a held fp32 gradient. If it is still
                 # p.grad and was only written by backward (one version bump per accumulation), nobody zeroed it.
                 held = stash is not None and grad is marker
-                if held and grad._version == self._marker_version[i] + self._accumulated[i]:
+                if held and version_counter(grad) == self._marker_version[i] + self._accumulated[i]:
                     grads[i] = stash
                     if self._accumulated[i]:
                         add_to.append(stash)
@@ -341,11 +343,11 @@ class MasterWeights(torch.optim.Optimizer):
                     convert_at.append(i)
                     convert_from.append(grad)
             if add_to:
-                torch._foreach_add_(add_to, add_from)  # fp32 += half, in fp32
+                foreach.add_(add_to, add_from)  # fp32 += half, in fp32
             if convert_from:
                 # Allocate, then one bulk copy: no per-parameter kernel for the conversion.
                 buffers = [torch.empty_like(masters[i]) for i in convert_at]
-                torch._foreach_copy_(buffers, convert_from)
+                foreach.copy_(buffers, convert_from)
                 for i, buffer in zip(convert_at, buffers):
                     grads[i] = buffer
             for i, p in enumerate(params):
@@ -363,13 +365,13 @@ class MasterWeights(torch.optim.Optimizer):
         params, halves = self._params, self._halves
         with torch.no_grad():
             if params:
-                torch._foreach_copy_(halves, self._masters)  # fp32 -> half, round to nearest even
+                foreach.copy_(halves, self._masters)  # fp32 -> half, round to nearest even
             held = []
             for i, p in enumerate(params):
                 grad = p.grad
                 p.grad = None
                 p.data = halves[i]
-                self._param_version[i] = p._version
+                self._param_version[i] = version_counter(p)
                 self._accumulated[i] = 0
                 if keep_grads and grad is not None:
                     self._stash[i] = grad if grad.dtype == torch.float32 else grad.float()
@@ -378,11 +380,11 @@ class MasterWeights(torch.optim.Optimizer):
                 # A half gradient of zeros stands in p.grad while the fp32 one is held: backward adds into it in
                 # place (0 + g is exact), and zero_grad() from any caller (model, optimizer) visibly removes it.
                 markers = [torch.empty_like(halves[i]) for i in held]
-                torch._foreach_zero_(markers)
+                foreach.zero_(markers)
                 for i, marker in zip(held, markers):
                     params[i].grad = marker
                     self._marker[i] = marker
-                    self._marker_version[i] = marker._version
+                    self._marker_version[i] = version_counter(marker)
         self._in_update = False
 
 

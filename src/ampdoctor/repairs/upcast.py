@@ -17,7 +17,7 @@ from torch import nn
 
 from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import keeps_fp32_masters
-from ampdoctor._torch.engines import engine_family
+from ampdoctor._compat.engines import engine_family
 from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_, owner_refusal,
                                       short_repr, upcast_refusal)
 

@@ -18,7 +18,9 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ampdoctor._torch.engines import engine_family
+from ampdoctor._compat.engines import engine_family
+from ampdoctor._compat.lightning import fabric_module_of, is_fabric_module
+from ampdoctor._torch.modules import delegate_of, is_delegating_wrapper, own_children, own_parameters
 from ampdoctor.core.training import optimizer_chain, optimizer_tensors
 
 
@@ -85,10 +87,10 @@ def internal_optimizers(optimizers: Iterable[Any]) -> list[Any]:
             and isinstance(getattr(o, "optim", None), torch.optim.Optimizer)]
 
 
-# Wrappers that only delegate to the user's module: names are the wrapped module's (``encoder.0.weight``, not
-# ``module.encoder.0.weight``), as the user's own code and checkpoints spell them.
-_TRANSPARENT = {"DistributedDataParallel": "module", "DataParallel": "module", "_FabricModule": "_forward_module",
-                "OptimizedModule": "_orig_mod"}
+def _delegating(module: nn.Module) -> bool:
+    """Whether ``module`` only delegates to the user's module: names are the wrapped module's (``encoder.0.weight``,
+    not ``module.encoder.0.weight``), as the user's own code and checkpoints spell them."""
+    return is_delegating_wrapper(module) or is_fabric_module(module)
 
 
 def unwrap_module(module: nn.Module) -> nn.Module:
@@ -98,8 +100,8 @@ def unwrap_module(module: nn.Module) -> nn.Module:
     'Linear'
     """
     for _ in range(8):
-        inner = getattr(module, _TRANSPARENT.get(type(module).__name__, ""), None)
-        if not isinstance(inner, nn.Module):
+        inner = delegate_of(module) or fabric_module_of(module)
+        if inner is None:
             break
         module = inner
     return module
@@ -110,14 +112,15 @@ def outermost(module: nn.Module, parents: dict[int, nn.Module]) -> nn.Module:
     seen = {id(module)}
     while id(module) in parents and id(parents[id(module)]) not in seen:
         parent = parents[id(module)]
-        if type(parent).__name__ in _TRANSPARENT:
+        if _delegating(parent):
             break
         module = parent
         seen.add(id(module))
     return unwrap_module(module)
 
 
-def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules: Iterable[nn.Module]) -> list[nn.Module]:
+def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any],
+                   modules: Iterable[nn.Module]) -> list[nn.Module]:
     """Return the models the optimizers train, each the outermost owner of trained parameters.
 
     Args:
@@ -127,20 +130,19 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any], modules
 
     A module seen in a forward whose parameters no optimizer trains (an EMA copy, a frozen teacher) is left out
     when there are optimizers, unless an optimizer holds tensors that no live module owns (built over a model
-    object that was then replaced) and the seen module has trainable parameters; without optimizers the seen modules are the models. An engine module (DeepSpeed's
-    ``DeepSpeedEngine``, Megatron-LM's ``DistributedDataParallel``) is kept: its optimizer steps fp32 flat copies,
-    not the module's parameters, and the pre-flight rules need it to say that the engine owns the precision.
+    object that was then replaced) and the seen module has trainable parameters; without optimizers the seen
+    modules are the models. An engine module (DeepSpeed's ``DeepSpeedEngine``, Megatron-LM's
+    ``DistributedDataParallel``) is kept: its optimizer steps fp32 flat copies, not the module's parameters, and
+    the pre-flight rules need it to say that the engine owns the precision.
     """
     modules = list(modules)
     parents: dict[int, nn.Module] = {}
     owner: dict[int, nn.Module] = {}
     for m in modules:
-        for child in m._modules.values():
-            if child is not None:
-                parents.setdefault(id(child), m)
-        for p in m._parameters.values():
-            if p is not None:
-                owner.setdefault(id(p), m)
+        for child in own_children(m):
+            parents.setdefault(id(child), m)
+        for p in own_parameters(m):
+            owner.setdefault(id(p), m)
     trained = {id(p) for o in optimizers for p in optimizer_tensors(o)}
     roots: dict[int, nn.Module] = {}
     for m in seen:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ampdoctor._compat.accelerate import accelerator_built
 from ampdoctor._torch.module_hooks import any_global_module_hook, silence_compile_hook_warning
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import HALF
@@ -277,14 +278,7 @@ def _autocast_dtype(device: str) -> torch.dtype | None:
 
 
 def _accelerator() -> Any:
-    if "accelerate" not in sys.modules:
-        return None
-    try:
-        from accelerate.state import AcceleratorState
-
-        if not AcceleratorState._shared_state:
-            return None
-    except Exception:
+    if not accelerator_built():   # one gc scan, only once an Accelerator was built
         return None
     found = [o for o in instances(object) if type(o).__name__ == "Accelerator"]
     return found[0] if found else None

@@ -14,6 +14,7 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.monitor.grad_stats import local_tensor
 
 
@@ -60,7 +61,8 @@ class ClipNorms:
         """Return the counts and norms (one host sync), or None when nothing was clipped against a finite bound."""
         if self._sums is None or self._last is None:
             return None
-        clipped, nonfinite, peak, last = torch.cat([self._sums, self._last.reshape(1).to(self._sums.device)]).tolist()
+        clipped, nonfinite, peak, last = to_host(torch.cat([self._sums, self._last.reshape(1).to(self._sums.device)]),
+                                                 "clip norms")
         return {"max_norm": self.max_norm, "calls": self.calls, "clipped": int(clipped), "nonfinite": int(nonfinite),
                 "peak": peak, "last": last}
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
-from ampdoctor._torch.engines import Engine, find_engines
+from ampdoctor._compat.engines import Engine, find_engines
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity

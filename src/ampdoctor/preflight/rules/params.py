@@ -24,6 +24,7 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.host_reads import to_host
 from ampdoctor.preflight.rules import check, listing
 from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.dtypes import dtype_name
@@ -52,8 +53,8 @@ def _lr(value: Any) -> str:
     >>> _lr(1 / 6000), _lr(1e-4), _lr(3e-5), _lr(None)
     ('0.000167', '0.0001', '3e-05', 'None')
     """
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1:   # a tensor lr (capturable optimizers): one read
+        value = to_host(value.reshape(()), "preflight")
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return str(value)
     return f"{value:.3g}"

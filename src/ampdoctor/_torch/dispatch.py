@@ -1,0 +1,75 @@
+"""torch's dispatcher internals: a mode that sees every ATen op, an op's schema, and the leaves of nested outputs.
+
+``torch.utils._python_dispatch.TorchDispatchMode`` (torch 2.0+) is the base class of a mode that sees every op after
+autograd and autocast did their work. Without it ``TorchDispatchMode`` is ``object``; the modes built on it then never
+see an op, and ``dispatch_modes_available()`` says so, so their callers can report "not traced" instead.
+``OpOverload._schema`` names an op's arguments and says whether it writes one in place; without it the inputs are
+numbered (``input[0]``) instead of named and every op counts as not in-place (its inputs are measured after it ran).
+``torch.utils._pytree.tree_leaves`` flattens what a module or op returns (tuples, lists, dicts, dataclass-like
+outputs torch registers); without it lists, tuples and dicts are walked here, other containers are one leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - a torch without Python dispatch modes
+    TorchDispatchMode = object  # type: ignore[assignment,misc]
+
+try:
+    from torch.utils._pytree import tree_leaves as _pytree_leaves
+except ImportError:  # pragma: no cover
+    _pytree_leaves = None
+
+__all__ = ["TorchDispatchMode", "dispatch_modes_available", "op_schema", "op_writes_in_place", "tree_leaves"]
+
+
+def dispatch_modes_available() -> bool:
+    """Return whether this torch has Python dispatch modes (``TorchDispatchMode`` is a real mode, not ``object``).
+
+    >>> dispatch_modes_available()
+    True
+    """
+    return TorchDispatchMode is not object
+
+
+def op_schema(func: Any) -> Any:
+    """Return an ATen op's schema (``.arguments``, ``.is_mutable``), None when it carries none.
+
+    >>> import torch
+    >>> [a.name for a in op_schema(torch.ops.aten.add.Tensor).arguments][:2]
+    ['self', 'other']
+    """
+    return getattr(func, "_schema", None)
+
+
+def op_writes_in_place(func: Any) -> bool:
+    """Return whether an ATen op writes one of its inputs (its schema is mutable); False when unknown.
+
+    >>> import torch
+    >>> op_writes_in_place(torch.ops.aten.add_.Tensor), op_writes_in_place(torch.ops.aten.add.Tensor)
+    (True, False)
+    """
+    return bool(getattr(op_schema(func), "is_mutable", False))
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """Return the leaves of a nested structure of tuples, lists and dicts (and what else torch's pytree knows).
+
+    >>> tree_leaves(((1, [2, 3]), {"a": 4}))
+    [1, 2, 3, 4]
+    """
+    if _pytree_leaves is not None:
+        return _pytree_leaves(tree)
+    return _walk(tree)
+
+
+def _walk(tree: Any) -> list[Any]:
+    """The fallback of ``tree_leaves``: lists, tuples and dicts (in insertion order), everything else a leaf."""
+    if isinstance(tree, (list, tuple)):
+        return [leaf for item in tree for leaf in _walk(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _walk(item)]
+    return [tree]
