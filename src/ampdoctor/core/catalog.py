@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ampdoctor.core.findings import Severity
+from ampdoctor.core.findings import Finding, Severity
 
 PHASES = ("preflight", "runtime", "crash", "watch")
 
@@ -49,6 +49,15 @@ class Rule:
     def matches(self, text: str) -> bool:
         """Return whether ``text`` contains one of the error texts this rule explains."""
         return any(p.search(text) for p in self._compiled)
+
+    def finding(self, where: str, detail: str, step: int | None = None, *, severity: Severity | None = None,
+                cause: str | None = None) -> Finding:
+        """Return a finding of this rule at ``where``: with the rule's severity unless the check escalates it.
+
+        >>> get_rule("AMP101").finding("head", "head.weight is trainable float16").severity.value
+        'error'
+        """
+        return Finding(self.code, severity or self.severity, where, detail, step, cause=cause)
 
 
 E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO

@@ -51,6 +51,23 @@ class Finding:
     cause: str | None = None
     ranks: tuple[int, ...] | None = None
 
+    @property
+    def place(self) -> tuple[str, str, str | None]:
+        """One rule at one place in one process: what is reported once, and what a fix resolves (``code``,
+        ``where``, ``process``)."""
+        return self.code, self.where, self.process
+
+    @property
+    def key(self) -> tuple[str, str, str | None, int | None]:
+        """The identity of a finding: one rule at one place in one process, at one step (``place`` and ``step``).
+        A report holds each once per set of ranks; ranks that saw it share one (``ranks.merge``).
+
+        >>> a, b = Finding("AMP605", Severity.WARNING, "fc", "3%", step=2), Finding("AMP605", Severity.WARNING, "fc", "4%", 2)
+        >>> a.key == b.key, a.place == Finding("AMP605", Severity.WARNING, "fc", "1%", step=9).place
+        (True, True)
+        """
+        return *self.place, self.step
+
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)

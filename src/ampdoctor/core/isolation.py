@@ -5,7 +5,8 @@ from __future__ import annotations
 import traceback
 from typing import Any, Callable
 
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding
 
 
 def call_safely(fn: Callable[..., Any], *args: Any, on_error: Callable[[BaseException], None] | None = None,
@@ -40,7 +41,7 @@ def internal_error_finding(exc: BaseException, where: str = "ampdoctor", step: i
     """
     frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     place = f" at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else ""
-    return Finding("AMP001", Severity.INFO, where, f"{type(exc).__name__}: {exc}{place}{after}", step)
+    return get_rule("AMP001").finding(where, f"{type(exc).__name__}: {exc}{place}{after}", step)
 
 
 class StepAside:

@@ -71,9 +71,9 @@ class Report(Drawn):
         return list(dict.fromkeys(f.code for f in self.findings))
 
     def add(self, finding: Finding) -> None:
-        """Append ``finding`` unless the same code at the same place is already reported (first one wins)."""
-        key = (finding.code, finding.where, finding.process, finding.ranks)
-        if all((f.code, f.where, f.process, f.ranks) != key for f in self.findings):
+        """Append ``finding`` unless the same rule at the same place (``Finding.place``), seen by the same ranks, is
+        already reported: the first one wins (a crash's explanation does not repeat the pre-flight's finding)."""
+        if all((f.place, f.ranks) != (finding.place, finding.ranks) for f in self.findings):
             self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:

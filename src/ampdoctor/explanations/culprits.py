@@ -11,11 +11,12 @@ from typing import Any
 
 import torch
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
-from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
+from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 
 _LOADED_CHECKS = False
 
@@ -59,12 +60,12 @@ def half_param_findings(setup: TrainingSetup, dtype: torch.dtype, code: str, opt
         detail = f"trainable {dtype_name(dtype)} parameters: {_names([p.describe() for p in params])}"
         if culprit is not None and culprit in params:
             detail += f"; GradScaler raised on {culprit.name}"
-        findings.append(finding(code, module, detail, step))
+        findings.append(get_rule(code).finding(module, detail, step))
     if not findings and optimizer is not None:
         loose = [p for g in optimizer.param_groups for p in g["params"]
                  if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype == dtype]
         if loose:
-            findings.append(finding(code, optimizer_label(optimizer, setup),
+            findings.append(get_rule(code).finding(optimizer_label(optimizer, setup),
                                     f"trainable {dtype_name(dtype)} tensors: "
                                     f"{_names([_tensor_name(p, setup, optimizer) for p in loose])}", step))
     return findings
@@ -109,13 +110,13 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
             why = (f"on rank {rank[0]} of {rank[1]}: a sharded or partitioned optimizer (ZeroRedundancyOptimizer, a "
                    "per-rank parameter split) can leave a rank with nothing, or a requires_grad filter matched nothing "
                    "here; the other ranks may be stepping, and only this one raised")
-        return [finding("AMP406", label, f"{label} holds no parameters: its param groups are empty ({why}), so it "
+        return [get_rule("AMP406").finding(label, f"{label} holds no parameters: its param groups are empty ({why}), so it "
                         "has nothing to step", step)]
     trainable = sum(p.requires_grad for p in held)   # python bools: no device work
     findings = []
     if unsharded and rank is not None:
-        findings.append(finding(
-            "AMP406", label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
+        findings.append(get_rule("AMP406").finding(
+            label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
             f"shard ({_names(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
             f"other ranks, so they get no .grad on this rank, and a plain GradScaler records no inf check for "
             f"{label} on this rank only. Use ShardedGradScaler, which creates a found_inf on every rank and "
@@ -126,16 +127,16 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
             why = (f"{label} holds {len(held)} parameter(s), none of which requires grad; {why}; make them "
                    "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
                    "over the trainable ones")
-        findings.append(finding("AMP406", module, why, step))
+        findings.append(get_rule("AMP406").finding(module, why, step))
     for module, params in group_by_module(unused).items():
         why = ("requires_grad=True but .grad is None after backward: not used in the forward pass, or cut off by "
                "reentrant gradient checkpointing (use_reentrant=False)")
         if not setup.models:
             why += "; the model is unknown, so ampdoctor cannot tell whether these are its parameters"
-        findings.append(finding("AMP406", module, f"{_names([p.name for p in params])}: {why}", step))
+        findings.append(get_rule("AMP406").finding(module, f"{_names([p.name for p in params])}: {why}", step))
     if foreign:
         detail = (f"{len(foreign)} tensor(s) in {label} are not parameters of the model: {_names(foreign)}; "
                   "the optimizer was built over different tensors (before a move, cast, wrap or re-creation)")
-        findings.append(finding("AMP406", label, detail, step))
-        findings.extend(_from_check("AMP301", setup, step) or [finding("AMP301", label, detail, step)])
+        findings.append(get_rule("AMP406").finding(label, detail, step))
+        findings.extend(_from_check("AMP301", setup, step) or [get_rule("AMP301").finding(label, detail, step)])
     return findings

@@ -14,14 +14,14 @@ from torch import nn
 
 from ampdoctor._torch.frames import frame_values
 from ampdoctor._torch.scaler import live_scale, optimizer_state
-from ampdoctor.core.catalog import Rule
+from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, user_name
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
-from ampdoctor.explanations.naming import _names, _tensor_name, finding, optimizer_label
+from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 from ampdoctor.explanations.reader import _Crash
 
 
@@ -30,7 +30,7 @@ def _generic(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) 
     if crash.optimizer is not None:
         where = f"{optimizer_label(crash.optimizer, setup)} at {crash.site}"
     message = str(crash.exc).strip().splitlines()
-    return [finding(rule.code, where, (message[0] if message else type(crash.exc).__name__)[:300], step)]
+    return [rule.finding(where, (message[0] if message else type(crash.exc).__name__)[:300], step)]
 
 
 def _amp101(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
@@ -44,7 +44,7 @@ def _amp102(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
 def _amp204(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     opt = crash.optimizer
     where = optimizer_label(opt, setup) if opt is not None else crash.site
-    return [finding(rule.code, where, f"scaler.step(..., closure=...) at {crash.site} with an enabled GradScaler; "
+    return [rule.finding(where, f"scaler.step(..., closure=...) at {crash.site} with an enabled GradScaler; "
                     "a closure re-evaluates the loss, which loss scaling does not support", step)]
 
 
@@ -54,14 +54,14 @@ def _unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | 
             "micro-batch, with backward passes in between and no scaler.step(); AMP402 if an earlier iteration "
             "called unscale_ and then skipped both scaler.step() and scaler.update() (a grad-norm guard with "
             "`continue`). Attach ampdoctor.ScalerGuard(scaler, setup) to tell them apart")
-    return [finding(code, where, f"unscale_() raised at {crash.site}; {tell}", step)
+    return [get_rule(code).finding(where, f"unscale_() raised at {crash.site}; {tell}", step)
             for code in ("AMP401", "AMP402") if code == rule.code]
 
 
 def _amp404(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     label = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else "the optimizer"
     where = label if crash.optimizer is not None else crash.site
-    return [finding(rule.code, where, f"scaler.step({label}) at {crash.site} is its second step since the last "
+    return [rule.finding(where, f"scaler.step({label}) at {crash.site} is its second step since the last "
                     "scaler.update(): no update() completed between the two steps; call scaler.update() after "
                     "every scaler.step(), or sum the losses and step once", step)]
 
@@ -70,7 +70,7 @@ def _amp405(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
     m = re.search(r"Attempted (\w+) but", str(crash.exc))
     call = m.group(1) if m else "a GradScaler method"
     where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
-    return [finding(rule.code, where, f"scaler.{call}() at {crash.site} ran before any scaler.scale(loss): "
+    return [rule.finding(where, f"scaler.{call}() at {crash.site} ran before any scaler.scale(loss): "
                     "backward() ran on the unscaled loss (or the first call after a resume was unscale_)", step)]
 
 
@@ -87,7 +87,7 @@ def _amp410(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
     else:
         detail = (f"the GradScaler was pickled at {crash.site} between step() and update(); save "
                   "scaler.state_dict() after scaler.update() instead")
-    return [finding(rule.code, "GradScaler", detail, step)]
+    return [rule.finding("GradScaler", detail, step)]
 
 
 def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
@@ -111,7 +111,7 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
                   f"{', '.join(f'{n} {d}' for n, d in params.items()) or '(none)'}"
                   f" got {', '.join(inputs) or 'inputs of another dtype'}")
         cast = param_dtypes[0] if len(param_dtypes) == 1 else None
-        return [finding(rule.code, f"{name} ({type(module).__name__})", detail + _why_and_fix(crash, scope, cast),
+        return [rule.finding(f"{name} ({type(module).__name__})", detail + _why_and_fix(crash, scope, cast),
                         step)]
     frame = crash.user_frames[0] if crash.user_frames else None
     tensors = [f"{k} {dtype_name(v)} {list(v.shape)}" for k, v in _frame_tensors(frame)] if frame else []
@@ -121,7 +121,7 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         detail = "tensors of different dtypes met in one op (no torch.autocast block was seen around it)"
     if tensors:
         detail += f"; tensors in that frame: {_names(tensors)}"
-    return [finding(rule.code, crash.site, detail, step)]
+    return [rule.finding(crash.site, detail, step)]
 
 
 def _why_and_fix(crash: _Crash, scope: str | None, cast: str | None) -> str:
@@ -174,7 +174,7 @@ def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         return []
     where = modules[0] if len(modules) == 1 else f"{len(modules)} modules ({', '.join(modules[:3])}" + (
         ", …)" if len(modules) > 3 else ")")
-    return [finding(rule.code, where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}; under fp16 "
+    return [rule.finding(where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}; under fp16 "
                     "let scaler.step() skip the step instead of raising", step)]
 
 

@@ -1,4 +1,4 @@
-"""How explanations name things: a finding of a catalog rule, an optimizer, a tensor, a bounded list of names."""
+"""How explanations name things: an optimizer, a tensor, a bounded list of names."""
 
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 
 _MAX_NAMES = 10          # names listed in one finding
-
-
-def finding(code: str, where: str, detail: str, step: int | None = None) -> Finding:
-    """Return a finding of catalog rule ``code`` with the rule's severity."""
-    return Finding(code, get_rule(code).severity, where, detail, step)
 
 
 def with_scaler(setup: TrainingSetup, scaler: Any) -> TrainingSetup:

@@ -7,6 +7,8 @@ iteration, counted) is the guard's job.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import inspect
 import math
 from typing import Any, Callable
@@ -14,12 +16,13 @@ from typing import Any, Callable
 import torch
 from torch.optim import lr_scheduler
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
-from ampdoctor.explanations.naming import finding, with_scaler
+from ampdoctor.explanations.naming import with_scaler
 from ampdoctor.guard.history import _Call, _grads_reset, _Iteration
 
 _Pending = tuple[_Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
@@ -48,7 +51,7 @@ def _infer_failure(scaler: Any, setup: TrainingSetup, call: _Call, step: int) ->
 
 def _no_scale(method: str, label: str, site: str, step: int) -> Finding:
     """Return AMP405 for a scaler method that ran before any ``scale(loss)``."""
-    return finding("AMP405", label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
+    return get_rule("AMP405").finding(label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
                    "ran on the unscaled loss (or the first call after a resume was unscale_)", step)
 
 
@@ -56,7 +59,7 @@ def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> li
     """Tell AMP401 (unscale_ per micro-batch) from AMP402 (an iteration that skipped step and update) by history."""
     prev = cur.unscaled.get(id(optimizer))
     if prev is None:
-        return [finding(code, label, f"scaler.unscale_({label}) at {site} raised; the first unscale_ happened "
+        return [get_rule(code).finding(label, f"scaler.unscale_({label}) at {site} raised; the first unscale_ happened "
                         "before the guard was attached, so its history cannot tell AMP401 from AMP402",
                         cur.index) for code in ("AMP401", "AMP402")]
     backwards = cur.scale_calls - prev.scale_calls
@@ -65,14 +68,14 @@ def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> li
         returned = to_host(cur.last_clip[1].reshape(()), "guard")   # the crash path: one read
         norm = f"; clip_grad_norm_ returned {returned:.4g} in between"
     if _grads_reset(prev.grad):
-        return [finding("AMP402", label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
+        return [get_rule("AMP402").finding(label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
                         f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
                         f"({backwards} backward pass(es)), and unscale_ at {site} raised{norm}", cur.index)]
     if backwards:
-        return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
+        return [get_rule("AMP401").finding(label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
                         f"{backwards} backward pass(es) accumulating gradients in between and no scaler.step()"
                         f"{norm}; unscale and clip once, at the accumulation boundary", cur.index)]
-    return [finding("AMP401", label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no "
+    return [get_rule("AMP401").finding(label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no "
                     "backward in between: an explicit unscale_ plus a helper that unscales again (e.g. "
                     "accelerator.clip_grad_norm_)", cur.index)]
 
@@ -106,7 +109,7 @@ def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], s
         current = live_scale(scaler)
         scale = float(init_scale(scaler) or 0.0) if current is None else None
         shown = f"scale={scale:g}" if scale is not None else "its own loss scale"
-        return finding("AMP410", label(restored[0]), f"{names} had its state restored with load_state_dict(), but "
+        return get_rule("AMP410").finding(label(restored[0]), f"{names} had its state restored with load_state_dict(), but "
                        f"the GradScaler was never restored (scaler.load_state_dict() was not called): it starts from "
                        f"{shown} with growth tracker 0 instead of the saved scale", step)
     if live_scale(scaler) is not None:
@@ -117,7 +120,7 @@ def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], s
     for opt in optimizers:
         restored = _optimizer_step(opt)
         if restored:
-            return finding("AMP410", label(opt), f"{label(opt)} was restored at step {restored:g}, but the GradScaler "
+            return get_rule("AMP410").finding(label(opt), f"{label(opt)} was restored at step {restored:g}, but the GradScaler "
                            f"starts from scale={start:g} with growth tracker 0: scaler.load_state_dict() was not "
                            "called", step)
     return None
@@ -152,7 +155,7 @@ def _scheduler_finding(cls: str, label: str, site: str, index: int, *, skipped: 
         iterations: iterations so far (``index + 1`` when not given).
         lr_factor: the product of the learning-rate changes those scheduler steps made (see ``_lr_factor``).
     """
-    f = finding("AMP409", f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
+    f = get_rule("AMP409").finding(f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
                 f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
     return _escalated(f, skipped, index + 1 if iterations is None else iterations, lr_factor)
 
@@ -176,9 +179,8 @@ def _escalated(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0
     severity = _scheduler_severity(skipped, iterations, lr_factor)
     if severity is f.severity or f.code != "AMP409":
         return f
-    return Finding(f.code, severity, f.where, f"{f.detail}; the schedule advanced on skipped optimizer steps in "
-                   f"{skipped} of {iterations} iterations, changing the learning rate by x{lr_factor:.3g}",
-                   f.step, f.process, f.cause)
+    return replace(f, severity=severity, detail=f"{f.detail}; the schedule advanced on skipped optimizer steps in "
+                   f"{skipped} of {iterations} iterations, changing the learning rate by x{lr_factor:.3g}")
 
 
 def _lr_values(optimizer: Any) -> list[float] | None:

@@ -9,7 +9,7 @@ held weakly.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -58,14 +58,14 @@ class _Seen:
 
 
 class _Ledger:
-    """The reported findings, one per (code, where), each counted over the iterations it was seen in."""
+    """The reported findings, one per place (``Finding.place``), each counted over the iterations it was seen in."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], _Seen] = {}
+        self._seen: dict[tuple[str, str, str | None], _Seen] = {}
 
     def record(self, f: Finding) -> None:
         """Add ``f``, or count one more iteration for the finding with its code and place."""
-        key = (f.code, f.where)
+        key = f.place
         seen = self._seen.get(key)
         if seen is None:
             self._seen[key] = _Seen(f, 1, f.step)
@@ -75,11 +75,11 @@ class _Ledger:
 
     def set_span(self, f: Finding, count: int, last: int) -> None:
         """Set ``f`` as seen in ``count`` iterations, the last of them ``last`` (counted elsewhere, on the device)."""
-        self._seen[(f.code, f.where)] = _Seen(f, count, last)
+        self._seen[f.place] = _Seen(f, count, last)
 
     def replace(self, f: Finding) -> None:
         """Set ``f`` as seen once, replacing the finding with its code and place."""
-        self._seen[(f.code, f.where)] = _Seen(f)
+        self._seen[f.place] = _Seen(f)
 
     def findings(self) -> list[Finding]:
         """Return each finding once; a repeated one says in how many iterations, from which to which."""
@@ -87,8 +87,7 @@ class _Ledger:
         for seen in self._seen.values():
             f = seen.finding
             if seen.count > 1:
-                f = Finding(f.code, f.severity, f.where,
-                            f"{f.detail} (seen in {seen.count} iterations, {f.step} to {seen.last})", f.step)
+                f = replace(f, detail=f"{f.detail} (seen in {seen.count} iterations, {f.step} to {seen.last})")
             out.append(f)
         return out
 

@@ -14,17 +14,17 @@ from typing import Any
 import torch
 import torch.nn.utils.clip_grad
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.optim import scheduler_step_count
 from ampdoctor._torch.scaler import (OptState, found_inf_flags, growth_tracker, is_enabled, live_scale,
                                      optimizer_found_inf, stage, unscales_itself)
 from ampdoctor.core.callsite import user_call_site
 from ampdoctor.core.findings import Finding
-from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.explanations.culprits import no_grad_findings
-from ampdoctor.explanations.naming import finding
 from ampdoctor.guard.checks import (ScheduleDrift, SkipTally, _infer_failure, _keep_found_inf, _no_scale,
                                     _resume_finding, _scheduler_classes, _scheduler_finding, _split_pending,
                                     _sum_flags, _unscale_twice)
@@ -203,7 +203,7 @@ class ScalerGuard:
         """Record a silent finding at most once per iteration."""
         if code not in self._cur.flagged:
             self._cur.flagged.add(code)
-            self._record(finding(code, where, detail, self._cur.index))
+            self._record(get_rule(code).finding(where, detail, self._cur.index))
 
     def _on_error(self, exc: BaseException) -> None:
         if self._broken:
@@ -212,8 +212,8 @@ class ScalerGuard:
         self._release()
         self._stack.clear()
         step = getattr(self._cur, "index", None)   # the guard's own state may be what broke
-        self._ledger.replace(finding("AMP001", "ScalerGuard", f"{type(exc).__name__}: {exc}; the guard detached "
-                                     "itself and training continues unobserved", step))
+        self._ledger.replace(internal_error_finding(
+            exc, "ScalerGuard", step, "; the guard detached itself and training continues unobserved"))
 
     def _stage(self, optimizer: Any) -> OptState:
         """Return the stage of an optimizer (or its id) in this iteration, without creating scaler state."""
@@ -242,7 +242,7 @@ class ScalerGuard:
         self._settle()
         s, call = self.scaler, _Call("scale", None, "", self._cur.scale_calls)
         if live_scale(s) is None and growth_tracker(s) is not None:
-            call.predicted = [finding("AMP405", "GradScaler", "_growth_tracker was set before _scale (a "
+            call.predicted = [get_rule("AMP405").finding("GradScaler", "_growth_tracker was set before _scale (a "
                                       "partial state load); load the scaler state with "
                                       "scaler.load_state_dict()", self._cur.index)]
         elif not self._resume_checked:
@@ -272,7 +272,7 @@ class ScalerGuard:
             call.predicted = _unscale_twice(cur, optimizer, label, site)
         elif stage is OptState.STEPPED:
             stepped = cur.stepped.get(id(optimizer))
-            call.predicted = [finding("AMP403", label, f"scaler.unscale_({label}) at {site} came after "
+            call.predicted = [get_rule("AMP403").finding(label, f"scaler.unscale_({label}) at {site} came after "
                                       f"scaler.step({label}) at {stepped.site if stepped else '<unknown>'}; "
                                       "unscale and clip before step()", cur.index)]
         else:
@@ -298,7 +298,7 @@ class ScalerGuard:
         call = _Call("step", optimizer, site, cur.scale_calls)
         fused = unscales_itself(optimizer)
         if "closure" in kwargs:
-            call.predicted = [finding("AMP204", label, f"scaler.step({label}, closure=...) at {site} with an "
+            call.predicted = [get_rule("AMP204").finding(label, f"scaler.step({label}, closure=...) at {site} with an "
                                       "enabled GradScaler", cur.index)]
         elif live_scale(self.scaler) is None:
             call.predicted = [_no_scale("step", label, site, cur.index)]
@@ -337,7 +337,7 @@ class ScalerGuard:
             call.predicted = [_no_scale("update", "GradScaler", user_call_site(), cur.index)]
         elif new_scale is None and not any(found.values()):
             site = user_call_site()
-            call.predicted = [finding("AMP407", "GradScaler", f"scaler.update() at {site} with no scaler.step() "
+            call.predicted = [get_rule("AMP407").finding("GradScaler", f"scaler.update() at {site} with no scaler.step() "
                                       f"or unscale_() since the last update() ({cur.scale_calls} scale() "
                                       "call(s) this iteration)", cur.index)]
         else:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
-from ampdoctor.explanations.naming import finding
 from ampdoctor.guard.history import _Call
 
 
@@ -28,4 +28,4 @@ def _second_step(first: _Call | None, label: str, site: str, scale_calls: int, i
                    "or call scaler.update() after the first")
     else:
         detail += "; call scaler.update() after every scaler.step()"
-    return finding("AMP404", label, detail, index)
+    return get_rule("AMP404").finding(label, detail, index)

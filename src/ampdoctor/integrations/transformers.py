@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 
 from ampdoctor._compat.accelerate import accelerator_autocast
 from ampdoctor._compat.transformers import calling_trainer, epoch_method
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
@@ -35,7 +36,6 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters
 from ampdoctor.integrations._observe import on_exception as _on_exception
-from ampdoctor.integrations._rules import HALF_MODEL, LOSS_HIDDEN, integration_finding
 from ampdoctor.integrations._session import CallbackSession, check_options
 
 __all__ = ["AmpDoctorCallback", "half_model_findings"]
@@ -162,7 +162,7 @@ def half_model_findings(args: Any, setup: TrainingSetup) -> list[Finding]:
     consequence = ("a GradScaler refuses their float16 gradients ('Attempting to unscale FP16 gradients')"
                    if setup.scaler_enabled and any(p.dtype == torch.float16 for p in half) else
                    "the optimizer updates them in half precision, where small updates round away")
-    return [integration_finding(HALF_MODEL, f"TrainingArguments({flag}=True)", (
+    return [get_rule("AMP209").finding(f"TrainingArguments({flag}=True)", (
         f"{flag}=True means fp32 weights with {flag} autocast, but {whole} {len(trainable)} trainable parameters are "
         f"{dtypes}: {names}. The model was loaded or cast in half precision (from_pretrained(..., "
         f"dtype=torch.{dtypes.split()[0]}) or .half()), so {consequence}."))]
@@ -197,7 +197,7 @@ class _Losses:
         scale = (report.extra.get("watch") or {}).get("scale") or {}
         skipped = scale.get("skipped") if isinstance(scale, dict) else None
         also = f"; the GradScaler skipped {skipped} step(s)" if isinstance(skipped, int) and skipped else ""
-        return [integration_finding(LOSS_HIDDEN, "TrainingArguments(logging_nan_inf_filter=True)", (
+        return [get_rule("AMP610").finding("TrainingArguments(logging_nan_inf_filter=True)", (
             f"{int(bad)} of {self.seen} training losses were NaN/inf, the first at step {int(first)}{also}. With "
             "logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in their "
             "place, so the logged loss looks finite; set logging_nan_inf_filter=False to see them."), int(first))]

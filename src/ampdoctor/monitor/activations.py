@@ -20,12 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.autograd import in_backward
 from ampdoctor._torch.dispatch import tree_leaves
 from ampdoctor._torch.distributed import process_rank
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
+from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.training import user_name
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
 from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_lines, replay_blocked, rerun
@@ -374,7 +376,7 @@ class ActivationMonitor:
         if (code, i) in self._reported:
             return None
         self._reported.add((code, i))
-        self._findings.append(Finding(code, severity, where or self._label(i), detail, step))
+        self._findings.append(get_rule(code).finding(where or self._label(i), detail, step, severity=severity))
         return self._findings[-1]
 
     def _require_model(self) -> nn.Module:
@@ -396,5 +398,5 @@ class ActivationMonitor:
             self._record.closed, self._record.last, self._record.replay = True, None, None
         self._record = None
         self._remove_hooks()
-        self._findings.append(Finding("AMP001", Severity.INFO, "ActivationMonitor",
-                                      f"{self._error}; the activation monitor is off for the rest of the run"))
+        self._findings.append(internal_error_finding(exc, "ActivationMonitor",
+                                                     after="; the activation monitor is off for the rest of the run"))

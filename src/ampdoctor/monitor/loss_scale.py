@@ -26,12 +26,15 @@ Alarms (host side, at each consume):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import bisect
 import math
 from typing import Any, Callable
 
 import torch
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabled, live_scale
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
@@ -286,7 +289,7 @@ class ScaleMonitor:
         """Add the activation monitor's first non-finite module to an AMP603 finding already made."""
         for k, f in enumerate(self._findings):
             if f.code == "AMP603" and module and module not in f.detail:
-                self._findings[k] = Finding(f.code, f.severity, f.where, self.collapse_detail(module), f.step)
+                self._findings[k] = replace(f, detail=self.collapse_detail(module))
 
     def _report(self, code: str, severity: Severity, step: int, detail: str) -> None:
         self._reported.add(code)
@@ -294,7 +297,7 @@ class ScaleMonitor:
 
     @staticmethod
     def _finding(code: str, severity: Severity, step: int, detail: str) -> Finding:
-        return Finding(code, severity, "GradScaler", detail, step)
+        return get_rule(code).finding("GradScaler", detail, step, severity=severity)
 
     def findings(self) -> list[Finding]:
         """Return AMP603 and AMP604 findings so far (each at most once), AMP604 with the counts of today."""

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import lost_updates_entry
@@ -190,8 +191,8 @@ class LostUpdateMonitor:
         reported = {f.where for f in self._findings}
         for name, dtype, moved, lost in zip(self.names, self.dtypes, self.with_grad, self.lost):
             if moved and lost / moved > LOST_FRACTION and name not in reported and len(self._findings) < 5:
-                self._findings.append(Finding(
-                    "AMP607", Severity.WARNING, name,
+                self._findings.append(get_rule("AMP607").finding(
+                    name,
                     f"{lost / moved:.0%} of sampled {dtype} entries with a non-zero gradient did not change in the "
                     f"optimizer step ({lost} of {moved} over {self.steps} sampled step(s)): each update was below "
                     f"half an ulp of its weight", step))

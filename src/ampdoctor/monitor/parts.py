@@ -2,15 +2,17 @@
 
 The parts of a ``Watch`` are ``gradients``, ``scale``, ``lost_updates``, ``activations``, ``recorder`` and
 ``watch`` (the step bookkeeping itself, which takes every monitoring part with it). ``WatchParts`` keeps which are
-off and the findings the watch raises itself; the watch switches the part's monitor off.
+off (``core.isolation.StepAside``) and the findings the watch raises itself; the watch switches the part's monitor
+off.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.isolation import StepAside, call_safely
 
 __all__ = ["WatchParts", "MONITORING"]
 
@@ -27,10 +29,14 @@ class WatchParts:
     """
 
     def __init__(self, owner: str = "ampdoctor.watch") -> None:
-        self.owner = owner
-        self.off: set[str] = set()
         self.findings: list[Finding] = []
-        self._reported: set[tuple[str, str]] = set()
+        self._aside = StepAside(owner, self.findings.append, whole="watch", parts=MONITORING)
+        self._reported: set[tuple[str, str, str | None]] = set()
+
+    @property
+    def off(self) -> set[str]:
+        """The parts switched off."""
+        return self._aside.off
 
     def guard(self, part: str, fn: Callable[..., Any], *, on_fail: Callable[[str, BaseException], None],
               **kwargs: Any) -> Any:
@@ -41,18 +47,11 @@ class WatchParts:
 
     def fail(self, part: str, exc: BaseException, step: int) -> bool:
         """Switch ``part`` off and report ``exc`` as AMP001; return False if it was off already (nothing done)."""
-        if part in self.off:
-            return False
-        self.off.add(part)
-        self.findings.append(Finding("AMP001", Severity.INFO, f"{self.owner} ({part})",
-                                     f"{type(exc).__name__}: {exc}; this part of the watch is off for the rest of "
-                                     f"the run", step))
-        if part == "watch":
-            self.off.update(MONITORING)
-        return True
+        return self._aside.fail(part, exc, step)
 
     def report(self, code: str, severity: Severity, where: str, step: int, detail: str) -> None:
-        """Add a finding, once per ``(code, where)``."""
-        if (code, where) not in self._reported:
-            self._reported.add((code, where))
-            self.findings.append(Finding(code, severity, where, detail, step))
+        """Add a finding of rule ``code``, once per place."""
+        finding = get_rule(code).finding(where, detail, step, severity=severity)
+        if finding.place not in self._reported:
+            self._reported.add(finding.place)
+            self.findings.append(finding)

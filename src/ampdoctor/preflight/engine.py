@@ -14,7 +14,8 @@ import ampdoctor.preflight.rules.params  # noqa: F401
 import ampdoctor.preflight.rules.wiring  # noqa: F401
 from ampdoctor._compat.engines import engine_family, unwrap_engine_optimizer
 from ampdoctor.core import catalog
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.report import Report
 from ampdoctor.preflight.rules import CHECKS
 from ampdoctor.preflight.rules.distributed import without_engines
@@ -38,7 +39,7 @@ def run_preflight(setup: TrainingSetup, select: Iterable[str] = ("AMP",)) -> lis
     try:
         checked = without_engines(setup)
     except Exception as exc:  # looking for engines must not stop the rules
-        findings.append(Finding("AMP001", Severity.INFO, "rule AMP212", f"{type(exc).__name__}: {exc}"))
+        findings.append(internal_error_finding(exc, "rule AMP212"))
         checked = setup
     for rule in catalog.select(select, phase="preflight"):
         fn = CHECKS.get(rule.code)
@@ -47,7 +48,7 @@ def run_preflight(setup: TrainingSetup, select: Iterable[str] = ("AMP",)) -> lis
         try:
             findings.extend(fn(setup if rule.code == "AMP212" else checked))
         except Exception as exc:  # a broken check must not break the user's run
-            findings.append(Finding("AMP001", Severity.INFO, f"rule {rule.code}", f"{type(exc).__name__}: {exc}"))
+            findings.append(internal_error_finding(exc, f"rule {rule.code}"))
     return findings
 
 

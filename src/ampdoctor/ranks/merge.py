@@ -23,7 +23,7 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
                        failed_at: Mapping[int, float] | None = None, notes: Iterable[str] = ()) -> Report:
     """Return one report of a distributed run from each rank's own report.
 
-    A finding seen by several ranks (same code, severity, place, step, process and cause) becomes one finding
+    A finding seen by several ranks (the same ``Finding.key``: rule, place, process and step) becomes one finding
     listing them in ``ranks``. Where the ranks' details differ (their own numbers), the lowest rank's detail is
     kept, with one line per other rank (up to ``SHOWN_RANK_LINES``) giving the first line of its own detail that
     differs; every rank's whole detail stays in ``extra["ranks"]["details"]``. Findings at another place or step
@@ -43,7 +43,7 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
     seen_by: list[list[tuple[int, str]]] = []   # per merged finding: (rank, its own detail)
     for rank in order:
         for f in reports[rank].findings:
-            key = (f.code, f.severity, f.where, f.step, f.process, f.cause)
+            key = f.key
             if key in where and all(r != rank for r, _ in seen_by[where[key]]):
                 seen_by[where[key]].append((rank, f.detail))
             else:   # new, or a second one of this rank (kept apart: it is not another rank's view of the first)

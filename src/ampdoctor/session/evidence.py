@@ -10,6 +10,7 @@ lost everything below it.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ampdoctor.core.findings import Finding, Severity
@@ -67,8 +68,7 @@ def with_watch_evidence(finding: Finding, watch: dict[str, Any] | None) -> Findi
 
 def _with(finding: Finding, parts: list[str], dead: list[str], modules: dict[str, Any]) -> Finding:
     severity = Severity.ERROR if dead and len(dead) == len(modules) else finding.severity
-    return Finding(finding.code, severity, finding.where, f"{finding.detail} {' '.join(parts).rstrip(';')}",
-                   finding.step, finding.process, finding.cause)
+    return replace(finding, severity=severity, detail=f"{finding.detail} {' '.join(parts).rstrip(';')}")
 
 
 def _names(modules: list[str]) -> str:

@@ -225,9 +225,9 @@ def split_repaired(found: list[Finding], remaining: list[Finding], by: str, stil
         found: the findings before the fix; remaining: the same rules' findings after it.
         by: the fix's name in the texts (``"--fix"``, ``"fix=True"``); still: what still has the bug.
     """
-    left = {(f.code, f.where) for f in remaining}
-    fixed = [f for f in found if (f.code, f.where) not in left]
-    kept = [f for f in found if (f.code, f.where) in left] + [
+    left = {f.place for f in remaining}
+    fixed = [f for f in found if f.place not in left]
+    kept = [f for f in found if f.place in left] + [
         replace(f, severity=Severity.INFO, detail=f"repaired in this run by {by}; {still} still has it: {f.detail}")
         for f in fixed]
     if not fixed:

@@ -1,13 +1,16 @@
 """Pre-flight rules: pure functions over a `TrainingSetup` that yield findings.
 
-Each check is registered under its catalog code with `@check("AMP101")`. Checks read the real objects; they never
-print or mutate.
+Each check is registered under its catalog code with `@check("AMP101")`, and is handed that catalog `Rule`, which
+makes its findings (``rule.finding(where, detail)``): the code is written once. Checks read the real objects; they
+never print or mutate. A check is called with the setup alone: ``fp16_trainable_params(setup)``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Iterable, Sequence
 
+from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 
@@ -15,14 +18,22 @@ CheckFn = Callable[[TrainingSetup], Iterable[Finding]]
 CHECKS: dict[str, CheckFn] = {}
 
 
-def check(code: str) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as the pre-flight check of catalog rule ``code``."""
+def check(code: str) -> Callable[[Callable[[TrainingSetup, Rule], Iterable[Finding]]], CheckFn]:
+    """Register the decorated ``fn(setup, rule)`` as the pre-flight check of catalog rule ``code``; the registered
+    check takes the setup alone."""
+    rule = get_rule(code)
 
-    def register(fn: CheckFn) -> CheckFn:
+    def register(fn: Callable[[TrainingSetup, Rule], Iterable[Finding]]) -> CheckFn:
         if code in CHECKS:
             raise ValueError(f"rule {code} already has a check: {CHECKS[code].__qualname__}")
-        CHECKS[code] = fn
-        return fn
+
+        @functools.wraps(fn)
+        def run(setup: TrainingSetup) -> Iterable[Finding]:
+            return fn(setup, rule)
+
+        run.rule = rule  # type: ignore[attr-defined]
+        CHECKS[code] = run
+        return run
 
     return register
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.catalog import Rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.preflight.rules import check, listing
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
@@ -46,7 +46,7 @@ def scaler_label(scaler: Any) -> str:
 
 
 @check("AMP201")
-def scaler_with_bf16_autocast(setup: TrainingSetup) -> Iterator[Finding]:
+def scaler_with_bf16_autocast(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag an enabled GradScaler while autocast runs in bfloat16.
 
     >>> setup = TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"), autocast_dtype=torch.bfloat16)
@@ -57,8 +57,8 @@ def scaler_with_bf16_autocast(setup: TrainingSetup) -> Iterator[Finding]:
         return
     scaler = setup.scaler
     start = init_scale(scaler)
-    yield Finding(
-        "AMP201", get_rule("AMP201").severity, "GradScaler",
+    yield rule.finding(
+        "GradScaler",
         f"{scaler_label(scaler)} is enabled (init_scale={'?' if start is None else f'{start:g}'}) while autocast runs in "
         "bfloat16. bfloat16 has float32's 8 exponent bits (max ≈ 3.4e38, smallest normal ≈ 1.2e-38), so gradients "
         "need no loss scaling; scale(), unscale_() and update() only add work (and on CUDA, torch versions "
@@ -67,7 +67,7 @@ def scaler_with_bf16_autocast(setup: TrainingSetup) -> Iterator[Finding]:
 
 
 @check("AMP202")
-def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
+def cuda_scaler_disabled(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag a GradScaler('cuda') that torch disabled because CUDA is not available.
 
     >>> setup = TrainingSetup(torch.nn.Linear(2, 2), scaler=torch.amp.GradScaler("cpu"))
@@ -90,8 +90,8 @@ def cuda_scaler_disabled(setup: TrainingSetup) -> Iterator[Finding]:
     else:
         effect = ("no fp16 autocast is running either, so the run trains in plain fp32: slower and larger than the "
                   "mixed precision that was asked for, with nothing scaled")
-    yield Finding(
-        "AMP202", get_rule("AMP202").severity, "GradScaler",
+    yield rule.finding(
+        "GradScaler",
         f"{scaler_label(scaler)} was built with enabled=True, but torch.cuda.is_available() is False, so torch "
         "disabled it at construction (its UserWarning: 'torch.cuda.amp.GradScaler is enabled, but CUDA is not "
         f"available.  Disabling.'). scale() returns the loss unchanged and step() is a plain optimizer.step(); "
@@ -104,7 +104,7 @@ _ENGINE_OWNS_FP16 = {"DEEPSPEED", "MEGATRON_LM"}
 
 
 @check("AMP208")
-def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+def fp16_autocast_without_scaler(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag fp16 compute with no enabled GradScaler (plain or sharded) to scale the loss: a forward under fp16
     autocast, or FSDP units whose ``param_dtype`` is float16 (FSDP casts the parameters; no autocast is involved).
 
@@ -121,8 +121,8 @@ def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
         return  # nothing trains, or pure half training: AMP103's case
     scaler = "no GradScaler" if setup.scaler is None else scaler_label(setup.scaler) + " is disabled"
     if setup.autocast_dtype == torch.float16:
-        yield Finding(
-            "AMP208", get_rule("AMP208").severity, "torch.autocast",
+        yield rule.finding(
+            "torch.autocast",
             f"the forward runs under fp16 autocast and no enabled GradScaler scales the loss ({scaler}): the "
             f"backward of the {len(trainable)} trainable tensors runs in fp16, where gradients below 2**-24 ≈ 6e-8 "
             "flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision.",
@@ -132,8 +132,8 @@ def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     if units:   # FSDP casts the parameters to fp16 for the forward and the backward: fp16 compute, no autocast
         sharded = "torch.amp.GradScaler" if all(u.fsdp2 for u in units) and dtensor_reduces_found_inf() else \
             "ShardedGradScaler (torch.distributed.fsdp.sharded_grad_scaler)"
-        yield Finding(
-            "AMP208", get_rule("AMP208").severity, units[0].name,
+        yield rule.finding(
+            units[0].name,
             f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}: {listing([u.name for u in units], 5)}) "
             f"and no enabled GradScaler scales the loss ({scaler}): their backward runs in fp16, where gradients "
             "below 2**-24 ≈ 6e-8 flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision. Scale the loss with a "
@@ -142,7 +142,7 @@ def fp16_autocast_without_scaler(setup: TrainingSetup) -> Iterator[Finding]:
 
 
 @check("AMP203")
-def accelerate_fp16_not_in_effect(setup: TrainingSetup) -> Iterator[Finding]:
+def accelerate_fp16_not_in_effect(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag an ``Accelerator(mixed_precision="fp16")`` that neither autocasts nor scales.
 
     >>> list(accelerate_fp16_not_in_effect(TrainingSetup(torch.nn.Linear(2, 2))))  # no accelerator
@@ -171,8 +171,8 @@ def accelerate_fp16_not_in_effect(setup: TrainingSetup) -> Iterator[Finding]:
     else:
         how = (f"on device {str(device)!r} with native_amp={native_amp} and accelerator.scaler="
                f"{'None' if scaler is None else scaler_label(scaler)} (accelerate {version})")
-    yield Finding(
-        "AMP203", get_rule("AMP203").severity, "Accelerator",
+    yield rule.finding(
+        "Accelerator",
         f"Accelerator(mixed_precision='fp16') reports mixed_precision='fp16' {how}. prepare() therefore does not "
         "wrap forward in torch.autocast, accelerator.autocast() is a no-op and accelerator.backward() does not "
         "scale the loss: the model trains in its own parameter dtype (float32 for a float32 model), not fp16 "
@@ -191,7 +191,7 @@ def _requires_closure(opt: torch.optim.Optimizer) -> bool:
 
 
 @check("AMP204")
-def closure_with_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+def closure_with_scaler(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag an optimizer whose step needs a closure (LBFGS) next to an enabled GradScaler.
 
     >>> model = torch.nn.Linear(2, 2)
@@ -204,8 +204,8 @@ def closure_with_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     for index, opt in enumerate(setup.optimizers):
         inner = unwrap_optimizer(opt)
         if _requires_closure(inner):
-            yield Finding(
-                "AMP204", get_rule("AMP204").severity, f"optimizer[{index}]",
+            yield rule.finding(
+                f"optimizer[{index}]",
                 f"{type(inner).__name__}.step needs a closure that re-evaluates the loss, and "
                 f"{scaler_label(setup.scaler)} is enabled: scaler.step(opt, closure) raises 'Closure use is not "
                 "currently supported if GradScaler is enabled.' (GradScaler cannot rescale a loss computed inside "
@@ -214,7 +214,7 @@ def closure_with_scaler(setup: TrainingSetup) -> Iterator[Finding]:
 
 
 @check("AMP205")
-def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
+def fsdp_fp16_with_plain_scaler(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag FSDP (FSDP1) computing in float16 next to an enabled GradScaler that is not a ShardedGradScaler.
 
     FSDP2 (``fully_shard``) is left alone on a torch whose DTensor all-reduces ``found_inf``; see
@@ -229,8 +229,8 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup) -> Iterator[Finding]:
     units = [u for u in fsdp_units(setup) if u.param_dtype == torch.float16 and not (u.fsdp2 and synced)]
     if not units:
         return
-    yield Finding(
-        "AMP205", get_rule("AMP205").severity, units[0].name,
+    yield rule.finding(
+        units[0].name,
         f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}): {listing([u.name for u in units], 5)}; "
         f"the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler. Each rank checks only its own "
         "gradient shard for inf, so ranks can disagree on skipping a step and their loss scales drift apart (and "

@@ -13,7 +13,7 @@ import torch
 
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._compat.engines import Engine, find_engines
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
@@ -35,7 +35,7 @@ def _reduce_cost(dtype: torch.dtype, ranks: int) -> str:
 
 
 @check("AMP210")
-def fsdp_low_precision_reduce(setup: TrainingSetup) -> Iterator[Finding]:
+def fsdp_low_precision_reduce(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag FSDP units that sum gradients over two or more ranks in fp16 or bf16.
 
     >>> list(fsdp_low_precision_reduce(TrainingSetup(torch.nn.Linear(2, 2))))
@@ -55,16 +55,17 @@ def fsdp_low_precision_reduce(setup: TrainingSetup) -> Iterator[Finding]:
             how = f"param_dtype={dtype_name(dtype)} and reduce_dtype is not set, so it defaults to param_dtype"
         else:
             how = f"the parameters themselves are {dtype_name(dtype)}"
-        yield Finding(
-            "AMP210", Severity.WARNING if dtype == torch.float16 else Severity.INFO, units[0].name,
+        yield rule.finding(
+            units[0].name,
             f"{len(units)} {' and '.join(kinds)} unit(s) ({listing([u.name for u in units], 5)}) sum their gradients "
             f"over {ranks} ranks in {dtype_name(dtype)}: {how}. {_reduce_cost(dtype, ranks)}. Set "
             "reduce_dtype=torch.float32 (the optimizer's sharded gradients stay in the parameters' dtype).",
+            severity=Severity.WARNING if dtype == torch.float16 else Severity.INFO,
         )
 
 
 @check("AMP211")
-def rank_local_skip(setup: TrainingSetup) -> Iterator[Finding]:
+def rank_local_skip(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag sharded FSDP gradients under an enabled GradScaler that does not all-reduce its found_inf.
 
     FSDP1 units computing in fp16 are AMP205's (whose scaler also refuses their gradients); FSDP2 is quiet on a
@@ -81,8 +82,8 @@ def rank_local_skip(setup: TrainingSetup) -> Iterator[Finding]:
     if not units:
         return
     ranks = max(u.ranks or 0 for u in units)
-    yield Finding(
-        "AMP211", get_rule("AMP211").severity, units[0].name,
+    yield rule.finding(
+        units[0].name,
         f"{len(units)} FSDP unit(s) ({listing([u.name for u in units], 5)}) shard their gradients over {ranks} ranks "
         f"and the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler: scaler.step() checks only this "
         "rank's shard for inf/NaN, so an overflow in one rank's shard skips the step there while the other ranks "
@@ -113,7 +114,7 @@ def without_engines(setup: TrainingSetup) -> TrainingSetup:
 
 
 @check("AMP212")
-def engine_owns_precision(setup: TrainingSetup) -> Iterator[Finding]:
+def engine_owns_precision(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Say, once per engine, that DeepSpeed, Megatron-LM or apex owns mixed precision and what its config says.
 
     >>> list(engine_owns_precision(TrainingSetup(torch.nn.Linear(2, 2))))
@@ -137,8 +138,8 @@ def engine_owns_precision(setup: TrainingSetup) -> Iterator[Finding]:
             does += " (bf16 needs no loss scale)"
             logs = ""
         owned = engine.model_params if engine.model_params is not None else len(engine.params)
-        yield Finding(
-            "AMP212", get_rule("AMP212").severity, type(engine.obj).__name__,
+        yield rule.finding(
+            type(engine.obj).__name__,
             f"{engine.family} ({engine.label}) owns mixed precision here ({said}): {does}. ampdoctor leaves its "
             f"{owned} model parameter(s) and its optimizer out of AMP1xx-AMP3xx, and --fix does not touch them{logs}.",
         )

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.catalog import Rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.preflight.rules import check, listing
@@ -32,19 +32,18 @@ from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
 
-def findings_by_module(code: str, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
-    """Yield one finding per owning module naming its ``params``; they share one ``cause``, so they show as one row.
+def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
+    """Yield one finding of ``rule`` per owning module naming its ``params``; they share one ``cause``, so they show
+    as one row.
 
     Each detail reads ``name (dtype, shape), ... are {state}. {summary}``; the cause is ``{state}. {summary}``.
     """
-    severity = get_rule(code).severity
     summary = summary[:1].upper() + summary[1:]
     end = " " if state.endswith((".", ".'")) else ". "
     cause = f"{state}{end}{summary}"
     for module, members in group_by_module(params).items():
         verb = "is" if len(members) == 1 else "are"
-        yield Finding(code, severity, module, f"{listing([p.describe() for p in members])} {verb} {cause}",
-                      cause=cause)
+        yield rule.finding(module, f"{listing([p.describe() for p in members])} {verb} {cause}", cause=cause)
 
 
 def _lr(value: Any) -> str:
@@ -136,7 +135,7 @@ def _unmastered(setup: TrainingSetup, params: Iterable[ParamInfo], dtype: torch.
 
 
 @check("AMP101")
-def fp16_trainable_params(setup: TrainingSetup) -> Iterator[Finding]:
+def fp16_trainable_params(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Name every trainable float16 parameter when an enabled GradScaler refuses fp16 gradients.
 
     >>> setup = TrainingSetup(torch.nn.Linear(2, 2).half(), scaler=torch.amp.GradScaler("cpu"))
@@ -151,11 +150,11 @@ def fp16_trainable_params(setup: TrainingSetup) -> Iterator[Finding]:
         return
     state = (f"trainable float16 while {scaler_label(setup.scaler)} is enabled, so scaler.unscale_() will raise "
              "'Attempting to unscale FP16 gradients.'")
-    yield from findings_by_module("AMP101", fp16, state, _share(fp16, trainable, torch.float16, frozen, setup))
+    yield from findings_by_module(rule, fp16, state, _share(fp16, trainable, torch.float16, frozen, setup))
 
 
 @check("AMP102")
-def bf16_params_under_fp16_amp(setup: TrainingSetup) -> Iterator[Finding]:
+def bf16_params_under_fp16_amp(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Name every trainable bfloat16 parameter under an enabled GradScaler or fp16 autocast.
 
     >>> setup = TrainingSetup(torch.nn.Linear(2, 2).bfloat16(), autocast_dtype=torch.float16)
@@ -177,7 +176,7 @@ def bf16_params_under_fp16_amp(setup: TrainingSetup) -> Iterator[Finding]:
     cuda = (" (on CUDA, torch versions without a bfloat16 unscale kernel raise \"not implemented for 'BFloat16'\" in "
             "scaler.step())" if setup.scaler_enabled else "")
     state = f"trainable bfloat16 while {' and '.join(contexts)}{cuda}"
-    yield from findings_by_module("AMP102", bf16, state, _share(bf16, trainable, torch.bfloat16, frozen, setup))
+    yield from findings_by_module(rule, bf16, state, _share(bf16, trainable, torch.bfloat16, frozen, setup))
 
 
 def _reported_elsewhere(setup: TrainingSetup) -> set[torch.dtype]:
@@ -209,7 +208,7 @@ _LOST_BELOW = {torch.float16: "|w|·2**-11", torch.bfloat16: "|w|·2**-8"}
 
 
 @check("AMP103")
-def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
+def pure_half_without_master(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag fp16/bf16 trainable parameters that an optimizer updates with no fp32 master copy.
 
     >>> model = torch.nn.Linear(2, 2).bfloat16()
@@ -217,7 +216,6 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
     >>> [f.where for f in pure_half_without_master(setup)]
     ['optimizer[0] group 0']
     """
-    rule = get_rule("AMP103")
     half = tuple(d for d in HALF if d not in _reported_elsewhere(setup))
     if not half:
         return
@@ -230,8 +228,8 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
         members = [p for p in trainable if p.dtype in half and not mastered(p.param)]
         if members:
             present = [d for d in half if any(p.dtype == d for p in members)]
-            yield Finding(
-                "AMP103", rule.severity, "model",
+            yield rule.finding(
+                "model",
                 f"{len(members)} of {len(trainable)} trainable parameters are half precision "
                 f"({_dtype_counts(p.param for p in members)}): {listing([p.describe() for p in members])}; with "
                 f"{scaler} and no MasterWeights optimizer given, they will be updated in place in half precision. "
@@ -253,8 +251,8 @@ def pure_half_without_master(setup: TrainingSetup) -> Iterator[Finding]:
                    [m for g in groups for m in g[4]], "update")]
     for where, name, lr, total, members, verb in groups:
         dtypes = sorted({t.dtype for _, t in members}, key=str)
-        yield Finding(
-            "AMP103", rule.severity, where,
+        yield rule.finding(
+            where,
             f"{name} (lr={lr}) {verb} {len(members)} of {total} tensors in place in "
             f"half precision ({_dtype_counts(t for _, t in members)}), with {scaler} and no fp32 master copy: "
             f"{listing([_tensor_label(setup, i, t) for i, t in members])}. An update smaller than "
@@ -272,14 +270,13 @@ def _smallest_subnormal(dtype: torch.dtype) -> float:
 
 
 @check("AMP104")
-def adam_eps_underflow(setup: TrainingSetup) -> Iterator[Finding]:
+def adam_eps_underflow(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag an Adam-family eps below the smallest subnormal of its parameters' or state's half dtype.
 
     >>> model = torch.nn.Linear(2, 2).half()
     >>> [f.where for f in adam_eps_underflow(TrainingSetup(model, torch.optim.AdamW(model.parameters())))]
     ['optimizer[0] group 0']
     """
-    rule = get_rule("AMP104")
     mastered = has_master(setup)  # the optimizer sees their fp32 masters and keeps fp32 state
     for oi, opt in enumerate(setup.optimizers):
         inner = unwrap_optimizer(opt)
@@ -307,8 +304,8 @@ def adam_eps_underflow(setup: TrainingSetup) -> Iterator[Finding]:
                 floor = floors[dtype]
                 rounded = torch.tensor(eps, dtype=dtype).item()
                 became = "is 0" if rounded == 0 else f"rounds to {rounded:.3g}"
-                yield Finding(
-                    "AMP104", rule.severity, f"optimizer[{oi}] group {gi}",
+                yield rule.finding(
+                    f"optimizer[{oi}] group {gi}",
                     f"{type(inner).__name__} eps={eps:g} {became} in {dtype_name(dtype)}, whose smallest subnormal "
                     f"is {floor:.3g}; the group updates {_plural(len(names), dtype_name(dtype) + ' tensor')} "
                     f"({listing(names)}). "
@@ -324,7 +321,7 @@ def _is_fused(opt: torch.optim.Optimizer) -> bool:
 
 
 @check("AMP105")
-def fused_optimizer_fp16_params(setup: TrainingSetup) -> Iterator[Finding]:
+def fused_optimizer_fp16_params(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Flag a fused optimizer over float16 parameters, where GradScaler.step() skips the fp16 check.
 
     >>> model = torch.nn.Linear(2, 2).half()
@@ -334,7 +331,6 @@ def fused_optimizer_fp16_params(setup: TrainingSetup) -> Iterator[Finding]:
     """
     if not plain_scaler_enabled(setup):
         return
-    rule = get_rule("AMP105")
     mastered = has_master(setup)
     for oi, opt in enumerate(setup.optimizers):
         if not _is_fused(opt):
@@ -343,8 +339,8 @@ def fused_optimizer_fp16_params(setup: TrainingSetup) -> Iterator[Finding]:
                 if t.requires_grad and t.dtype == torch.float16 and not mastered(t)]
         if not fp16:
             continue
-        yield Finding(
-            "AMP105", rule.severity, f"optimizer[{oi}]",
+        yield rule.finding(
+            f"optimizer[{oi}]",
             f"fused {type(unwrap_optimizer(opt)).__name__} steps {_plural(len(fp16), 'float16 trainable tensor')} "
             f"({listing([_tensor_label(setup, i, t) for i, t in fp16])}) under {scaler_label(setup.scaler)}. "
             "scaler.step() only checks fused optimizers for inf (allow_fp16=True), so it raises nothing and "

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.catalog import Rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 from ampdoctor.preflight.rules import check
@@ -46,7 +46,7 @@ def _hint(tensor: torch.Tensor, twin: ParamInfo | None) -> str:
 
 
 @check("AMP301")
-def optimizer_tensors_not_in_model(setup: TrainingSetup) -> Iterator[Finding]:
+def optimizer_tensors_not_in_model(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Name optimizer tensors that are parameters of no model in the setup.
 
     >>> model = torch.nn.Linear(2, 2)
@@ -56,7 +56,6 @@ def optimizer_tensors_not_in_model(setup: TrainingSetup) -> Iterator[Finding]:
     """
     if not setup.models:
         return
-    rule = get_rule("AMP301")
     same_shape: dict[tuple[int, ...], ParamInfo] | None = None  # built on the first stray only
     for oi, opt in enumerate(setup.optimizers):
         for gi, group in enumerate(opt.param_groups):
@@ -69,8 +68,8 @@ def optimizer_tensors_not_in_model(setup: TrainingSetup) -> Iterator[Finding]:
             described = [f"params[{i}] ({dtype_name(t.dtype)}, {list(t.shape)}, {t.device}): "
                          f"{_hint(t, same_shape.get(tuple(t.shape)))}" for i, t in strays[:MAX_STRAYS]]
             more = f"; and {len(strays) - MAX_STRAYS} more" if len(strays) > MAX_STRAYS else ""
-            yield Finding(
-                "AMP301", rule.severity, f"optimizer[{oi}] group {gi}",
+            yield rule.finding(
+                f"optimizer[{oi}] group {gi}",
                 f"{len(strays)} of {len(tensors)} tensors in this group are not parameters of the model: "
                 f"{'; '.join(described)}{more}. Was the optimizer built before .to()/.half()/wrapping or re-creating "
                 "the model? It steps these stale tensors, and the model parameters they stand for are never updated.",
@@ -89,7 +88,7 @@ def _twins_by_shape(setup: TrainingSetup) -> dict[tuple[int, ...], ParamInfo]:
 
 
 @check("AMP302")
-def params_missing_from_optimizer(setup: TrainingSetup) -> Iterator[Finding]:
+def params_missing_from_optimizer(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     """Name trainable parameters that no optimizer steps.
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
@@ -112,7 +111,7 @@ def params_missing_from_optimizer(setup: TrainingSetup) -> Iterator[Finding]:
     else:
         summary = (f"{len(missing)} of {len(trainable)} trainable parameters are in no optimizer's param_groups; "
                    "they get gradients and memory but are never updated.")
-    yield from findings_by_module("AMP302", missing, "trainable but in no optimizer", summary)
+    yield from findings_by_module(rule, missing, "trainable but in no optimizer", summary)
 
 
 
