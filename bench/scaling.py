@@ -41,8 +41,8 @@ import torch
 from torch import nn
 
 import ampdoctor
-from ampdoctor.guard.scaler_guard import ScalerGuard
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.guard.scaler_guard import ScalerGuard
 
 
 class ManyTensors(nn.Module):

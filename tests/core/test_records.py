@@ -12,8 +12,18 @@ from torch import nn
 
 import ampdoctor
 from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.records import (OLD_WATCH_SCHEMAS, WATCH_SCHEMA, Layout, gradient_rows, gradients_entry,
-                                    lost_updates_entry, read_recording, read_step, rollup, scale_entry)
+from ampdoctor.core.records import (
+    OLD_WATCH_SCHEMAS,
+    WATCH_SCHEMA,
+    Layout,
+    gradient_rows,
+    gradients_entry,
+    lost_updates_entry,
+    read_recording,
+    read_step,
+    rollup,
+    scale_entry,
+)
 from ampdoctor.core.report import Report
 from ampdoctor.monitor.grad_stats import COLUMNS, GradStats
 from ampdoctor.monitor.recorder import FlightRecorder, append_report, read_log, read_runs

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launch_jobs import clean_environment, free_port, run_job
 
 pytest.importorskip("deepspeed", reason="needs deepspeed (the test extra installs it)")

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from launch_jobs import clean_environment, free_port, run_job
 
 from ampdoctor.monitor.recorder import read_log, read_runs

@@ -24,8 +24,8 @@ from torch import nn
 
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.ranks.merge import rank_disagreements
 from ampdoctor.preflight.engine import check, run_preflight
+from ampdoctor.ranks.merge import rank_disagreements
 from ampdoctor.repairs.master_weights import MasterWeights
 from ampdoctor.repairs.upcast import fix, upcast_trainable_params_
 from ampdoctor.session.repair import RunRepairs
@@ -155,8 +155,9 @@ def test_the_watch_reads_a_sharded_grad_scaler_and_a_step_it_skipped(process_gro
     # ShardedGradScaler keeps its inf flags as shape-(1,) tensors, not GradScaler's (): copying one into the
     # watch's row raised (AMP001), the loss-scale part went off, and the inf gradients of the skipped first step
     # were then reported as "not skipped" (AMP608).
-    import ampdoctor
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    import ampdoctor
 
     torch.manual_seed(0)
     model = nn.Linear(4, 4)

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.explanations.crash import explain, explain_exception, explain_text, match_rules
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.explanations.crash import explain, explain_exception, explain_text, match_rules
 
 
 def mlp() -> nn.Sequential:

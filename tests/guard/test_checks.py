@@ -14,7 +14,7 @@ from torch import nn
 
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.guard.checks import _escalated, _lr_factor, _lr_values, _scheduler_finding, _scheduler_severity
+from ampdoctor.guard.checks import escalated_finding, lr_change, lr_values, scheduler_finding, scheduler_severity
 from ampdoctor.guard.scaler_guard import ScalerGuard
 
 HUGE = 1e36   # times a scale of 65536 overflows fp32 (max 3.4e38): the scaler finds inf and skips the step
@@ -41,11 +41,11 @@ def run(steps: int, skip_at: set[int], make_scheduler) -> tuple[list, int, float
             before_scale = scaler.get_scale()
             scaler.step(opt)
             scaler.update()
-            before = _lr_values(opt)
+            before = lr_values(opt)
             sched.step()                                  # every iteration, skipped or not
             if scaler.get_scale() < before_scale:         # this iteration's optimizer step was skipped
                 skipped += 1
-                factor *= _lr_factor(before, _lr_values(opt))
+                factor *= lr_change(before, lr_values(opt))
             opt.zero_grad()
     return guard.findings(), skipped, factor, opt.param_groups[0]["lr"]
 
@@ -58,7 +58,7 @@ def test_a_run_that_never_trained_while_steplr_halved_the_lr_is_a_warning() -> N
     assert skipped == 6 and factor == 2.0**-6 and lr == 0.1 * 2.0**-6
     assert amp409[0].severity is Severity.WARNING       # the guard's own finding, counted over the run
     assert "6 of 6 iterations" in amp409[0].detail and "x0.0156" in amp409[0].detail
-    built = _scheduler_finding("StepLR", "optimizer[0] (SGD)", "train.py:12", 5, skipped=6, iterations=6,
+    built = scheduler_finding("StepLR", "optimizer[0] (SGD)", "train.py:12", 5, skipped=6, iterations=6,
                                lr_factor=factor)
     assert built.severity is Severity.WARNING and built.code == "AMP409"
 
@@ -67,7 +67,7 @@ def test_all_skipped_is_a_warning_even_when_the_lr_does_not_move() -> None:
     findings, skipped, factor, _ = run(6, set(range(6)), lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: 1.0))
     assert skipped == 6 and factor == 1.0
     amp409 = next(f for f in findings if f.code == "AMP409")
-    assert amp409.severity is Severity.WARNING and _escalated(amp409, skipped, 6, factor) is amp409
+    assert amp409.severity is Severity.WARNING and escalated_finding(amp409, skipped, 6, factor) is amp409
 
 
 def test_a_few_calibration_skips_under_a_long_cosine_schedule_stay_info() -> None:
@@ -75,8 +75,8 @@ def test_a_few_calibration_skips_under_a_long_cosine_schedule_stay_info() -> Non
         40, {0, 1}, lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10_000))
     assert skipped == 2 and math.isclose(factor, 1.0, rel_tol=1e-6)
     amp409 = next(f for f in findings if f.code == "AMP409")
-    assert amp409.severity is Severity.INFO and _escalated(amp409, skipped, 40, factor).severity is Severity.INFO
-    assert _scheduler_finding("CosineAnnealingLR", "opt", "t.py:1", 1, skipped=2, iterations=40,
+    assert amp409.severity is Severity.INFO and escalated_finding(amp409, skipped, 40, factor).severity is Severity.INFO
+    assert scheduler_finding("CosineAnnealingLR", "opt", "t.py:1", 1, skipped=2, iterations=40,
                               lr_factor=factor).severity is Severity.INFO
 
 
@@ -89,17 +89,17 @@ def test_one_skipped_steplr_decay_that_halves_the_lr_is_a_warning() -> None:
 
 
 def test_severity_thresholds() -> None:
-    assert _scheduler_severity(1, 1) is Severity.INFO          # one skip is never "most steps"
-    assert _scheduler_severity(2, 4) is Severity.WARNING       # half
-    assert _scheduler_severity(2, 5) is Severity.INFO
-    assert _scheduler_severity(1, 100, 1.9) is Severity.INFO
-    assert _scheduler_severity(1, 100, 2.0) is Severity.WARNING  # warmup pushed ahead: the LR doubled
-    assert _scheduler_severity(1, 100, 0.0) is Severity.WARNING
+    assert scheduler_severity(1, 1) is Severity.INFO          # one skip is never "most steps"
+    assert scheduler_severity(2, 4) is Severity.WARNING       # half
+    assert scheduler_severity(2, 5) is Severity.INFO
+    assert scheduler_severity(1, 100, 1.9) is Severity.INFO
+    assert scheduler_severity(1, 100, 2.0) is Severity.WARNING  # warmup pushed ahead: the LR doubled
+    assert scheduler_severity(1, 100, 0.0) is Severity.WARNING
 
 
 def test_lr_values_skip_what_would_need_a_device_read() -> None:
     model = nn.Linear(2, 2)
-    assert _lr_values(torch.optim.SGD(model.parameters(), lr=0.5)) == [0.5]
-    assert _lr_values(torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))) == [0.5]  # a CPU tensor: no sync
-    assert _lr_values(object()) is None
-    assert _lr_factor([0.1, 0.2], [0.1, 0.8]) == 4.0 and _lr_factor([0.1], [0.1, 0.2]) == 1.0
+    assert lr_values(torch.optim.SGD(model.parameters(), lr=0.5)) == [0.5]
+    assert lr_values(torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))) == [0.5]  # a CPU tensor: no sync
+    assert lr_values(object()) is None
+    assert lr_change([0.1, 0.2], [0.1, 0.8]) == 4.0 and lr_change([0.1], [0.1, 0.2]) == 1.0

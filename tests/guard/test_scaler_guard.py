@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.utils.clip_grad
 from torch import nn
 
-import torch.nn.utils.clip_grad
-from ampdoctor.guard.scaler_guard import ScalerGuard
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.guard.scaler_guard import ScalerGuard
 
 HUGE = 1e36   # times a scale of 65536 overflows fp32 (max 3.4e38): the scaler finds inf and skips the step
 

@@ -24,8 +24,16 @@ from torch import nn
 import ampdoctor
 from ampdoctor.ui.cli import main
 
-from .test_identity import (assert_same_training, codes, leftovers, load_script, one_torch_thread,  # noqa: F401
-                            run_script_plain, script_path, watch_all)
+from .test_identity import (  # noqa: F401
+    assert_same_training,
+    codes,
+    leftovers,
+    load_script,
+    one_torch_thread,
+    run_script_plain,
+    script_path,
+    watch_all,
+)
 
 ABSURD = load_script("absurd.py")
 CASES = ABSURD["CASES"]

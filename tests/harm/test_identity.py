@@ -38,9 +38,9 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 import ampdoctor
-from ampdoctor.ui.cli import main
 from ampdoctor.runner.doctor import Doctor
 from ampdoctor.runner.launcher import run_script
+from ampdoctor.ui.cli import main
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

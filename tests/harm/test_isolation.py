@@ -20,23 +20,22 @@ from typing import Any, Callable
 import pytest
 import torch
 
-import ampdoctor.monitor.activations
-import ampdoctor.runner.doctor
 import ampdoctor.explanations.crash
+import ampdoctor.guard.scaler_guard
+import ampdoctor.monitor.activations
 import ampdoctor.monitor.grad_stats
 import ampdoctor.monitor.gradients
-import ampdoctor.guard.scaler_guard
+import ampdoctor.monitor.loss_scale
 import ampdoctor.monitor.lost_updates
 import ampdoctor.monitor.op_replay
-import ampdoctor.preflight.engine
 import ampdoctor.monitor.recorder
-import ampdoctor.preflight.rules
-import ampdoctor.monitor.loss_scale
 import ampdoctor.monitor.watcher
+import ampdoctor.preflight.engine
+import ampdoctor.preflight.rules
+import ampdoctor.runner.doctor
 from ampdoctor.ui.cli import main
 
-from .test_identity import (assert_same_training, codes, leftovers, load_script, one_torch_thread,  # noqa: F401
-                            script_path, watch_all)
+from .test_identity import assert_same_training, codes, leftovers, load_script, one_torch_thread, script_path, watch_all  # noqa: F401
 
 
 class InjectedFault(RuntimeError):

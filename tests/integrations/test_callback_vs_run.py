@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launch_jobs import clean_environment
 
 SCRIPT = Path(__file__).parent / "scripts" / "same_as_run.py"

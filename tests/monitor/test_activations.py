@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampdoctor.monitor.activations import ActivationMonitor
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.monitor.activations import ActivationMonitor
 
 
 class Scale(nn.Module):

@@ -18,8 +18,8 @@ from torch import nn
 
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.monitor.grad_stats import FORMATS, KINDS
-from ampdoctor.ui.watch_view import render_watch
 from ampdoctor.monitor.watcher import watch
+from ampdoctor.ui.watch_view import render_watch
 
 MODULES = {  # name: (l2, absmax, min_nonzero, zero_frac, nonfinite, fp16 underflow, fp16 overflow)
     "model.embeddings.word_embeddings": (0.812, 0.0931, 1.2e-09, 0.97, 0, 0.0412, 0.0),

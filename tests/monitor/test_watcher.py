@@ -14,8 +14,8 @@ import torch.optim.optimizer as optimizer_globals
 from rich.console import Console
 from torch import nn
 
-from ampdoctor.monitor.grad_stats import GradStats
 from ampdoctor.core.report import Report
+from ampdoctor.monitor.grad_stats import GradStats
 from ampdoctor.monitor.loss_scale import ScaleMonitor
 from ampdoctor.monitor.watcher import Watch, watch
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.preflight.engine import check, run_preflight
-from ampdoctor.core.grouping import group_findings
 from ampdoctor.core.findings import Severity
+from ampdoctor.core.grouping import group_findings
 from ampdoctor.core.report import Report
-from ampdoctor.preflight.rules import CHECKS
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.preflight.engine import check, run_preflight
+from ampdoctor.preflight.rules import CHECKS
 
 
 def mlp() -> nn.Sequential:

@@ -10,7 +10,6 @@
 # `logits.sum()`, `clip_grad_norm_(…, max_norm=1.0)` on the DTensor gradients, `step`, `zero_grad`. No GradScaler
 # and no autocast: FSDP2 casts the parameters itself. Tiny sizes; rank 0 prints its loss at each step.
 import argparse
-import os
 
 import torch
 import torch.distributed as dist

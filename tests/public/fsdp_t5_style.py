@@ -15,7 +15,6 @@
 # its loss at each step (the original shows a progress bar).
 import argparse
 import functools
-import os
 import warnings
 
 import torch

@@ -10,8 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.ranks import exchange as rank_exchange

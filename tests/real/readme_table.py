@@ -37,7 +37,7 @@ def today(results: dict[str, dict], name: str) -> str:
 
 
 def gap(name: str) -> str:
-    from test_corpus import BY_NAME   # here, not at import: pytest imports this file for its doctests
+    from test_corpus import BY_NAME  # here, not at import: pytest imports this file for its doctests
 
     case = BY_NAME[name]
     said = [f"**diagnosis:** {case.gap}"] if case.gap else []

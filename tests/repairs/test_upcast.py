@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampdoctor.repairs.upcast
-from ampdoctor.repairs.upcast import Change, fix, upcast_trainable_params_
 from ampdoctor.repairs.master_weights import MasterWeights
+from ampdoctor.repairs.upcast import Change, fix, upcast_trainable_params_
 
 X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 Y = X[:, :1] * 2 + X[:, 1:2].sin()

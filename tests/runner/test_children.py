@@ -4,8 +4,6 @@ import json
 import os
 import sys
 
-import pytest
-
 from ampdoctor.ui.cli import main
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
@@ -128,8 +126,8 @@ def test_a_rank_child_is_merged_by_rank_and_a_killed_one_is_named_missing_withou
     import time
 
     from ampdoctor.core.findings import Finding, Severity
-    from ampdoctor.ranks.info import RankInfo
     from ampdoctor.core.report import Report
+    from ampdoctor.ranks.info import RankInfo
     from ampdoctor.runner.children import ChildProcesses
 
     children = ChildProcesses({})

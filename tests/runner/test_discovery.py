@@ -6,7 +6,6 @@ import subprocess
 import sys
 import warnings
 
-import pytest
 import torch
 from torch import nn
 

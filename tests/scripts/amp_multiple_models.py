@@ -2,6 +2,7 @@
 AMP examples (docs/source/notes/amp_examples.rst), on CPU."""
 import torch
 from torch import nn
+
 torch.manual_seed(0)
 model0 = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16))
 model1 = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))

@@ -1,6 +1,7 @@
 """fp16 autocast and GradScaler("cpu"), clip_grad_value_ on the gradients while they still carry the loss scale."""
 import torch
 from torch import nn
+
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,6 +1,7 @@
 """model.half() with a frozen LayerNorm between a trainable embedding and head: --fix must leave a forward that runs."""
 import torch
 from torch import nn
+
 torch.manual_seed(0)
 class M(nn.Module):
     def __init__(s):

@@ -1,5 +1,4 @@
 """FSDP's own model.clip_grad_norm_ called on still-scaled gradients (before scaler.unscale_), one gloo rank."""
-import os
 import socket
 import warnings
 

@@ -2,6 +2,7 @@
 autocast and one GradScaler."""
 import torch
 from torch import nn
+
 torch.manual_seed(0)
 emb = nn.Embedding(1000, 32, sparse=True)
 head = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))

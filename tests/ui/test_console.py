@@ -12,10 +12,10 @@ import re
 import pytest
 from rich.console import Console
 
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
-from ampdoctor.ui.console import findings_table, render_report, rule_panel, rules_table
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.ui.console import findings_table, rule_panel, rules_table
 
 CAUSE = ("trainable float16 while GradScaler('cuda') is enabled, so scaler.unscale_() will raise 'Attempting to "
          "unscale FP16 gradients.' All 40 trainable parameters are float16: the whole model was cast, e.g. "

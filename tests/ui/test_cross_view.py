@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from launch_jobs import clean_environment, free_port, run_job
 
 from ampdoctor.core.records import Recording, read_recording

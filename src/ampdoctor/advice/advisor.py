@@ -7,7 +7,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from ampdoctor.advice.activations import ActivationBytes, InputMaker, measure_activations, repeated_blocks
@@ -93,6 +92,7 @@ def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, b
         activations: measure activations with fake runs (a few seconds for a 7B model); False: model states only.
         inputs: ``f(model, batch_size, seq_len, dtype) -> (args, kwargs)`` when the default inputs do not fit.
 
+    >>> import torch
     >>> a = advise(torch.nn.Linear(1024, 1024), batch_size=4, seq_len=8, budget="1GiB")
     >>> a.parameters, a.strategy("amp_bf16")["bytes"]["weights"], a.recommendation["strategy"]
     (1049600, 4198400, 'amp_bf16')

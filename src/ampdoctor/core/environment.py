@@ -10,7 +10,6 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import torch
 

@@ -48,7 +48,7 @@ def _amp204(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
                     "a closure re-evaluates the loss, which loss scaling does not support", step)]
 
 
-def _unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+def unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
     tell = ("without a ScalerGuard's history both causes fit; AMP401 if unscale_ (or clipping) runs on every "
             "micro-batch, with backward passes in between and no scaler.step(); AMP402 if an earlier iteration "
@@ -182,8 +182,8 @@ _EXPLAINERS = {
     "AMP101": _amp101,
     "AMP102": _amp102,
     "AMP204": _amp204,
-    "AMP401": _unscale_twice,
-    "AMP402": _unscale_twice,
+    "AMP401": unscale_twice,
+    "AMP402": unscale_twice,
     "AMP404": _amp404,
     "AMP405": _amp405,
     "AMP406": _amp406,

@@ -6,9 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 
 _MAX_NAMES = 10          # names listed in one finding

@@ -7,25 +7,24 @@ iteration, counted) is the guard's job.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import inspect
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 from torch.optim import lr_scheduler
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
 from ampdoctor.explanations.naming import with_scaler
-from ampdoctor.guard.history import _Call, _grads_reset, _Iteration
+from ampdoctor.guard.history import Call, Iteration, grads_reset
 
-_Pending = tuple[_Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
+_Pending = tuple[Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
 
 # AMP409 is info for a few calibration skips; a warning when the schedule advanced on skipped optimizer steps in at
 # least half of the iterations (and at least 2), or when those scheduler steps moved the learning rate by a factor of
@@ -34,7 +33,7 @@ SCHEDULE_SKIPPED_SHARE = 0.5
 SCHEDULE_LR_DRIFT = 2.0
 
 
-def _infer_failure(scaler: Any, setup: TrainingSetup, call: _Call, step: int) -> list[Finding]:
+def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int) -> list[Finding]:
     """Return the findings of a ``step``/``unscale_`` that raised with none predicted: missing or fp16 gradients."""
     opt = call.optimizer
     if opt is None or call.kind not in ("step", "unscale_"):
@@ -49,13 +48,13 @@ def _infer_failure(scaler: Any, setup: TrainingSetup, call: _Call, step: int) ->
     return []
 
 
-def _no_scale(method: str, label: str, site: str, step: int) -> Finding:
+def no_scale(method: str, label: str, site: str, step: int) -> Finding:
     """Return AMP405 for a scaler method that ran before any ``scale(loss)``."""
     return get_rule("AMP405").finding(label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
                    "ran on the unscaled loss (or the first call after a resume was unscale_)", step)
 
 
-def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> list[Finding]:
+def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list[Finding]:
     """Tell AMP401 (unscale_ per micro-batch) from AMP402 (an iteration that skipped step and update) by history."""
     prev = cur.unscaled.get(id(optimizer))
     if prev is None:
@@ -67,7 +66,7 @@ def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> li
     if cur.last_clip is not None and cur.last_clip[0] > prev.seq:
         returned = to_host(cur.last_clip[1].reshape(()), "guard")   # the crash path: one read
         norm = f"; clip_grad_norm_ returned {returned:.4g} in between"
-    if _grads_reset(prev.grad):
+    if grads_reset(prev.grad):
         return [get_rule("AMP402").finding(label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
                         f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
                         f"({backwards} backward pass(es)), and unscale_ at {site} raised{norm}", cur.index)]
@@ -80,7 +79,7 @@ def _unscale_twice(cur: _Iteration, optimizer: Any, label: str, site: str) -> li
                     "accelerator.clip_grad_norm_)", cur.index)]
 
 
-def _keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
+def keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
     """Return each optimizer's found-inf flags, safe to read after ``update()`` (no host sync)."""
     flags = [t for ts in found.values() for t in ts]
     if len(flags) > 1:
@@ -91,7 +90,7 @@ def _keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -
     return found
 
 
-def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], str], step: int,
+def resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], str], step: int,
                     facts: Any = None) -> Finding | None:
     """Return AMP410 when an optimizer was restored but the GradScaler was not (no ``scaler.load_state_dict``).
 
@@ -126,7 +125,7 @@ def _resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], s
     return None
 
 
-def _split_pending(pending: list[_Pending], cur: _Iteration, scaler: Any,
+def split_pending(pending: list[_Pending], cur: Iteration, scaler: Any,
                    force: bool) -> tuple[list[_Pending], list[tuple[_Pending, list[torch.Tensor]]]]:
     """Return the AMP409 checks to keep for later and those to decide now, each with its found-inf flags.
 
@@ -146,25 +145,25 @@ def _split_pending(pending: list[_Pending], cur: _Iteration, scaler: Any,
     return keep, batch
 
 
-def _scheduler_finding(cls: str, label: str, site: str, index: int, *, skipped: int = 1,
+def scheduler_finding(cls: str, label: str, site: str, index: int, *, skipped: int = 1,
                        iterations: int | None = None, lr_factor: float = 1.0) -> Finding:
     """Return AMP409: a scheduler stepped after iteration ``index``, whose optimizer step was skipped.
 
     Args:
         skipped: iterations so far in which this scheduler advanced on a skipped optimizer step (this one included).
         iterations: iterations so far (``index + 1`` when not given).
-        lr_factor: the product of the learning-rate changes those scheduler steps made (see ``_lr_factor``).
+        lr_factor: the product of the learning-rate changes those scheduler steps made (see ``lr_change``).
     """
     f = get_rule("AMP409").finding(f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
                 f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
-    return _escalated(f, skipped, index + 1 if iterations is None else iterations, lr_factor)
+    return escalated_finding(f, skipped, index + 1 if iterations is None else iterations, lr_factor)
 
 
-def _scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0) -> Severity:
+def scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0) -> Severity:
     """Return AMP409's severity: a warning when most iterations were skipped with the schedule advancing, or when
     those scheduler steps moved the learning rate by ``SCHEDULE_LR_DRIFT`` or more; else info.
 
-    >>> _scheduler_severity(2, 60).value, _scheduler_severity(6, 6).value, _scheduler_severity(1, 60, 0.5).value
+    >>> scheduler_severity(2, 60).value, scheduler_severity(6, 6).value, scheduler_severity(1, 60, 0.5).value
     ('info', 'warning', 'warning')
     """
     drift = lr_factor if lr_factor >= 1 else (1 / lr_factor if lr_factor > 0 else float("inf"))
@@ -173,17 +172,17 @@ def _scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0) -
     return Severity.INFO
 
 
-def _escalated(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0) -> Finding:
+def escalated_finding(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0) -> Finding:
     """Return the AMP409 finding ``f`` with the severity its counts earn, and the counts in its detail when they
     make it a warning (for the guard to apply to its counted finding when it reports)."""
-    severity = _scheduler_severity(skipped, iterations, lr_factor)
+    severity = scheduler_severity(skipped, iterations, lr_factor)
     if severity is f.severity or f.code != "AMP409":
         return f
     return replace(f, severity=severity, detail=f"{f.detail}; the schedule advanced on skipped optimizer steps in "
                    f"{skipped} of {iterations} iterations, changing the learning rate by x{lr_factor:.3g}")
 
 
-def _lr_values(optimizer: Any) -> list[float] | None:
+def lr_values(optimizer: Any) -> list[float] | None:
     """Return the learning rate of each param group as host floats; None when one is a tensor off the CPU
     (reading it would wait for the device) or the optimizer has no param groups."""
     groups = getattr(optimizer, "param_groups", None)
@@ -198,12 +197,12 @@ def _lr_values(optimizer: Any) -> list[float] | None:
         return None
 
 
-def _lr_factor(before: list[float] | None, after: list[float] | None) -> float:
+def lr_change(before: list[float] | None, after: list[float] | None) -> float:
     """Return ``after / before`` of the param group whose learning rate moved most (as a factor either way); 1 when
     unknown. For multiplicative schedules (StepLR, ExponentialLR, MultiStepLR) the product of these factors over
     the skipped steps is exactly how far the learning rate is from its schedule.
 
-    >>> _lr_factor([0.1, 0.01], [0.05, 0.01]), _lr_factor(None, [0.1])
+    >>> lr_change([0.1, 0.01], [0.05, 0.01]), lr_change(None, [0.1])
     (0.5, 1.0)
     """
     if not before or not after or len(before) != len(after):
@@ -212,7 +211,7 @@ def _lr_factor(before: list[float] | None, after: list[float] | None) -> float:
     return max(ratios, key=lambda r: r if r >= 1 else (1 / r if r > 0 else float("inf")))
 
 
-def _sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
+def sum_flags(groups: list[list[torch.Tensor]]) -> list[float]:
     """Return the sum of each list of found-inf flags, with one host transfer per device (explanations only)."""
     by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
     for i, flags in enumerate(groups):
@@ -270,7 +269,7 @@ class SkipTally:
         return out
 
 
-def _scheduler_classes() -> list[type]:
+def scheduler_classes() -> list[type]:
     """Return LRScheduler and the torch schedulers that define their own step(), except ReduceLROnPlateau."""
     classes = [lr_scheduler.LRScheduler]
     for obj in vars(lr_scheduler).values():
@@ -303,7 +302,7 @@ class ScheduleDrift:
 
     ``before``/``after`` bracket each ``scheduler.step()`` whose optimizer step may have been skipped and keep the
     factor it moved the learning rate by; ``add`` counts a decided AMP409 with that factor; ``escalate`` applies
-    ``_escalated`` to the guard's findings.
+    ``escalated_finding`` to the guard's findings.
     """
 
     def __init__(self) -> None:
@@ -312,14 +311,14 @@ class ScheduleDrift:
 
     def before(self, scheduler: Any) -> list[Any]:
         """Return ``[lr values before, factor]`` for this scheduler step (the factor is set by ``after``)."""
-        lr = [_lr_values(getattr(scheduler, "optimizer", None)), 1.0]
+        lr = [lr_values(getattr(scheduler, "optimizer", None)), 1.0]
         self._open[id(scheduler)] = lr
         return lr
 
     def after(self, scheduler: Any) -> None:
         lr = self._open.pop(id(scheduler), None)
         if lr is not None:
-            lr[1] = _lr_factor(lr[0], _lr_values(getattr(scheduler, "optimizer", None)))
+            lr[1] = lr_change(lr[0], lr_values(getattr(scheduler, "optimizer", None)))
 
     def set(self, where: str, count: int, factor: float) -> None:
         """Record that the schedule advanced on ``count`` skipped steps at ``where``, moving the LR by ``factor``."""
@@ -327,5 +326,29 @@ class ScheduleDrift:
 
     def escalate(self, findings: list[Finding], iterations: int) -> list[Finding]:
         """Return ``findings`` with each AMP409 at the severity its counts earn."""
-        return [_escalated(f, self._places[f.where][0], iterations, self._places[f.where][1])
+        return [escalated_finding(f, self._places[f.where][0], iterations, self._places[f.where][1])
                 if f.code == "AMP409" and f.where in self._places else f for f in findings]
+
+
+def second_step_finding(first: Call | None, label: str, site: str, scale_calls: int, index: int) -> Finding:
+    """AMP404: say that no ``update()`` completed between two steps of one optimizer, and which fix applies.
+
+    Args:
+        first: the earlier ``step()`` of this optimizer in the iteration, if recorded.
+        label: the optimizer's name, ``optimizer[0] (SGD)``.
+        site: ``file:line`` of the second step.
+        scale_calls: ``scale()`` calls so far in the iteration, to count the backward passes between the steps.
+        index: the iteration.
+    """
+    detail = (f"scaler.step({label}) at {site} is the second step of {label}, and no scaler.update() completed "
+              f"since the first, at {first.site if first else '<unknown>'}")
+    between = scale_calls - first.scale_calls if first is not None else None
+    if between:
+        detail += (f"; {between} scaler.scale() call(s) ran between the two steps (one loss each): call "
+                   "scaler.update() after every scaler.step(), or sum the losses and step once")
+    elif between == 0:
+        detail += ("; no scaler.scale() ran between them, so the second step reuses the same gradients: drop it, "
+                   "or call scaler.update() after the first")
+    else:
+        detail += "; call scaler.update() after every scaler.step()"
+    return get_rule("AMP404").finding(label, detail, index)

@@ -30,7 +30,7 @@ def clip_call(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}({limit}={args[0] if args else kwargs.get(limit, '?')})"
 
 
-class _ClipOwners:
+class ClipOwners:
     """Find the optimizer whose parameters a ``clip_grad_norm_`` call clips, with cached parameter ids."""
 
     def __init__(self) -> None:

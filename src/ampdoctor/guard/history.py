@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.naming import optimizer_label
 
 
 @dataclass(eq=False)
-class _Call:
+class Call:
     """One observed scaler call, and the findings it will prove if it raises."""
 
     kind: str
@@ -34,14 +34,14 @@ class _Call:
 
 
 @dataclass(eq=False)
-class _Iteration:
+class Iteration:
     """Everything observed between two ``update()`` calls."""
 
     index: int
     scale_calls: int = 0
     clips: int = 0
-    unscaled: dict[int, _Call] = field(default_factory=dict)
-    stepped: dict[int, _Call] = field(default_factory=dict)
+    unscaled: dict[int, Call] = field(default_factory=dict)
+    stepped: dict[int, Call] = field(default_factory=dict)
     scheduler_steps: list[tuple[int, str, str]] = field(default_factory=list)   # (id(opt), class, site)
     found_inf: dict[int, list[torch.Tensor]] | None = None   # per optimizer, captured before update()
     last_clip: tuple[int, torch.Tensor] | None = None          # (call number, returned norm)
@@ -57,7 +57,7 @@ class _Seen:
     last: int | None = None
 
 
-class _Ledger:
+class Ledger:
     """The reported findings, one per place (``Finding.place``), each counted over the iterations it was seen in."""
 
     def __init__(self) -> None:
@@ -92,7 +92,7 @@ class _Ledger:
         return out
 
 
-class _Optimizers:
+class Optimizers:
     """The optimizers seen in scaler calls (held weakly) besides the setup's, and the label of each."""
 
     def __init__(self) -> None:
@@ -130,7 +130,7 @@ class _Optimizers:
         return self.label(opt(), setup) if opt is not None and opt() is not None else "optimizer"
 
 
-def _first_grad(optimizer: Any) -> tuple[weakref.ref, weakref.ref] | None:
+def first_grad(optimizer: Any) -> tuple[weakref.ref, weakref.ref] | None:
     """Return weak references to the first parameter with a grad and that grad (bounded scan)."""
     n = 0
     for group in optimizer.param_groups:
@@ -143,7 +143,7 @@ def _first_grad(optimizer: Any) -> tuple[weakref.ref, weakref.ref] | None:
     return None
 
 
-def _grads_reset(marker: tuple[weakref.ref, weakref.ref] | None) -> bool | None:
+def grads_reset(marker: tuple[weakref.ref, weakref.ref] | None) -> bool | None:
     """Return whether the grad seen at an earlier unscale_ was replaced since (zero_grad), None if unknown."""
     if marker is None:
         return None

@@ -14,23 +14,41 @@ from typing import Any
 import torch
 import torch.nn.utils.clip_grad
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.optim import scheduler_step_count
-from ampdoctor._torch.scaler import (OptState, found_inf_flags, growth_tracker, is_enabled, live_scale,
-                                     optimizer_found_inf, stage, unscales_itself)
+from ampdoctor._torch.scaler import (
+    OptState,
+    found_inf_flags,
+    growth_tracker,
+    is_enabled,
+    live_scale,
+    optimizer_found_inf,
+    stage,
+    unscales_itself,
+)
 from ampdoctor.core.callsite import user_call_site
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.explanations.culprits import no_grad_findings
-from ampdoctor.guard.checks import (ScheduleDrift, SkipTally, _infer_failure, _keep_found_inf, _no_scale,
-                                    _resume_finding, _scheduler_classes, _scheduler_finding, _split_pending,
-                                    _sum_flags, _unscale_twice)
-from ampdoctor.guard.clipping import CLIP_FUNCTIONS, _ClipOwners, clip_call
-from ampdoctor.guard.history import _Call, _first_grad, _Iteration, _Ledger, _Optimizers
-from ampdoctor.guard.steps import _second_step
+from ampdoctor.guard.checks import (
+    ScheduleDrift,
+    SkipTally,
+    infer_failure,
+    keep_found_inf,
+    no_scale,
+    resume_finding,
+    scheduler_classes,
+    scheduler_finding,
+    second_step_finding,
+    split_pending,
+    sum_flags,
+    unscale_twice,
+)
+from ampdoctor.guard.clipping import CLIP_FUNCTIONS, ClipOwners, clip_call
+from ampdoctor.guard.history import Call, Iteration, Ledger, Optimizers, first_grad
 
 __all__ = ["ScalerGuard"]
 
@@ -65,17 +83,17 @@ class ScalerGuard:
         self.setup = setup if setup is not None else TrainingSetup(scaler=scaler)
         self._handles: list[PatchHandle] = []
         self._broken = False
-        self._cur = _Iteration(0)
-        self._history: deque[_Iteration] = deque(maxlen=_HISTORY)
-        self._ledger = _Ledger()
+        self._cur = Iteration(0)
+        self._history: deque[Iteration] = deque(maxlen=_HISTORY)
+        self._ledger = Ledger()
         self._crash: list[Finding] = []
-        self._stack: list[_Call] = []
+        self._stack: list[Call] = []
         self._expect_implicit: int | None = None
-        self._optimizers = _Optimizers()
-        self._last_stepped: dict[int, _Iteration] = {}
-        self._pending: list[tuple[_Iteration, int, str, str, list[Any]]] = []
+        self._optimizers = Optimizers()
+        self._last_stepped: dict[int, Iteration] = {}
+        self._pending: list[tuple[Iteration, int, str, str, list[Any]]] = []
         self._drift, self._tally = ScheduleDrift(), SkipTally()  # AMP409: counted on the device, read at the end
-        self._clip_owners = _ClipOwners()
+        self._clip_owners = ClipOwners()
         self._on = False
         self._calls = 0
         self._window_complete = False
@@ -96,7 +114,7 @@ class ScalerGuard:
         for owner in (torch.nn.utils, torch.nn.utils.clip_grad) if self.observe_clipping else ():
             self._handles += [observe(owner, n, before=functools.partial(self._before_clip, n), after=self._after_clip,
                                       on_error=err) for n in CLIP_FUNCTIONS if callable(owner.__dict__.get(n))]
-        for cls in _scheduler_classes():
+        for cls in scheduler_classes():
             self._handles.append(observe(cls, "step", before=self._before_scheduler, on_error=err,
                                          after=lambda _, sched, *a, **k: self._live() and self._drift.after(sched)))
         self._window_complete = live_scale(s) is None   # a fresh scaler: this iteration is whole
@@ -159,7 +177,7 @@ class ScalerGuard:
     def skipped_iterations(self) -> list[int]:
         """Return the kept iterations whose optimizer step was skipped for inf/NaN gradients (one host sync)."""
         records = [r for r in self._history if r.found_inf]
-        sums = _sum_flags([[t for ts in r.found_inf.values() for t in ts] for r in records])
+        sums = sum_flags([[t for ts in r.found_inf.values() for t in ts] for r in records])
         return [r.index for r, total in zip(records, sums) if total > 0]
 
     # ---- events forwarded by the Doctor's process-wide observers ---------------------------------------------
@@ -226,7 +244,7 @@ class ScalerGuard:
         call = self._stack[0]
         self._stack.clear()
         self._expect_implicit = None
-        found = call.predicted or _infer_failure(self.scaler, self.setup, call, self._cur.index)
+        found = call.predicted or infer_failure(self.scaler, self.setup, call, self._cur.index)
         for f in found:
             self._record(f)
         self._crash = found
@@ -240,13 +258,13 @@ class ScalerGuard:
         if not self._live():
             return
         self._settle()
-        s, call = self.scaler, _Call("scale", None, "", self._cur.scale_calls)
+        s, call = self.scaler, Call("scale", None, "", self._cur.scale_calls)
         if live_scale(s) is None and growth_tracker(s) is not None:
             call.predicted = [get_rule("AMP405").finding("GradScaler", "_growth_tracker was set before _scale (a "
                                       "partial state load); load the scaler state with "
                                       "scaler.load_state_dict()", self._cur.index)]
         elif not self._resume_checked:
-            resumed = _resume_finding(s, self.setup.optimizers, self._label, self._cur.index, self.restore_facts)
+            resumed = resume_finding(s, self.setup.optimizers, self._label, self._cur.index, self.restore_facts)
             if resumed is not None:
                 self._record(resumed)
         self._resume_checked = True
@@ -258,18 +276,18 @@ class ScalerGuard:
             return
         if self._expect_implicit == id(optimizer):   # the unscale_ that step() runs itself
             self._expect_implicit = None
-            self._stack.append(_Call("unscale_", optimizer, "", self._cur.scale_calls, implicit=True))
+            self._stack.append(Call("unscale_", optimizer, "", self._cur.scale_calls, implicit=True))
             return
         self._settle()
         self._optimizers.see(optimizer)
         self._calls += 1
         cur, site, stage = self._cur, user_call_site(), self._stage(optimizer)
-        call = _Call("unscale_", optimizer, site, cur.scale_calls, seq=self._calls)
+        call = Call("unscale_", optimizer, site, cur.scale_calls, seq=self._calls)
         label = self._label(optimizer)
         if live_scale(self.scaler) is None:
-            call.predicted = [_no_scale("unscale_", label, site, cur.index)]
+            call.predicted = [no_scale("unscale_", label, site, cur.index)]
         elif stage is OptState.UNSCALED:
-            call.predicted = _unscale_twice(cur, optimizer, label, site)
+            call.predicted = unscale_twice(cur, optimizer, label, site)
         elif stage is OptState.STEPPED:
             stepped = cur.stepped.get(id(optimizer))
             call.predicted = [get_rule("AMP403").finding(label, f"scaler.unscale_({label}) at {site} came after "
@@ -277,7 +295,7 @@ class ScalerGuard:
                                       "unscale and clip before step()", cur.index)]
         else:
             self._check_scaled(label, "unscale_", site)
-            call.grad = _first_grad(optimizer)
+            call.grad = first_grad(optimizer)
             cur.unscaled[id(optimizer)] = call
         self._stack.append(call)
 
@@ -295,15 +313,15 @@ class ScalerGuard:
         self._optimizers.see(optimizer)
         self._calls += 1
         cur, site, stage, label = self._cur, user_call_site(), self._stage(optimizer), self._label(optimizer)
-        call = _Call("step", optimizer, site, cur.scale_calls)
+        call = Call("step", optimizer, site, cur.scale_calls)
         fused = unscales_itself(optimizer)
         if "closure" in kwargs:
             call.predicted = [get_rule("AMP204").finding(label, f"scaler.step({label}, closure=...) at {site} with an "
                                       "enabled GradScaler", cur.index)]
         elif live_scale(self.scaler) is None:
-            call.predicted = [_no_scale("step", label, site, cur.index)]
+            call.predicted = [no_scale("step", label, site, cur.index)]
         elif stage is OptState.STEPPED:
-            call.predicted = [_second_step(cur.stepped.get(id(optimizer)), label, site, cur.scale_calls, cur.index)]
+            call.predicted = [second_step_finding(cur.stepped.get(id(optimizer)), label, site, cur.scale_calls, cur.index)]
         else:
             if args and callable(args[0]):
                 self._once("AMP204", label, f"scaler.step({label}, closure) at {site}: the closure is passed "
@@ -331,17 +349,17 @@ class ScalerGuard:
             return
         self._settle()
         s, cur = self.scaler, self._cur
-        call = _Call("update", None, "", cur.scale_calls)
+        call = Call("update", None, "", cur.scale_calls)
         scale, found = live_scale(s), found_inf_flags(s)
         if scale is None:
-            call.predicted = [_no_scale("update", "GradScaler", user_call_site(), cur.index)]
+            call.predicted = [no_scale("update", "GradScaler", user_call_site(), cur.index)]
         elif new_scale is None and not any(found.values()):
             site = user_call_site()
             call.predicted = [get_rule("AMP407").finding("GradScaler", f"scaler.update() at {site} with no scaler.step() "
                                       f"or unscale_() since the last update() ({cur.scale_calls} scale() "
                                       "call(s) this iteration)", cur.index)]
         else:
-            cur.found_inf = _keep_found_inf(found, scale)
+            cur.found_inf = keep_found_inf(found, scale)
         self._stack.append(call)
 
     def _after_update(self, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -350,7 +368,7 @@ class ScalerGuard:
         if self._stack:
             self._stack.pop()
         self._history.append(self._cur)
-        self._cur = _Iteration(self._cur.index + 1)
+        self._cur = Iteration(self._cur.index + 1)
         self._window_complete = True
         if len(self._pending) >= _RESOLVE_EVERY:
             self._resolve()
@@ -392,9 +410,9 @@ class ScalerGuard:
     def _resolve(self, force: bool = False) -> None:
         """Count pending AMP409 checks on the device; with ``force`` (findings asked for) read the counts once."""
         if self._pending:
-            self._pending, batch = _split_pending(self._pending, self._cur, self.scaler, force)
+            self._pending, batch = split_pending(self._pending, self._cur, self.scaler, force)
             self._tally.add(batch)
         for (key, cls, site), count, first, last, factor in (self._tally.read() if force else ()):
-            f = _scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, first)
+            f = scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, first)
             self._drift.set(f.where, count, factor)
             self._ledger.set_span(f, count, last)

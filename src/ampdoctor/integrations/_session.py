@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.core.io import write_atomic
 from ampdoctor.integrations._ranks import CallbackRanks
 from ampdoctor.session.session import Session
 from ampdoctor.session.termination import Termination

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.autograd import in_backward
 from ampdoctor._torch.dispatch import tree_leaves
 from ampdoctor._torch.distributed import process_rank
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads

@@ -27,7 +27,7 @@ import torch
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.records import Step, gradient_rows, gradients_entry, param_stats, read_step, rollup
-from ampdoctor.monitor.grad_stats import COL, COLUMNS, FORMATS, KINDS, GradStats, local_tensor
+from ampdoctor.monitor.grad_stats import COL, COLUMNS, GradStats, local_tensor
 from ampdoctor.monitor.reduction import ShardReduction
 
 __all__ = ["GradientReader", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "gradient_alarms", "rows_to_dicts"]

@@ -26,16 +26,15 @@ Alarms (host side, at each consume):
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import bisect
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabled, live_scale
+from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import scale_entry

@@ -22,7 +22,7 @@ import torch
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import HALF, dtype_name
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding
 from ampdoctor.core.records import lost_updates_entry
 from ampdoctor.monitor.grad_stats import sample_index
 

@@ -27,6 +27,7 @@ removes every hook and drops the references. An internal exception is reported o
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,8 @@ from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
 from ampdoctor.core.records import Step, read_step, step_line
+from ampdoctor.core.report import Report
+from ampdoctor.core.views import Drawn
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
 from ampdoctor.monitor.host_sync import HostCopy
 from ampdoctor.monitor.loss_scale import ScaleMonitor
@@ -49,13 +52,42 @@ from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, run_formats
-from ampdoctor.monitor.watch_results import WatchResults, armed_findings
-from ampdoctor.monitor.watched import (EngineCopies, closure_calls_back, name_params, refuse_meta, scaler_of,
-                                       steps_through, watched_chain)
+from ampdoctor.monitor.watched import (
+    EngineCopies,
+    closure_calls_back,
+    name_params,
+    refuse_meta,
+    scaler_of,
+    steps_through,
+    watched_chain,
+)
 
-__all__ = ["watch", "Watch", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
+__all__ = ["watch", "Watch", "WatchView", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "armed_findings"]
 
 STATS = ("norms", "full", "exact")  # what GradStats computes: see Watch (AMP605 thresholds: monitor.gradients)
+
+
+# What a monitor armed for one step reports: the first inf/NaN output or input. Its headroom (AMP606) and inf
+# output gradients (AMP602, what a GradScaler's skips are for) are left to a watch with activations=True.
+ARMED_CODES = ("AMP601", "AMP609")
+
+
+def armed_findings(monitor: Any) -> list[Finding]:
+    """Return the findings of an ``ActivationMonitor`` armed for one step (see ``ARMED_CODES``)."""
+    return [f for f in monitor.findings() if f.code in ARMED_CODES]
+
+
+@dataclass(frozen=True)
+class WatchView(Drawn):
+    """A watch's summary to show (``rich.print(w.summary())``; drawn by ``ampdoctor.ui.watch_view``).
+
+    Attributes:
+        summary: ``Watch.summary_data()``.
+        findings: the watch's findings to list under it; ``[]``: say the verdict; None: shown elsewhere.
+    """
+
+    summary: dict[str, Any]
+    findings: list[Finding] | None = None
 
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
@@ -73,7 +105,7 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
                  sample=sample, fsync=fsync, dense=dense).attach()
 
 
-class Watch(WatchResults):
+class Watch:
     """The numerics watch of one model, its optimizer and (optionally) its GradScaler.
 
     Args:
@@ -387,7 +419,7 @@ class Watch(WatchResults):
             if monitor is not None and (part == name or (part == "watch" and name != "recorder")):
                 call_safely(stop, monitor)
 
-    # ---- results (findings, summary and report: ampdoctor.monitor.watch_results) -------------------------
+    # ---- results: findings, summary, report ------------------------------------------------------------------
     def summary_data(self) -> dict[str, Any]:
         """Return the JSON-ready summary (``Report.extra["watch"]``)."""
         grads = self._grads.summary(self.param_modules)
@@ -403,3 +435,51 @@ class Watch(WatchResults):
             "activations": activations,
             "off": sorted(self._parts.off),
         }
+
+    @property
+    def host_syncs(self) -> int:
+        """Device-to-host reads made by the watch and its parts: the sampled steps' copies, the activation monitor's."""
+        return self.reads.count
+
+    @property
+    def log_path(self) -> str | None:
+        """The flight recorder's file, if any."""
+        return None if self._recorder is None else str(self._recorder.path)
+
+    @property
+    def last_grads(self) -> dict[str, dict[str, float]]:
+        """The per-parameter gradient statistics of the last sampled step, by parameter name."""
+        return self._grads.last
+
+    @property
+    def norm_history(self) -> list[tuple[int, float]]:
+        """``(step, global gradient norm)`` of the sampled steps, up to 10_000."""
+        return self._grads.norm_history
+
+    def findings(self) -> list[Finding]:
+        """Return the findings so far: AMP603/604/605/607/608 (and AMP601/602/606 with ``activations=True``)."""
+        activation = self._activation_findings()
+        culprit = next((f.where for f in activation if f.code == "AMP601"), None)
+        out = list(self._parts.findings)
+        if self._scale_monitor is not None:
+            self._scale_monitor.name_culprit(culprit)
+            out += self._scale_monitor.findings()
+        if self._lost is not None:
+            out += self._lost.findings()
+        return out + activation
+
+    def _activation_findings(self) -> list[Finding]:
+        live, kept = self._activations, self._activation_result
+        if live is not None:
+            return armed_findings(live) if self._armed else live.findings()
+        return kept[1] if kept else []
+
+    def summary(self, findings: bool = True) -> WatchView:
+        """Return the summary and (unless ``findings=False``) the findings, for ``rich.print``."""
+        return WatchView(self.summary_data(), self.findings() if findings else None)
+
+    def report(self) -> Report:
+        """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""
+        report = Report(extra={"watch": self.summary_data()})   # device facts are read when it is shown
+        list(map(report.add, self.findings()))
+        return report

@@ -17,9 +17,9 @@ from ampdoctor.core import catalog
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup
 from ampdoctor.preflight.rules import CHECKS
 from ampdoctor.preflight.rules.distributed import without_engines
-from ampdoctor.core.training import TrainingSetup
 
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ampdoctor.core.catalog import get_rule
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 
 __all__ = ["merge_rank_reports", "rank_disagreements", "disagreements", "label_rank", "rank_path", "with_parent",
@@ -31,6 +31,7 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
     that crashed), with its ``rank``; every crash is in ``extra["ranks"]["exceptions"]``. Ranks in ``expected``
     without a report are listed as ``missing``.
 
+    >>> from ampdoctor.core.findings import Severity
     >>> a = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
     >>> b = Report([Finding("AMP101", Severity.ERROR, "head", "float16")], observed={"models": 1})
     >>> merged = merge_rank_reports({0: a, 1: b}, expected=[0, 1, 2])

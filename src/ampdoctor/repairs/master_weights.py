@@ -29,8 +29,14 @@ from ampdoctor._torch.modules import own_parameters
 from ampdoctor._torch.scaler import unscales_itself
 from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import optimizer_tensors
-from ampdoctor.repairs._state import (check_master_state_dict, is_managed, master_refusal, migrate_state_,
-                                      owner_refusal, set_managed)
+from ampdoctor.repairs._state import (
+    check_master_state_dict,
+    is_managed,
+    master_refusal,
+    migrate_state_,
+    owner_refusal,
+    set_managed,
+)
 
 __all__ = ["MasterWeights", "is_managed"]  # is_managed is re-exported from repairs._state
 

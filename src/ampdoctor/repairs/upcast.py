@@ -10,16 +10,23 @@ compute. Frozen parameters stay as they are, so the memory saved by a half-preci
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
+from ampdoctor._compat.engines import engine_family
 from ampdoctor.core.dtypes import LOW_PRECISION
 from ampdoctor.core.training import keeps_fp32_masters
-from ampdoctor._compat.engines import engine_family
-from ampdoctor.repairs._state import (Change, class_names, is_managed, migrate_state_, owner_refusal,
-                                      short_repr, upcast_refusal)
+from ampdoctor.repairs._state import (
+    Change,
+    class_names,
+    is_managed,
+    migrate_state_,
+    owner_refusal,
+    short_repr,
+    upcast_refusal,
+)
 
 __all__ = ["Change", "fix", "upcast_frozen_norms_", "upcast_trainable_params_"]
 

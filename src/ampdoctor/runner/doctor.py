@@ -23,11 +23,18 @@ from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
-from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.monitor.watched import closure_calls_back
-from ampdoctor.runner.discovery import (instances, internal_optimizers, real_optimizers, scaler_classes, scan,
-                                        trained_models, unwrap_module)
+from ampdoctor.ranks.info import RankInfo, from_process_group
+from ampdoctor.runner.discovery import (
+    instances,
+    internal_optimizers,
+    real_optimizers,
+    scaler_classes,
+    scan,
+    trained_models,
+    unwrap_module,
+)
 from ampdoctor.session.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.session.session import Session
 

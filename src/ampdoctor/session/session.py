@@ -128,7 +128,7 @@ class Session:
 
     def _start(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None] | None,
                checks: Checks | None, watch_model: nn.Module | None, watch_optimizers: Sequence[Any] | None) -> None:
-        from ampdoctor.preflight.engine import run_preflight   # looked up at call time: tests inject faults there
+        from ampdoctor.preflight.engine import run_preflight  # looked up at call time: tests inject faults there
 
         self.setup = setup
         self._note_setup(setup)
@@ -172,7 +172,7 @@ class Session:
         self.guard.attach()
 
     def _attach_watch(self, model: nn.Module | None, optimizers: Sequence[Any] | None) -> None:
-        from ampdoctor.monitor.watcher import Watch   # looked up at call time: tests inject faults there
+        from ampdoctor.monitor.watcher import Watch  # looked up at call time: tests inject faults there
 
         setup = self.setup
         if setup is None or not setup.optimizers or not setup.models:
@@ -264,7 +264,7 @@ class Session:
         return found
 
     def _explain(self, exc: BaseException, setup: TrainingSetup | None) -> list[Finding]:
-        from ampdoctor.explanations.crash import explain_exception   # looked up at call time (fault injection)
+        from ampdoctor.explanations.crash import explain_exception  # looked up at call time (fault injection)
 
         return explain_exception(exc, setup, self.guard)
 

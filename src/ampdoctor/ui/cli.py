@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("env", help="print the environment report to paste into an issue")
 
-    from ampdoctor.ui.advise_command import EXAMPLES as ADVISE_EXAMPLES, add_arguments as add_advise_arguments
+    from ampdoctor.ui.advise_command import EXAMPLES as ADVISE_EXAMPLES
+    from ampdoctor.ui.advise_command import add_arguments as add_advise_arguments
 
     advise = sub.add_parser("advise", help="memory per training strategy (fp32, AMP, master weights, LoRA, 8-bit, "
                             "checkpointing, ZeRO/FSDP) and which one fits", epilog=ADVISE_EXAMPLES + "\n" + EXIT_STATUS,

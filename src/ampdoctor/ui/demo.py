@@ -45,7 +45,8 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import run_script
     from ampdoctor.ui.console import render_report
-    from ampdoctor.ui.plain import console as plain_console, wrap
+    from ampdoctor.ui.plain import console as plain_console
+    from ampdoctor.ui.plain import wrap
 
     console = console or plain_console()
 

@@ -117,7 +117,7 @@ def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_h
     parts.append(_first_nonfinite(data))
     if loaded.problems:
         shown = loaded.problems[:50]
-        parts.append(f"<h2>Reading problems</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in shown)
+        parts.append("<h2>Reading problems</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in shown)
                      + (f"<li>… and {len(loaded.problems) - 50} more</li>" if len(loaded.problems) > 50 else "")
                      + "</ul>")
     env = dict(report.environment or {}) or (loaded.run.environment if loaded.run is not None else {})

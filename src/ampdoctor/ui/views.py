@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 
 from ampdoctor.advice.advisor import Advice
 from ampdoctor.core.report import Report, ReportView
-from ampdoctor.monitor.watch_results import WatchView
+from ampdoctor.monitor.watcher import WatchView
 from ampdoctor.ui.advice_view import render_advice
 from ampdoctor.ui.console import render_report
 from ampdoctor.ui.watch_view import render_watch

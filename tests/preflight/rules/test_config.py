@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampdoctor.core.training import TrainingSetup
 from ampdoctor.preflight.rules.config import (
     accelerate_fp16_not_in_effect,
     closure_with_scaler,
@@ -15,7 +16,6 @@ from ampdoctor.preflight.rules.config import (
     fsdp_fp16_with_plain_scaler,
     scaler_with_bf16_autocast,
 )
-from ampdoctor.core.training import TrainingSetup
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CUDA-less fallback")
 

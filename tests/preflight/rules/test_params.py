@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.core.grouping import group_findings
 from ampdoctor.core.findings import Severity
+from ampdoctor.core.grouping import group_findings
+from ampdoctor.core.training import TrainingSetup
+from ampdoctor.preflight.engine import check
 from ampdoctor.preflight.rules.params import (
     adam_eps_underflow,
     bf16_params_under_fp16_amp,
@@ -15,8 +17,6 @@ from ampdoctor.preflight.rules.params import (
     fused_optimizer_fp16_params,
     pure_half_without_master,
 )
-from ampdoctor.core.training import TrainingSetup
-from ampdoctor.preflight.engine import check
 
 
 def mlp() -> nn.Sequential:

@@ -7,8 +7,11 @@ from torch import nn
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.preflight.rules.wiring import (confirm_wiring, optimizer_tensors_not_in_model,
-                                              params_missing_from_optimizer)
+from ampdoctor.preflight.rules.wiring import (
+    confirm_wiring,
+    optimizer_tensors_not_in_model,
+    params_missing_from_optimizer,
+)
 
 
 def mlp() -> nn.Sequential:

@@ -14,13 +14,12 @@ from typing import Any, Iterator
 
 import torch
 
-from ampdoctor.core.catalog import Rule
-from ampdoctor.core.findings import Finding
-from ampdoctor.preflight.rules import check, listing
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp16, scaler_device
-from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.catalog import Rule
+from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.preflight.rules import check, listing
 from ampdoctor.preflight.rules.fsdp import fsdp_units, loaded_class
 
 

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import torch
 
-from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._compat.engines import Engine, find_engines
+from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity

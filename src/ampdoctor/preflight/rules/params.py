@@ -22,15 +22,22 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.catalog import Rule
+from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
+from ampdoctor.core.training import (
+    HALF,
+    ParamInfo,
+    TrainingSetup,
+    group_by_module,
+    keeps_fp32_masters,
+    unwrap_optimizer,
+)
 from ampdoctor.preflight.rules import check, listing
-from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
-from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
-from ampdoctor.core.training import HALF, ParamInfo, TrainingSetup, group_by_module
+
 
 def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
     """Yield one finding of ``rule`` per owning module naming its ``params``; they share one ``cause``, so they show
