@@ -128,13 +128,13 @@ def measure(n: int, reps: int, full_max: int) -> dict[str, float]:
     # a sampled step costs seconds at 100k tensors, far above the noise: one rep there keeps the total in budget
     sampled_reps = reps if n < 50_000 else 1
     row["norms"], row["norms_noise"] = overhead(
-        loop, lambda l: ampdoctor.watch(l.model, l.opt, l.scaler, every=1, stats="norms"), sampled_reps)
+        loop, lambda loop: ampdoctor.watch(loop.model, loop.opt, loop.scaler, every=1, stats="norms"), sampled_reps)
     if n <= full_max:
         row["full"], row["full_noise"] = overhead(
-            loop, lambda l: ampdoctor.watch(l.model, l.opt, l.scaler, every=1, stats="full"), sampled_reps)
+            loop, lambda loop: ampdoctor.watch(loop.model, loop.opt, loop.scaler, every=1, stats="full"), sampled_reps)
     row["unsampled"], row["unsampled_noise"] = overhead(loop, _unsampled, reps)
     setup = TrainingSetup(loop.model, loop.opt, loop.scaler, torch.float16)
-    row["guard"], row["guard_noise"] = overhead(loop, lambda l: ScalerGuard(l.scaler, setup).attach(), reps)
+    row["guard"], row["guard_noise"] = overhead(loop, lambda loop: ScalerGuard(loop.scaler, setup).attach(), reps)
     return row
 
 

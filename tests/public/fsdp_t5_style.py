@@ -60,7 +60,7 @@ def batches(rank, count=12, size=4, source_len=24, target_len=8, vocab=128):
 
 def main():
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     config = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                       decoder_start_token_id=0, pad_token_id=0)

@@ -114,9 +114,8 @@ def test_missing_script_is_a_usage_error(capsys):
 
 
 def test_run_leaves_no_global_hooks_behind(capsys):
-    import torch.optim.optimizer as o  # noqa: F401
+    import torch.optim.optimizer as o
     from torch.nn.modules import module as m
-    o = __import__('torch.optim.optimizer', fromlist=['_global_optimizer_pre_hooks'])
 
     before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(o._global_optimizer_pre_hooks),
               dict(vars(torch.amp.GradScaler)))

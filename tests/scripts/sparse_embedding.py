@@ -14,6 +14,9 @@ for step in range(12):
     with torch.autocast("cpu", dtype=torch.float16):
         loss = nn.functional.mse_loss(head(emb(idx)).float(), y)
     scaler.scale(loss).backward()
-    scaler.step(opt_sparse); scaler.step(opt_dense); scaler.update()
-    opt_sparse.zero_grad(); opt_dense.zero_grad()
+    scaler.step(opt_sparse)
+    scaler.step(opt_dense)
+    scaler.update()
+    opt_sparse.zero_grad()
+    opt_dense.zero_grad()
 print("done", loss.item())

@@ -128,7 +128,7 @@ def model_state_bytes(key: str, info: ParamInfo, optimizer: str, devices: int = 
     >>> model_state_bytes("zero2", ParamInfo([1000]), "adamw", devices=4)["gradients"]
     500
     """
-    trainable, frozen, everything = info.trainable, info.frozen, info.total
+    trainable, everything = info.trainable, info.total
     t = sum(trainable)
     opt = "adamw8bit" if key == "amp_bf16_adamw8bit" else optimizer
     if key in ("fp32", "amp_fp16", "amp_bf16", "amp_bf16_checkpoint", "amp_bf16_adamw8bit"):

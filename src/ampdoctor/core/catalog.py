@@ -60,7 +60,7 @@ class Rule:
         return Finding(self.code, severity or self.severity, where, detail, step, cause=cause)
 
 
-E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 _UNSCALE_TWICE = r"unscale_\(\) has already been called on this optimizer since the last update\(\)"
 _HALF_FLOAT = (
@@ -105,7 +105,7 @@ RULES: tuple[Rule, ...] = (
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
         "#   (LoRA adapters only; modules_to_save copies stay half: upcast them)\n"
         "# diffusers: cast_training_params(model, dtype=torch.float32)",
-        E, "preflight", (r"Attempting to unscale FP16 gradients",), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
+        ERROR, "preflight", (r"Attempting to unscale FP16 gradients",), (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11),
     ),
     Rule(
         "AMP102", "bf16-params-fp16-amp", "Trainable bfloat16 parameters under an fp16 GradScaler or fp16 autocast",
@@ -113,7 +113,7 @@ RULES: tuple[Rule, ...] = (
         "version, scaler.step raises on GPU; on CPU it runs but mixes two half formats and still updates in bf16.",
         "ampdoctor.upcast_trainable_params_(model)   # keep trainable params fp32, fp16 autocast + GradScaler\n"
         "# or on Ampere+: drop the GradScaler and use torch.autocast(device, dtype=torch.bfloat16)",
-        E, "preflight",
+        ERROR, "preflight",
         (r"_amp_(foreach_)?non_finite_check_and_unscale_\w*\"? not implemented for 'BFloat16'",),
         (12, 13),
     ),
@@ -124,7 +124,7 @@ RULES: tuple[Rule, ...] = (
         "LayerNorm gains.",
         "opt = ampdoctor.MasterWeights(opt)   # fp32 master copy, model stays half\n"
         "# or keep parameters fp32 and run the forward under torch.autocast(...)",
-        W, "preflight", (), (14, 15, 16, 39),
+        WARNING, "preflight", (), (14, 15, 16, 39),
     ),
     Rule(
         "AMP104", "adam-eps-underflow", "Adam eps is below what the parameter or state dtype can represent",
@@ -132,15 +132,16 @@ RULES: tuple[Rule, ...] = (
         "entries with zero gradient give 0/0 = NaN.",
         "opt = torch.optim.AdamW(params, eps=1e-4)  # or fused=True: eps in fp32\n"
         "# better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)",
-        E, "preflight", (), (16,),
+        ERROR, "preflight", (), (16,),
     ),
     Rule(
-        "AMP105", "fused-optimizer-fp16-params", "A fused optimizer over float16 parameters hides the fp16-unscale error",
+        "AMP105", "fused-optimizer-fp16-params",
+        "A fused optimizer over float16 parameters hides the fp16-unscale error",
         "Fused optimizers unscale inside their kernel (GradScaler passes allow_fp16=True), so no error is raised "
         "and training is silently pure fp16, losing small updates. The first explicit unscale_() (for "
         "clipping) then raises 'Attempting to unscale FP16 gradients'.",
         "ampdoctor.upcast_trainable_params_(model, optimizer=opt)",
-        W, "preflight", (), (1,),
+        WARNING, "preflight", (), (1,),
     ),
     # ---- AMP2xx: scaler, autocast and accelerator configuration --------------------------------------------
     Rule(
@@ -148,40 +149,41 @@ RULES: tuple[Rule, ...] = (
         "bf16 has fp32's exponent range, so loss scaling is not needed; the scaler only costs time (and on CUDA "
         "bf16 gradients make it raise).",
         "scaler = torch.amp.GradScaler(device, enabled=False)   # or remove scaler.scale/step/update",
-        W, "preflight", (), (40,),
+        WARNING, "preflight", (), (40,),
     ),
     Rule(
         "AMP202", "cuda-scaler-disabled", "GradScaler('cuda') quietly disabled itself: CUDA is not available",
         "torch disables a 'cuda' GradScaler with one UserWarning when CUDA is missing. Training then runs with no "
         "loss scaling, and fp16 gradients can underflow to zero unnoticed.",
         "scaler = torch.amp.GradScaler('cpu')   # match the device you train on",
-        W, "preflight", (r"GradScaler is enabled, but CUDA is not available", ), (37,),
+        WARNING, "preflight", (r"GradScaler is enabled, but CUDA is not available", ), (37,),
     ),
     Rule(
         "AMP203", "accelerate-fp16-ignored", "accelerate's mixed_precision='fp16' is not in effect",
         "Accelerator(mixed_precision='fp16') on a CPU keeps reporting 'fp16' but creates no GradScaler and no "
         "autocast: training silently runs in fp32, so what you test is not what you will run on GPU.",
         "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs",
-        W, "preflight", (r"fp16 mixed precision requires a GPU",), (7,),
+        WARNING, "preflight", (r"fp16 mixed precision requires a GPU",), (7,),
     ),
     Rule(
         "AMP204", "closure-with-scaler", "An optimizer closure (LBFGS) is used with an enabled GradScaler",
         "GradScaler.step cannot re-evaluate a closure under loss scaling and raises.",
         "# LBFGS: train without GradScaler (fp32 or bf16 autocast), or use a first-order optimizer with AMP",
-        E, "preflight", (r"Closure use is not currently supported if GradScaler is enabled",), (),
+        ERROR, "preflight", (r"Closure use is not currently supported if GradScaler is enabled",), (),
     ),
     Rule(
         "AMP205", "fsdp-fp16-plain-scaler", "Sharded FSDP training with fp16 parameters uses a non-sharded GradScaler",
         "A plain GradScaler refuses fp16 gradients and makes rank-local skip decisions: ranks disagree and "
         "collectives hang. ShardedGradScaler allows fp16 and all-reduces found_inf.",
         "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\nscaler = ShardedGradScaler()",
-        E, "preflight", (), (33, 34),
+        ERROR, "preflight", (), (33, 34),
     ),
     Rule(
         "AMP206", "scaler-kernel-unsupported", "The GradScaler kernels do not support this device or layout",
         "Old torch versions lacked CPU and sparse kernels for the unscale and inf-check ops.",
-        "# pip install 'torch>=2.4', then:\nscaler = torch.amp.GradScaler('cpu')   # on CPU prefer bf16 autocast, no scaler",
-        E, "crash",
+        "# pip install 'torch>=2.4', then:\n"
+        "scaler = torch.amp.GradScaler('cpu')   # on CPU prefer bf16 autocast, no scaler",
+        ERROR, "crash",
         (r"Could not run 'aten::_amp_(foreach_)?non_finite_check_and_unscale_' with arguments from the",),
         (34, 37, 38),
     ),
@@ -191,7 +193,7 @@ RULES: tuple[Rule, ...] = (
         "tensor.",
         "scaler = torch.amp.GradScaler(device, growth_factor=2.0, backoff_factor=0.5)\n"
         "scaler.update(new_scale=float(value))",
-        E, "crash",
+        ERROR, "crash",
         (r"The growth factor must be > 1\.0", r"The backoff factor must be < 1\.0",
          r"new_scale should be a float or a 1-element"),
         (),
@@ -209,7 +211,7 @@ RULES: tuple[Rule, ...] = (
         "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()\n"
         "# or: torch.autocast(device_type, dtype=torch.bfloat16) and no scaler\n"
         "# FSDP with param_dtype=torch.float16: the same steps with ShardedGradScaler(device_type)",
-        W, "preflight", (), (33,),
+        WARNING, "preflight", (), (33,),
     ),
     Rule(
         "AMP209", "trainer-flag-half-model",
@@ -220,7 +222,7 @@ RULES: tuple[Rule, ...] = (
         "model = AutoModel.from_pretrained(name)            # fp32 weights; fp16=True/bf16=True autocasts\n"
         "# or: ampdoctor.fix(model) before Trainer(...); or AmpDoctorCallback(fix=True)\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)",
-        W, "runtime",
+        WARNING, "runtime",
     ),
     Rule(
         "AMP210", "fsdp-low-precision-reduce", "FSDP reduces gradients across ranks in fp16 or bf16",
@@ -231,7 +233,7 @@ RULES: tuple[Rule, ...] = (
         "from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy\n"
         "FSDP(model, mixed_precision=MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32))\n"
         "fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
-        W, "preflight", (), (),
+        WARNING, "preflight", (), (),
     ),
     Rule(
         "AMP211", "rank-local-skip", "Ranks decide alone whether to skip a step: sharded gradients, non-sharded scaler",
@@ -240,7 +242,7 @@ RULES: tuple[Rule, ...] = (
         "reduce-scatter then sums gradients multiplied by different scales. ShardedGradScaler all-reduces found_inf "
         "so every rank takes the same decision (FSDP2's DTensor gradients do this for a plain GradScaler).",
         "from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\nscaler = ShardedGradScaler()",
-        E, "preflight", (), (),
+        ERROR, "preflight", (), (),
     ),
     Rule(
         "AMP212", "engine-owns-precision", "DeepSpeed, Megatron-LM or apex owns mixed precision: not checked inside",
@@ -250,7 +252,7 @@ RULES: tuple[Rule, ...] = (
         "objects alone, and --fix neither upcasts nor wraps them.",
         "# configure precision in the engine itself, e.g. DeepSpeed: {'fp16': {'enabled': True, 'loss_scale': 0}}\n"
         "# or {'bf16': {'enabled': True}}; Megatron: --fp16/--bf16, --initial-loss-scale",
-        I, "preflight", (), (),
+        INFO, "preflight", (), (),
     ),
     # ---- AMP3xx: model and optimizer wiring ----------------------------------------------------------------
     Rule(
@@ -259,13 +261,13 @@ RULES: tuple[Rule, ...] = (
         "copies; their grads stay None and GradScaler reports 'No inf checks were recorded'.",
         "model = model.to(device)            # move/cast/wrap first\n"
         "opt = torch.optim.AdamW(model.parameters())   # then build the optimizer",
-        E, "preflight", (), (21,),
+        ERROR, "preflight", (), (21,),
     ),
     Rule(
         "AMP302", "params-missing-from-optimizer", "Trainable parameters are missing from every optimizer",
         "They get gradients (and memory) but are never updated.",
         "opt.add_param_group({'params': missing_params})   # or freeze them: p.requires_grad_(False)",
-        W, "preflight", (), (21,),
+        WARNING, "preflight", (), (21,),
     ),
     # ---- AMP4xx: GradScaler state machine (runtime guards) ---------------------------------------------------
     Rule(
@@ -275,20 +277,21 @@ RULES: tuple[Rule, ...] = (
         "if (i + 1) % accum_steps == 0:        # accelerate: if accelerator.sync_gradients:\n"
         "    scaler.unscale_(opt)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
         "    scaler.step(opt); scaler.update(); opt.zero_grad()",
-        E, "runtime", (_UNSCALE_TWICE,), (17, 18),
+        ERROR, "runtime", (_UNSCALE_TWICE,), (17, 18),
     ),
     Rule(
         "AMP402", "skip-without-update", "A step was skipped without calling scaler.update()",
         "The optimizer stays UNSCALED until update(); skipping update() after a grad-norm guard makes the next "
         "unscale_() raise.",
-        "if not torch.isfinite(norm) or norm > limit:\n    opt.zero_grad(); scaler.update(); continue   # always update()",
-        E, "runtime", (_UNSCALE_TWICE,), (19,),
+        "if not torch.isfinite(norm) or norm > limit:\n"
+        "    opt.zero_grad(); scaler.update(); continue   # always update()",
+        ERROR, "runtime", (_UNSCALE_TWICE,), (19,),
     ),
     Rule(
         "AMP403", "unscale-after-step", "unscale_() was called after scaler.step()",
         "Unscaling and clipping must happen before the step that uses the gradients.",
         "scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt); scaler.update()",
-        E, "runtime", (r"unscale_\(\) is being called after step\(\)",), (),
+        ERROR, "runtime", (r"unscale_\(\) is being called after step\(\)",), (),
     ),
     Rule(
         "AMP404", "step-twice", "scaler.step() was called twice for one optimizer with no scaler.update() between",
@@ -296,14 +299,14 @@ RULES: tuple[Rule, ...] = (
         "A second step() before it raises: update() is missing after a step, or two losses were each stepped.",
         "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()   # after every step(opt), before the next\n"
         "# two losses, one optimizer: scaler.scale(loss_a + loss_b).backward(); then step and update once",
-        E, "runtime", (r"step\(\) has already been called since the last update\(\)",), (20,),
+        ERROR, "runtime", (r"step\(\) has already been called since the last update\(\)",), (20,),
     ),
     Rule(
         "AMP405", "unscaled-backward", "backward() ran on an unscaled loss while a GradScaler is enabled",
         "The scale is created by the first scaler.scale(loss); without it, unscale_/step/update have no scale, "
         "and fp16 gradients are not protected from underflow.",
         "scaler.scale(loss).backward()     # Lightning manual optimization: self.manual_backward(loss)",
-        E, "runtime",
+        ERROR, "runtime",
         (r"Attempted (step|unscale_|update) but _scale is None", r"Attempted \w+ but _growth_tracker is None",
          r"_growth_tracker initialized before _scale"),
         (22, 36),
@@ -316,13 +319,13 @@ RULES: tuple[Rule, ...] = (
         "opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])\n"
         "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})\n"
         "# peft + reentrant checkpointing: model.enable_input_require_grads()",
-        E, "runtime", (r"No inf checks were recorded for this optimizer",), (21, 35),
+        ERROR, "runtime", (r"No inf checks were recorded for this optimizer",), (21, 35),
     ),
     Rule(
         "AMP407", "update-without-step", "scaler.update() ran with no step() or unscale_() in this iteration",
         "update() needs at least one optimizer to have recorded an inf check since the last update().",
         "scaler.step(opt)    # call step (or unscale_) for each optimizer before scaler.update()",
-        E, "runtime", (r"No inf checks were recorded prior to update",), (),
+        ERROR, "runtime", (r"No inf checks were recorded prior to update",), (),
     ),
     Rule(
         "AMP408", "clip-scaled-grads", "Gradients were clipped while still multiplied by the loss scale",
@@ -331,14 +334,15 @@ RULES: tuple[Rule, ...] = (
         "silently.",
         "scaler.scale(loss).backward()\nscaler.unscale_(opt)          # before clipping\n"
         "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\nscaler.step(opt); scaler.update()",
-        W, "runtime", (), (24,),
+        WARNING, "runtime", (), (24,),
     ),
     Rule(
         "AMP409", "scheduler-on-skipped-step", "The LR scheduler stepped on a step the GradScaler skipped",
         "The optimizer did not update, but the learning-rate schedule advanced, so the schedule drifts.",
         "scale_before = scaler.get_scale(); scaler.step(opt); scaler.update()\n"
-        "if scaler.get_scale() >= scale_before: scheduler.step()   # accelerate: if not accelerator.optimizer_step_was_skipped",
-        I, "runtime", (r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`",), (23,),
+        "if scaler.get_scale() >= scale_before: scheduler.step()"
+        "   # accelerate: if not accelerator.optimizer_step_was_skipped",
+        INFO, "runtime", (r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`",), (23,),
     ),
     Rule(
         "AMP410", "scaler-state-not-restored", "A resume restored the optimizer but not the GradScaler",
@@ -346,7 +350,7 @@ RULES: tuple[Rule, ...] = (
         "overflow and are skipped.",
         "torch.save({'model': ..., 'opt': opt.state_dict(), 'scaler': scaler.state_dict()}, path)\n"
         "scaler.load_state_dict(ckpt['scaler'])",
-        W, "runtime",
+        WARNING, "runtime",
         (r"The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler",
          r"A GradScaler instance may only be pickled at the beginning of an iteration"),
         (36,),
@@ -358,7 +362,7 @@ RULES: tuple[Rule, ...] = (
         "the next gradient reduction mixes gradients multiplied by different loss scales.",
         "# FSDP1: scaler = ShardedGradScaler()  (all-reduces found_inf)\n"
         "# own sharding: dist.all_reduce(found_inf, op=dist.ReduceOp.MAX) before deciding to skip",
-        E, "runtime", (), (),
+        ERROR, "runtime", (), (),
     ),
     # ---- AMP5xx: dtype mismatches --------------------------------------------------------------------------------
     Rule(
@@ -369,7 +373,7 @@ RULES: tuple[Rule, ...] = (
         "model.float()   # keep parameters fp32 (transformers: from_pretrained(..., torch_dtype=torch.float32))\n"
         "with torch.autocast(device_type, dtype=torch.bfloat16):   # autocast picks each op's dtype\n"
         "    out = model(x)\n# or cast the input to the weights' dtype: model(x.to(next(model.parameters()).dtype))",
-        E, "crash", _HALF_FLOAT, (31, 32, 35),
+        ERROR, "crash", _HALF_FLOAT, (31, 32, 35),
     ),
     Rule(
         "AMP502", "bce-unsafe-to-autocast", "binary_cross_entropy on probabilities under fp16 autocast",
@@ -377,14 +381,14 @@ RULES: tuple[Rule, ...] = (
         "-inf, so torch refuses binary_cross_entropy inside fp16 autocast.",
         "loss_fn = torch.nn.BCEWithLogitsLoss()   # give it the logits, drop the sigmoid: it is fused and safe\n"
         "loss = loss_fn(logits, target)",
-        E, "crash", (r"binary_cross_entropy and torch\.nn\.BCELoss are unsafe to autocast",), (),
+        ERROR, "crash", (r"binary_cross_entropy and torch\.nn\.BCELoss are unsafe to autocast",), (),
     ),
     Rule(
         "AMP503", "constant-overflows-half", "A constant does not fit in the half-precision dtype",
         "float16 holds values up to 65504. A fill or mask constant such as -1e9 or 1e5 written into an fp16 tensor "
         "(masked_fill, fill_, torch.full) cannot be represented, and torch refuses it.",
         "scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)   # instead of -1e9 / -1e4 literals",
-        E, "crash", (r"value cannot be converted to type (at|c10)::(Half|BFloat16) without overflow",), (),
+        ERROR, "crash", (r"value cannot be converted to type (at|c10)::(Half|BFloat16) without overflow",), (),
     ),
     Rule(
         "AMP504", "no-half-kernel", "An op has no float16/bfloat16 kernel on this device",
@@ -392,7 +396,7 @@ RULES: tuple[Rule, ...] = (
         "kernel on some devices or torch versions (CPU matmuls in older torch, some CUDA ops in bfloat16).",
         "with torch.autocast(device_type, dtype=torch.float16):   # autocast runs such ops in fp32\n"
         "    out = model(x)\n# or keep the model in fp32 on CPU: model.float()",
-        E, "crash", (r"\"(?!_amp_)[^\"\n]{1,120}\" not implemented for '(Half|BFloat16)'",), (),
+        ERROR, "crash", (r"\"(?!_amp_)[^\"\n]{1,120}\" not implemented for '(Half|BFloat16)'",), (),
     ),
     # ---- AMP6xx: numerics while training (watch) ------------------------------------------------------------
     Rule(
@@ -401,13 +405,13 @@ RULES: tuple[Rule, ...] = (
         "# upcast the module that overflows, e.g. run it outside autocast:\n"
         "with torch.autocast(device_type, enabled=False):\n    y = module(x.float())\n"
         "# or train in bf16, clamp activations, softmax(..., dtype=torch.float32)",
-        E, "watch", (r"inf/nan detected",), (25, 28, 29),
+        ERROR, "watch", (r"inf/nan detected",), (25, 28, 29),
     ),
     Rule(
         "AMP602", "nonfinite-backward", "A module's gradient became inf/NaN in the backward pass",
         "Gradients overflow the scaled fp16 range, or the forward produced values whose derivative is infinite.",
         "# the GradScaler skips such steps; if it keeps happening, see AMP603 and upcast the module named here",
-        W, "watch", (r"Function '\w+' returned (nan|inf) values",), (28, 30),
+        WARNING, "watch", (r"Function '\w+' returned (nan|inf) values",), (28, 30),
     ),
     Rule(
         "AMP603", "loss-scale-collapse", "The loss scale keeps falling",
@@ -415,7 +419,7 @@ RULES: tuple[Rule, ...] = (
         "(an activation above 65504), lowering the scale never helps and the scale heads to 0.",
         "# find the module that overflows (AMP601) and upcast it, or train in bf16:\n"
         "with torch.autocast(device_type, dtype=torch.bfloat16): ...",
-        E, "watch",
+        ERROR, "watch",
         (r"Current loss scale already at minimum", r"loss scale[^\n]{0,200}(minimum|collapsed)"),
         (25, 26, 27),
     ),
@@ -424,33 +428,34 @@ RULES: tuple[Rule, ...] = (
         "A skipped step is a batch of data that taught the model nothing; a run of them means the model is not "
         "training.",
         "# occasional skips at the start are normal; consecutive skips: see AMP601/AMP603",
-        W, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
+        WARNING, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
     ),
     Rule(
         "AMP605", "gradient-underflow", "Gradients would flush to zero in the low-precision format",
         "Values below a format's smallest subnormal become 0 (fp16: 2**-24 ≈ 6e-8 after scaling).",
         "# raise the loss scale (init_scale / growth_interval) or use bf16",
-        W, "watch", (), (),
+        WARNING, "watch", (), (),
     ),
     Rule(
         "AMP606", "activation-headroom", "Activations are close to the fp16 maximum (65504)",
         "An activation within a small factor of 65504 overflows to inf after the next growth in data or weights.",
         "# run this module in fp32 or bf16, or rescale/clamp its output",
-        W, "watch", (), (25, 29),
+        WARNING, "watch", (), (25, 29),
     ),
     Rule(
         "AMP607", "lost-updates", "Optimizer updates round away in low-precision weights",
         "w + Δ == w when |Δ| < half an ulp of w. With bf16 weights a relative update below 2**-9 is lost.",
         "opt = ampdoctor.MasterWeights(opt)   # fp32 master weights",
-        W, "watch", (), (15, 39),
+        WARNING, "watch", (), (15, 39),
     ),
     Rule(
         "AMP608", "nonfinite-grad-norm", "The gradient norm is not finite",
         "clip_grad_norm_ on inf gradients zeroes or NaNs them; under fp16 let the GradScaler skip the step "
         "instead of raising before it.",
-        "scaler.unscale_(opt)\nnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # no error_if_nonfinite\n"
+        "scaler.unscale_(opt)\n"
+        "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # no error_if_nonfinite\n"
         "scaler.step(opt); scaler.update()",
-        W, "watch", (r"The total norm of order \S+ for gradients from `parameters` is non-finite",), (30,),
+        WARNING, "watch", (r"The total norm of order \S+ for gradients from `parameters` is non-finite",), (30,),
     ),
     Rule(
         "AMP609", "nonfinite-input", "The model's input already holds inf/NaN",
@@ -459,7 +464,7 @@ RULES: tuple[Rule, ...] = (
         "# find the bad samples before the forward:\nbad = ~torch.isfinite(x).flatten(1).all(1)\n"
         "assert not bad.any(), f\"non-finite samples at {bad.nonzero().flatten().tolist()}\"\n"
         "# fix the data (or its normalisation: a std of 0 divides by zero), or drop those samples",
-        E, "watch", (),
+        ERROR, "watch", (),
     ),
     Rule(
         "AMP610", "nan-loss-hidden", "The logged loss hides NaN/inf losses (logging_nan_inf_filter)",
@@ -467,7 +472,7 @@ RULES: tuple[Rule, ...] = (
         "of a NaN/inf micro-batch loss, so the logged loss stays finite while training has diverged.",
         "TrainingArguments(..., logging_nan_inf_filter=False)   # see the NaN in the logs\n"
         "# then find where it starts: AmpDoctorCallback(activations=True)",
-        W, "watch",
+        WARNING, "watch",
     ),
     Rule(
         "AMP611", "grad-norm-clipped", "Gradient clipping was active: the logged and watched norms are after clipping",
@@ -475,7 +480,7 @@ RULES: tuple[Rule, ...] = (
         "gradients. A run that clips every step hides how large its gradients are.",
         "# the pre-clip norms are in report['clipping'] (peak, last, clipped/calls)\n"
         "TrainingArguments(max_grad_norm=...)  # or Trainer(gradient_clip_val=...): raise it, or find the spike",
-        I, "watch",
+        INFO, "watch",
     ),
 )
 

@@ -62,7 +62,8 @@ class Finding:
         """The identity of a finding: one rule at one place in one process, at one step (``place`` and ``step``).
         A report holds each once per set of ranks; ranks that saw it share one (``ranks.merge``).
 
-        >>> a, b = Finding("AMP605", Severity.WARNING, "fc", "3%", step=2), Finding("AMP605", Severity.WARNING, "fc", "4%", 2)
+        >>> a = Finding("AMP605", Severity.WARNING, "fc", "3%", step=2)
+        >>> b = Finding("AMP605", Severity.WARNING, "fc", "4%", 2)
         >>> a.key == b.key, a.place == Finding("AMP605", Severity.WARNING, "fc", "1%", step=9).place
         (True, True)
         """

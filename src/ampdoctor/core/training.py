@@ -94,11 +94,12 @@ class TrainingSetup:
         for model, prefix in zip(self.models, self.prefixes):
             for module_name, module in model.named_modules(remove_duplicate=True):
                 module_name = user_name(module_name)
+                module_label = f"{prefix}{module_name}" if module_name else prefix.rstrip(".") or "(root)"
                 for pname, p in module.named_parameters(recurse=False):
                     if id(p) in self._by_id:  # tied weights: first name wins, like named_parameters()
                         continue
                     full = f"{prefix}{module_name}.{pname}" if module_name else f"{prefix}{pname}"
-                    info = ParamInfo(full, f"{prefix}{module_name}" if module_name else prefix.rstrip(".") or "(root)", p)
+                    info = ParamInfo(full, module_label, p)
                     self.params.append(info)
                     self._by_id[id(p)] = info
 
@@ -157,7 +158,8 @@ def _as_list(value: Any, kind: type, what: str, expected: str) -> list:
     try:
         items = list(items)
     except TypeError:
-        raise TypeError(f"{what} must be {expected} or a list of them, got {type(value).__name__}: {value!r:.80}") from None
+        raise TypeError(f"{what} must be {expected} or a list of them, "
+                        f"got {type(value).__name__}: {value!r:.80}") from None
     for item in items:
         if not isinstance(item, kind):
             raise TypeError(f"{what} must be {expected}, got {type(item).__name__}: {item!r:.80}")
