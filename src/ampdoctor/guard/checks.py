@@ -50,8 +50,9 @@ def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int) -> l
 
 def no_scale(method: str, label: str, site: str, step: int) -> Finding:
     """Return AMP405 for a scaler method that ran before any ``scale(loss)``."""
-    return get_rule("AMP405").finding(label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() "
-                   "ran on the unscaled loss (or the first call after a resume was unscale_)", step)
+    return get_rule("AMP405").finding(
+        label, f"scaler.{method}() at {site} ran before any scaler.scale(loss): backward() ran on the unscaled loss "
+        "(or the first call after a resume was unscale_)", step)
 
 
 def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list[Finding]:
@@ -67,16 +68,18 @@ def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list
         returned = to_host(cur.last_clip[1].reshape(()), "guard")   # the crash path: one read
         norm = f"; clip_grad_norm_ returned {returned:.4g} in between"
     if grads_reset(prev.grad):
-        return [get_rule("AMP402").finding(label, f"scaler.unscale_({label}) at {prev.site} was followed by neither "
-                        f"scaler.step() nor scaler.update(); the gradients were then zeroed and recomputed "
-                        f"({backwards} backward pass(es)), and unscale_ at {site} raised{norm}", cur.index)]
+        return [get_rule("AMP402").finding(
+            label, f"scaler.unscale_({label}) at {prev.site} was followed by neither scaler.step() nor "
+            f"scaler.update(); the gradients were then zeroed and recomputed ({backwards} backward pass(es)), and "
+            f"unscale_ at {site} raised{norm}", cur.index)]
     if backwards:
-        return [get_rule("AMP401").finding(label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
-                        f"{backwards} backward pass(es) accumulating gradients in between and no scaler.step()"
-                        f"{norm}; unscale and clip once, at the accumulation boundary", cur.index)]
-    return [get_rule("AMP401").finding(label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no "
-                    "backward in between: an explicit unscale_ plus a helper that unscales again (e.g. "
-                    "accelerator.clip_grad_norm_)", cur.index)]
+        return [get_rule("AMP401").finding(
+            label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with {backwards} backward "
+            f"pass(es) accumulating gradients in between and no scaler.step(){norm}; unscale and clip once, at the "
+            "accumulation boundary", cur.index)]
+    return [get_rule("AMP401").finding(
+        label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no backward in between: an "
+        "explicit unscale_ plus a helper that unscales again (e.g. accelerator.clip_grad_norm_)", cur.index)]
 
 
 def keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
@@ -108,9 +111,10 @@ def resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], st
         current = live_scale(scaler)
         scale = float(init_scale(scaler) or 0.0) if current is None else None
         shown = f"scale={scale:g}" if scale is not None else "its own loss scale"
-        return get_rule("AMP410").finding(label(restored[0]), f"{names} had its state restored with load_state_dict(), but "
-                       f"the GradScaler was never restored (scaler.load_state_dict() was not called): it starts from "
-                       f"{shown} with growth tracker 0 instead of the saved scale", step)
+        return get_rule("AMP410").finding(
+            label(restored[0]), f"{names} had its state restored with load_state_dict(), but the GradScaler was never "
+            f"restored (scaler.load_state_dict() was not called): it starts from {shown} with growth tracker 0 "
+            "instead of the saved scale", step)
     if live_scale(scaler) is not None:
         return None   # the scaler already ran: the state heuristics only hold for a fresh one
     start = init_scale(scaler)
@@ -119,9 +123,9 @@ def resume_finding(scaler: Any, optimizers: list[Any], label: Callable[[Any], st
     for opt in optimizers:
         restored = _optimizer_step(opt)
         if restored:
-            return get_rule("AMP410").finding(label(opt), f"{label(opt)} was restored at step {restored:g}, but the GradScaler "
-                           f"starts from scale={start:g} with growth tracker 0: scaler.load_state_dict() was not "
-                           "called", step)
+            return get_rule("AMP410").finding(
+                label(opt), f"{label(opt)} was restored at step {restored:g}, but the GradScaler starts from "
+                f"scale={start:g} with growth tracker 0: scaler.load_state_dict() was not called", step)
     return None
 
 

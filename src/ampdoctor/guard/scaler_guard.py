@@ -316,12 +316,13 @@ class ScalerGuard:
         call = Call("step", optimizer, site, cur.scale_calls)
         fused = unscales_itself(optimizer)
         if "closure" in kwargs:
-            call.predicted = [get_rule("AMP204").finding(label, f"scaler.step({label}, closure=...) at {site} with an "
-                                      "enabled GradScaler", cur.index)]
+            call.predicted = [get_rule("AMP204").finding(
+                label, f"scaler.step({label}, closure=...) at {site} with an enabled GradScaler", cur.index)]
         elif live_scale(self.scaler) is None:
             call.predicted = [no_scale("step", label, site, cur.index)]
         elif stage is OptState.STEPPED:
-            call.predicted = [second_step_finding(cur.stepped.get(id(optimizer)), label, site, cur.scale_calls, cur.index)]
+            first = cur.stepped.get(id(optimizer))
+            call.predicted = [second_step_finding(first, label, site, cur.scale_calls, cur.index)]
         else:
             if args and callable(args[0]):
                 self._once("AMP204", label, f"scaler.step({label}, closure) at {site}: the closure is passed "
@@ -355,9 +356,9 @@ class ScalerGuard:
             call.predicted = [no_scale("update", "GradScaler", user_call_site(), cur.index)]
         elif new_scale is None and not any(found.values()):
             site = user_call_site()
-            call.predicted = [get_rule("AMP407").finding("GradScaler", f"scaler.update() at {site} with no scaler.step() "
-                                      f"or unscale_() since the last update() ({cur.scale_calls} scale() "
-                                      "call(s) this iteration)", cur.index)]
+            call.predicted = [get_rule("AMP407").finding(
+                "GradScaler", f"scaler.update() at {site} with no scaler.step() or unscale_() since the last update() "
+                f"({cur.scale_calls} scale() call(s) this iteration)", cur.index)]
         else:
             cur.found_inf = keep_found_inf(found, scale)
         self._stack.append(call)

@@ -2,7 +2,8 @@
 
 Each framework is its own module, imported only when asked for (the frameworks are optional extras):
 
-* ``ampdoctor.integrations.lightning.AmpDoctorCallback``: a Lightning ``Callback`` (``pip install ampdoctor[lightning]``);
+* ``ampdoctor.integrations.lightning.AmpDoctorCallback``: a Lightning ``Callback``
+  (``pip install ampdoctor[lightning]``);
 * ``ampdoctor.integrations.transformers.AmpDoctorCallback``: a transformers ``TrainerCallback``
   (``pip install ampdoctor[hf]``).
 

@@ -1,1 +1,1 @@
-"""Watch: gradient statistics, loss scale and skipped steps, lost updates, activations, op replay, the flight recorder."""
+"""Watch: gradient statistics, loss scale and skipped steps, lost updates, activations, op replay, flight recorder."""

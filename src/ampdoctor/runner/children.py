@@ -26,7 +26,8 @@ from ampdoctor.runner.child import ENV_DIR, ENV_OPTIONS
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
 # One line: `site` executes .pth lines that start with "import". Inert (one environ lookup) without the variable.
-PTH_LINE = (f"import os; exec('try:\\n from ampdoctor.runner.child import install\\n install()\\nexcept Exception:\\n pass') "
+PTH_LINE = ("import os; exec('try:\\n from ampdoctor.runner.child import install\\n install()"
+            "\\nexcept Exception:\\n pass') "
             f"if os.environ.get({ENV_DIR!r}) else None\n")
 
 

@@ -201,8 +201,9 @@ class Session:
         from ampdoctor.preflight.engine import run_preflight
 
         def repair() -> None:
-            self.repairs.repair(setup, [module], {id(module): dtype}, run_preflight(setup), lambda: run_preflight(setup),
-                                self.fix_name, self.fixed_in, on_error=lambda exc: self.parts.fail("fix", exc))
+            self.repairs.repair(setup, [module], {id(module): dtype}, run_preflight(setup),
+                                lambda: run_preflight(setup), self.fix_name, self.fixed_in,
+                                on_error=lambda exc: self.parts.fail("fix", exc))
 
         self.parts.guard("run", repair)
 

@@ -51,8 +51,10 @@ def wrap_code(line: str, width: int, indent: str = INDENT) -> list[str]:
     """Return a line of example code as lines that still paste as Python: the code is never broken, and a comment
     too long for the line goes on in comment lines under its ``#``.
 
-    >>> wrap_code("opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32, in its kernel)", 70)
-    ['    opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32,', '                                    # in its kernel)']
+    >>> for line in wrap_code("opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32, in its kernel)", 70):
+    ...     print(line)
+        opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32,
+                                        # in its kernel)
     >>> wrap_code("opt = AdamW(params, eps=1e-4)   # or fused=True (adds eps in fp32)", 50)  # no room under "#"
     ['    opt = AdamW(params, eps=1e-4)   # or', '    # fused=True (adds eps in fp32)']
     >>> wrap_code("# by hand: for p in model.parameters(): upcast", 30)

@@ -56,9 +56,10 @@ def scaler_with_bf16_autocast(setup: TrainingSetup, rule: Rule) -> Iterator[Find
         return
     scaler = setup.scaler
     start = init_scale(scaler)
+    shown = "?" if start is None else f"{start:g}"
     yield rule.finding(
         "GradScaler",
-        f"{scaler_label(scaler)} is enabled (init_scale={'?' if start is None else f'{start:g}'}) while autocast runs in "
+        f"{scaler_label(scaler)} is enabled (init_scale={shown}) while autocast runs in "
         "bfloat16. bfloat16 has float32's 8 exponent bits (max ≈ 3.4e38, smallest normal ≈ 1.2e-38), so gradients "
         "need no loss scaling; scale(), unscale_() and update() only add work (and on CUDA, torch versions "
         "without a bfloat16 unscale kernel raise on bfloat16 gradients).",
