@@ -40,44 +40,16 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
     """
     order = sorted(reports)
     merged = Report(environment=reports[order[0]].environment if order else {})
-    where: dict[tuple[object, ...], int] = {}
-    seen_by: list[list[tuple[int, str]]] = []   # per merged finding: (rank, its own detail)
-    for rank in order:
-        for f in reports[rank].findings:
-            key = f.key
-            if key in where and all(r != rank for r, _ in seen_by[where[key]]):
-                seen_by[where[key]].append((rank, f.detail))
-            else:   # new, or a second one of this rank (kept apart: it is not another rank's view of the first)
-                where.setdefault(key, len(merged.findings))
-                merged.findings.append(replace(f, ranks=f.ranks or (rank,)))
-                seen_by.append([(rank, f.detail)])
-    details = []
-    for i, seen in enumerate(seen_by):
-        if len(seen) == 1:
-            continue
-        first = merged.findings[i]
-        ranks = tuple(sorted({r for r, _ in seen} | set(first.ranks or ())))
-        detail = _rank_detail(seen)
-        merged.findings[i] = replace(first, ranks=ranks, detail=detail)
-        if detail != first.detail:   # numbers differ: keep each rank's own
-            details += [{"code": first.code, "where": first.where, "step": first.step, "rank": r, "detail": d}
-                        for r, d in seen]
+    merged.findings, seen_by = _findings_by_key(reports, order)
+    details = _join_ranks(merged.findings, seen_by)
     merged.exit_status = next((reports[r].exit_status for r in order if reports[r].exit_status), None)
     crashed = [r for r in order if reports[r].exception is not None]
-    times = failed_at or {}
     if crashed:
+        times = failed_at or {}
         first = min(crashed, key=lambda r: (times.get(r, float("inf")), r))
         merged.exception = {**reports[first].exception, "rank": str(first)}
-    if any(reports[r].observed is not None for r in order):
-        merged.observed = {}
-        for r in order:
-            for kind, count in (reports[r].observed or {}).items():
-                merged.observed[kind] = merged.observed.get(kind, 0) + count
-    changes = [reports[r].changes for r in order]
-    if changes and all(c == changes[0] for c in changes):
-        merged.changes = list(changes[0])   # the same repair on every rank (DDP replicas): once
-    else:
-        merged.changes = [f"[rank {r}] {c}" for r in order for c in reports[r].changes]
+    merged.observed = _summed_observed(reports, order)
+    merged.changes = _merged_changes(reports, order)
     if order:
         merged.extra.update(reports[order[0]].extra)
     merged.extra["ranks"] = {
@@ -89,6 +61,61 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
         **({"details": details} if details else {}),
     }
     return merged
+
+
+def _findings_by_key(reports: Mapping[int, Report],
+                     order: list[int]) -> tuple[list[Finding], list[list[tuple[int, str]]]]:
+    """Return one finding per ``Finding.key`` (each labelled with its first rank) and, for each, the ranks that saw
+    it with their own detail."""
+    findings: list[Finding] = []
+    where: dict[tuple[object, ...], int] = {}
+    seen_by: list[list[tuple[int, str]]] = []   # per merged finding: (rank, its own detail)
+    for rank in order:
+        for f in reports[rank].findings:
+            key = f.key
+            if key in where and all(r != rank for r, _ in seen_by[where[key]]):
+                seen_by[where[key]].append((rank, f.detail))
+            else:   # new, or a second one of this rank (kept apart: it is not another rank's view of the first)
+                where.setdefault(key, len(findings))
+                findings.append(replace(f, ranks=f.ranks or (rank,)))
+                seen_by.append([(rank, f.detail)])
+    return findings, seen_by
+
+
+def _join_ranks(findings: list[Finding], seen_by: list[list[tuple[int, str]]]) -> list[dict[str, Any]]:
+    """Give each finding seen by several ranks all their ranks and one detail, in place; return each rank's own
+    detail of the findings whose numbers differ between ranks."""
+    details = []
+    for i, seen in enumerate(seen_by):
+        if len(seen) == 1:
+            continue
+        first = findings[i]
+        ranks = tuple(sorted({r for r, _ in seen} | set(first.ranks or ())))
+        detail = _rank_detail(seen)
+        findings[i] = replace(first, ranks=ranks, detail=detail)
+        if detail != first.detail:   # numbers differ: keep each rank's own
+            details += [{"code": first.code, "where": first.where, "step": first.step, "rank": r, "detail": d}
+                        for r, d in seen]
+    return details
+
+
+def _summed_observed(reports: Mapping[int, Report], order: list[int]) -> dict[str, int] | None:
+    """Return how many models, optimizers and GradScalers the ranks saw together; None when no rank counted."""
+    if all(reports[r].observed is None for r in order):
+        return None
+    observed: dict[str, int] = {}
+    for r in order:
+        for kind, count in (reports[r].observed or {}).items():
+            observed[kind] = observed.get(kind, 0) + count
+    return observed
+
+
+def _merged_changes(reports: Mapping[int, Report], order: list[int]) -> list[str]:
+    """Return what the ranks' fixes changed: once when every rank made the same repair, else each labelled."""
+    changes = [reports[r].changes for r in order]
+    if changes and all(c == changes[0] for c in changes):
+        return list(changes[0])   # the same repair on every rank (DDP replicas): once
+    return [f"[rank {r}] {c}" for r in order for c in reports[r].changes]
 
 
 SHOWN_RANK_LINES = 3
@@ -142,7 +169,8 @@ def rank_disagreements(per_rank: Mapping[int, Mapping[str, Any]]) -> list[Findin
         return []
     common = min(int(r.get("steps", 0)) for r in per_rank.values())
     skipped = {rank: {int(s) for s in r.get("skipped_steps", ()) if int(s) < common} for rank, r in per_rank.items()}
-    histories = {rank: sorted((int(s), float(v)) for s, v in r.get("scale_history", ())) for rank, r in per_rank.items()}
+    histories = {rank: sorted((int(s), float(v)) for s, v in r.get("scale_history", ()))
+                 for rank, r in per_rank.items()}
     differ = sorted(set().union(*skipped.values()) - set.intersection(*skipped.values()))
     said: list[str] = []
     at: list[int] = []
@@ -158,8 +186,8 @@ def rank_disagreements(per_rank: Mapping[int, Mapping[str, Any]]) -> list[Findin
         scales = {rank: _scale_at(h, step) for rank, h in histories.items()}
         if len(set(scales.values())) > 1:
             at.append(step)
-            said.append(f"from step {step} the loss scales differ: "
-                        + ", ".join(f"rank {rank} {'?' if v is None else f'{v:g}'}" for rank, v in sorted(scales.items())))
+            shown = ", ".join(f"rank {rank} {'?' if v is None else f'{v:g}'}" for rank, v in sorted(scales.items()))
+            said.append(f"from step {step} the loss scales differ: {shown}")
             break
     if not said:
         return []
