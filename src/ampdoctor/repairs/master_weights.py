@@ -320,49 +320,57 @@ class MasterWeights(torch.optim.Optimizer):
         """Switch to fp32: parameters become their masters, gradients become fp32 (with any held fp32 part)."""
         if self._in_update or self._detached:
             return
-        params, masters = self._params, self._masters
         with torch.no_grad():
-            # A write into the half copy (model.load_state_dict, an EMA copy-back) bumps the parameter's version
-            # counter; the master follows it (half -> fp32 is exact).
-            written = [i for i, p in enumerate(params) if version_counter(p) != self._param_version[i]]
-            if written:
-                foreach.copy_([masters[i] for i in written], [self._halves[i] for i in written])
-
-            grads: list[torch.Tensor | None] = [None] * len(params)
-            add_to, add_from, convert_at, convert_from = [], [], [], []
-            for i, p in enumerate(params):
-                grad, stash, marker = p.grad, self._stash[i], self._marker[i]
-                # The marker is the zeroed half gradient placed next to a held fp32 gradient. If it is still
-                # p.grad and was only written by backward (one version bump per accumulation), nobody zeroed it.
-                held = stash is not None and grad is marker
-                if held and version_counter(grad) == self._marker_version[i] + self._accumulated[i]:
-                    grads[i] = stash
-                    if self._accumulated[i]:
-                        add_to.append(stash)
-                        add_from.append(grad)
-                elif grad is not None:
-                    if grad.layout != torch.strided:
-                        raise TypeError(
-                            f"parameter param[{self._index[i]}] has a {grad.layout} gradient; MasterWeights supports "
-                            "dense gradients only. Use a dense embedding (sparse=False), or keep that module fp32."
-                        )
-                    convert_at.append(i)
-                    convert_from.append(grad)
-            if add_to:
-                foreach.add_(add_to, add_from)  # fp32 += half, in fp32
-            if convert_from:
-                # Allocate, then one bulk copy: no per-parameter kernel for the conversion.
-                buffers = [torch.empty_like(masters[i]) for i in convert_at]
-                foreach.copy_(buffers, convert_from)
-                for i, buffer in zip(convert_at, buffers):
-                    grads[i] = buffer
-            for i, p in enumerate(params):
+            self._follow_half_writes()
+            grads = self._fp32_grads()
+            for i, p in enumerate(self._params):
                 p.grad = None  # a parameter's grad must match its dtype at every moment
-                p.data = masters[i]
+                p.data = self._masters[i]
                 p.grad = grads[i]
                 self._stash[i] = None
                 self._marker[i] = None
         self._in_update = True
+
+    def _follow_half_writes(self) -> None:
+        """Copy into the masters the half copies written since the last switch (half -> fp32 is exact)."""
+        # A write into the half copy (model.load_state_dict, an EMA copy-back) bumps the parameter's version counter.
+        written = [i for i, p in enumerate(self._params) if version_counter(p) != self._param_version[i]]
+        if written:
+            foreach.copy_([self._masters[i] for i in written], [self._halves[i] for i in written])
+
+    def _fp32_grads(self) -> list[torch.Tensor | None]:
+        """Return each parameter's fp32 gradient: a held one plus what backward added to its marker, or the half
+        gradient converted; None where the parameter has none."""
+        params, masters = self._params, self._masters
+        grads: list[torch.Tensor | None] = [None] * len(params)
+        add_to, add_from, convert_at, convert_from = [], [], [], []
+        for i, p in enumerate(params):
+            grad, stash, marker = p.grad, self._stash[i], self._marker[i]
+            # The marker is the zeroed half gradient placed next to a held fp32 gradient. If it is still
+            # p.grad and was only written by backward (one version bump per accumulation), nobody zeroed it.
+            held = stash is not None and grad is marker
+            if held and version_counter(grad) == self._marker_version[i] + self._accumulated[i]:
+                grads[i] = stash
+                if self._accumulated[i]:
+                    add_to.append(stash)
+                    add_from.append(grad)
+            elif grad is not None:
+                if grad.layout != torch.strided:
+                    raise TypeError(
+                        f"parameter param[{self._index[i]}] has a {grad.layout} gradient; MasterWeights supports "
+                        "dense gradients only. Use a dense embedding (sparse=False), or keep that module fp32."
+                    )
+                convert_at.append(i)
+                convert_from.append(grad)
+        if add_to:
+            foreach.add_(add_to, add_from)  # fp32 += half, in fp32
+        if convert_from:
+            # Allocate, then one bulk copy: no per-parameter kernel for the conversion.
+            buffers = [torch.empty_like(masters[i]) for i in convert_at]
+            foreach.copy_(buffers, convert_from)
+            for i, buffer in zip(convert_at, buffers):
+                grads[i] = buffer
+        return grads
 
     def _to_compute(self, keep_grads: bool) -> None:
         """Switch to half: refresh the half copies from the masters; hold the fp32 gradients aside if kept."""

@@ -71,59 +71,14 @@ def upcast_trainable_params_(
     >>> len(upcast_trainable_params_(model, opt)), model.weight.dtype
     (2, torch.float32)
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"model must be a torch.nn.Module, got {type(model).__name__} {short_repr(model)}. "
-            "Pass the module whose parameters you train (for a Hugging Face pipeline, pipeline.model)."
-        )
-    if isinstance(optimizer, torch.dtype):
-        raise TypeError(
-            f"the second argument is the optimizer, got the dtype {optimizer!r}; pass the dtype by name: "
-            f"upcast_trainable_params_(model, optimizer, dtype={optimizer!r})"
-        )
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}.")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {short_repr(optimizer)}. "
-            "Pass the optimizer built over the model's parameters, or leave it out."
-        )
-    if optimizer is not None and keeps_fp32_masters(optimizer):
-        raise ValueError(
-            "optimizer is an ampdoctor.MasterWeights, which already keeps fp32 master weights for a model that "
-            "stays in half precision; upcasting its parameters would fight it. Call .detach() on it first, then "
-            "upcast and use its inner optimizer (.optimizer)."
-        )
-
+    _check_arguments(model, optimizer, dtype)
     params = list(_trainable_params(model, optimizer))
     to_upcast = [(name, p) for name, p in params if _needs_upcast(p, dtype)]
-    for name, p in params:
-        refusal = upcast_refusal(name, p)
-        if refusal is not None and (_needs_upcast(p, dtype) or p.dtype == torch.complex32):
-            raise refusal  # checked for all parameters before any is changed, so a refusal leaves the model as it was
-    if to_upcast:
-        _refuse_wrapped_model(model)
-        # a wrapper outside the model (DDP built over it) or an engine that owns it
-        refusal = owner_refusal([p for _, p in to_upcast], "upcast", [optimizer] if optimizer is not None else [])
-        if refusal is not None:
-            raise refusal
-    for name, p in to_upcast:
-        if is_managed(p):
-            raise ValueError(
-                f"parameter {name!r} ({p.dtype}) is managed by an ampdoctor.MasterWeights, which keeps its fp32 "
-                "master copy; upcasting it in place would fight it. Call .detach() on the MasterWeights first."
-            )
-
+    _refuse_unsafe_upcast(model, optimizer, params, to_upcast, dtype)
     changes: list[Change] = []
     with torch.no_grad():
         for name, p in to_upcast:
-            before = str(p.dtype)
-            grad, p.grad = p.grad, None  # a grad must match its parameter's dtype at every moment
-            p.data = p.data.to(dtype)
-            changes.append(Change(name, "upcast", before, str(dtype)))
-            if grad is not None:
-                p.grad = grad.to(dtype)
-                changes.append(Change(name, "grad", str(grad.dtype), str(dtype)))
+            changes += _upcast_param_(name, p, dtype)
         if optimizer is not None:
             # All trainable parameters, not only those just upcast: a second optimizer over an already fixed
             # model still has its own low-precision state to migrate.
@@ -198,6 +153,68 @@ def upcast_frozen_norms_(model: nn.Module, dtype: torch.dtype = torch.float32) -
     return changes
 
 
+def _check_arguments(model: nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype) -> None:
+    """Raise on arguments `upcast_trainable_params_` cannot work with, saying what to pass instead."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"model must be a torch.nn.Module, got {type(model).__name__} {short_repr(model)}. "
+            "Pass the module whose parameters you train (for a Hugging Face pipeline, pipeline.model)."
+        )
+    if isinstance(optimizer, torch.dtype):
+        raise TypeError(
+            f"the second argument is the optimizer, got the dtype {optimizer!r}; pass the dtype by name: "
+            f"upcast_trainable_params_(model, optimizer, dtype={optimizer!r})"
+        )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype such as torch.float32, got {dtype!r}.")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__} {short_repr(optimizer)}. "
+            "Pass the optimizer built over the model's parameters, or leave it out."
+        )
+    if optimizer is not None and keeps_fp32_masters(optimizer):
+        raise ValueError(
+            "optimizer is an ampdoctor.MasterWeights, which already keeps fp32 master weights for a model that "
+            "stays in half precision; upcasting its parameters would fight it. Call .detach() on it first, then "
+            "upcast and use its inner optimizer (.optimizer)."
+        )
+
+
+def _refuse_unsafe_upcast(model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                          params: list[tuple[str, torch.Tensor]], to_upcast: list[tuple[str, torch.Tensor]],
+                          dtype: torch.dtype) -> None:
+    """Raise when a parameter cannot be upcast in place, a wrapper or an engine owns the model, or an
+    ``ampdoctor.MasterWeights`` manages a parameter."""
+    for name, p in params:
+        refusal = upcast_refusal(name, p)
+        if refusal is not None and (_needs_upcast(p, dtype) or p.dtype == torch.complex32):
+            raise refusal  # checked for all parameters before any is changed, so a refusal leaves the model as it was
+    if to_upcast:
+        _refuse_wrapped_model(model)
+        # a wrapper outside the model (DDP built over it) or an engine that owns it
+        refusal = owner_refusal([p for _, p in to_upcast], "upcast", [optimizer] if optimizer is not None else [])
+        if refusal is not None:
+            raise refusal
+    for name, p in to_upcast:
+        if is_managed(p):
+            raise ValueError(
+                f"parameter {name!r} ({p.dtype}) is managed by an ampdoctor.MasterWeights, which keeps its fp32 "
+                "master copy; upcasting it in place would fight it. Call .detach() on the MasterWeights first."
+            )
+
+
+def _upcast_param_(name: str, p: torch.Tensor, dtype: torch.dtype) -> list[Change]:
+    """Upcast one parameter and its gradient to ``dtype`` in place (under ``no_grad``); return what changed."""
+    before = str(p.dtype)
+    grad, p.grad = p.grad, None  # a grad must match its parameter's dtype at every moment
+    p.data = p.data.to(dtype)
+    changes = [Change(name, "upcast", before, str(dtype))]
+    if grad is not None:
+        p.grad = grad.to(dtype)
+        changes.append(Change(name, "grad", str(grad.dtype), str(dtype)))
+    return changes
+
+
 def _needs_upcast(param: torch.Tensor, dtype: torch.dtype) -> bool:
     return param.dtype in LOW_PRECISION and param.dtype.itemsize < dtype.itemsize
 
@@ -228,9 +245,9 @@ def _refuse_wrapped_model(model: nn.Module) -> None:
         family = engine_family(module)
         if family is not None:
             raise ValueError(
-                f"{where} is a {family} engine ({type(module).__module__}.{type(module).__name__}), which keeps its own "
-                "fp32 master copies (and, in fp16, its loss scaler); ampdoctor does not upcast what it owns. Set the "
-                "precision in its config (DeepSpeed: the 'fp16'/'bf16' sections) instead."
+                f"{where} is a {family} engine ({type(module).__module__}.{type(module).__name__}), which keeps its "
+                "own fp32 master copies (and, in fp16, its loss scaler); ampdoctor does not upcast what it owns. Set "
+                "the precision in its config (DeepSpeed: the 'fp16'/'bf16' sections) instead."
             )
         if "FullyShardedDataParallel" in classes:
             raise ValueError(
