@@ -215,19 +215,8 @@ class ActivationMonitor:
         fwd, bwd = abs_max(rec.fwd, rec.bwd, reads=self.reads)  # the one host read of a sampled step
         if rec.errors:
             raise rec.errors[0]
-        step_max: dict[int, float] = {}
-        for i, value, limit in zip(rec.fwd_modules, fwd, rec.fwd_limits):
-            if i == INPUTS:
-                continue
-            if limit is not None:
-                self._limit[i] = limit if self._limit[i] is None else min(self._limit[i], limit)
-            if math.isfinite(value):
-                step_max[i] = max(step_max.get(i, 0.0), value)
-                self._max_abs[i] = max(self._max_abs[i] or 0.0, value)
-        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v) and i != INPUTS}:
-            self._nonfinite[i][0] += 1
-        for i in {m[0] for m, v in zip(rec.bwd_modules, bwd) if not math.isfinite(v)}:
-            self._nonfinite[i][1] += 1
+        step_max = self._track_forward_max(rec, fwd)
+        self._count_nonfinite(rec, fwd, bwd)
         worst = self._check_headroom(rec.step, step_max)
         first_fwd = next((k for k, v in enumerate(fwd) if not math.isfinite(v)), None)
         first_bwd = next((k for k, v in enumerate(bwd) if not math.isfinite(v)), None)
@@ -239,14 +228,45 @@ class ActivationMonitor:
             self._nonfinite_backward(rec, first_bwd, bwd)
         rec.replay = None
         rec.fwd, rec.bwd = [], []  # probes of outputs the user keeps alive still hold `rec`: let the values go
+        return self._step_summary(rec, fwd, bwd, first_fwd, first_bwd, worst)
+
+    def _track_forward_max(self, rec: StepRecord, fwd: list[float]) -> dict[int, float]:
+        """Fold a step's forward abs-max values into each module's running maximum and format limit; return the
+        step's own finite maximum per module (the model's inputs left out)."""
+        step_max: dict[int, float] = {}
+        for i, value, limit in zip(rec.fwd_modules, fwd, rec.fwd_limits):
+            if i == INPUTS:
+                continue
+            if limit is not None:
+                self._limit[i] = limit if self._limit[i] is None else min(self._limit[i], limit)
+            if math.isfinite(value):
+                step_max[i] = max(step_max.get(i, 0.0), value)
+                self._max_abs[i] = max(self._max_abs[i] or 0.0, value)
+        return step_max
+
+    def _count_nonfinite(self, rec: StepRecord, fwd: list[float], bwd: list[float]) -> None:
+        """Count, per module, the sampled steps with a non-finite output (forward) or gradient (backward)."""
+        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v) and i != INPUTS}:
+            self._nonfinite[i][0] += 1
+        for i in {m[0] for m, v in zip(rec.bwd_modules, bwd) if not math.isfinite(v)}:
+            self._nonfinite[i][1] += 1
+
+    def _step_summary(self, rec: StepRecord, fwd: list[float], bwd: list[float], first_fwd: int | None,
+                      first_bwd: int | None, worst: dict[str, Any] | None) -> dict[str, Any]:
+        """Return a closed step's statistics, JSON-ready: the largest finite values and the first non-finite
+        module of each direction, and the module closest to its format's maximum."""
+        if first_fwd is None:
+            fwd_module = None
+        elif rec.fwd_modules[first_fwd] == INPUTS:
+            fwd_module = "(input)"
+        else:
+            fwd_module = self._names[rec.fwd_modules[first_fwd]]
+        bwd_module = None if first_bwd is None else self._names[rec.bwd_modules[first_bwd][0]]
         finite_f, finite_b = [v for v in fwd if math.isfinite(v)], [v for v in bwd if math.isfinite(v)]
         return {
             "step": rec.step, "sampled": True,
-            "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None),
-                        "nonfinite_module": None if first_fwd is None else
-                        "(input)" if rec.fwd_modules[first_fwd] == INPUTS else self._names[rec.fwd_modules[first_fwd]]},
-            "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None),
-                         "nonfinite_module": None if first_bwd is None else self._names[rec.bwd_modules[first_bwd][0]]},
+            "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None), "nonfinite_module": fwd_module},
+            "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None), "nonfinite_module": bwd_module},
             "headroom": worst,
         }
 

@@ -189,29 +189,10 @@ class ScaleMonitor:
             if not self.history or self.history[-1][1] != scale:
                 self.history.append((step, scale))
                 changes.append([step, scale])
-            if self.peak is None or scale > self.peak[1]:
-                self.peak = (step, scale)
-            if self.reference is None:
-                self.reference = (step, min(scale, _DEFAULT_INIT_SCALE))
-                self.first_scale = scale
-            if inf <= 0 and (self.succeeded is None or scale > self.succeeded[1]):
-                self.succeeded = self.reference = (step, scale)
-            if self.lowest is None or scale < self.lowest[1]:
-                self.lowest = (step, scale)
+            self._track_scale(step, scale, inf)
             if inf > 0:
-                if self.run == 0:
-                    self.run_start = step
-                self.run += 1
-                self.skipped += 1
+                self._count_skip(step)
                 skipped_now.append(step)
-                if len(self.skipped_steps) < 10_000:
-                    self.skipped_steps.append(step)
-                if self.run > self.longest_run[0]:
-                    self.longest_run = (self.run, self.run_start)
-                if self.run_start == 0:
-                    self.warmup = (self.run, False)
-                elif self.run > self.longest_later[0]:
-                    self.longest_later = (self.run, self.run_start)
             else:
                 self.run = 0
                 self.warmup = (self.warmup[0], True)
@@ -222,6 +203,33 @@ class ScaleMonitor:
                 self.lowest = (self.steps, self.current_scale)  # the scale the next step starts from
         self._check()
         return scale_entry(first, self.steps, self.current_scale, changes, skipped_now, self.skipped, self.run)
+
+    def _track_scale(self, step: int, scale: float, inf: float) -> None:
+        """Update the peak, the reference, the highest scale a step succeeded with and the lowest scale."""
+        if self.peak is None or scale > self.peak[1]:
+            self.peak = (step, scale)
+        if self.reference is None:
+            self.reference = (step, min(scale, _DEFAULT_INIT_SCALE))
+            self.first_scale = scale
+        if inf <= 0 and (self.succeeded is None or scale > self.succeeded[1]):
+            self.succeeded = self.reference = (step, scale)
+        if self.lowest is None or scale < self.lowest[1]:
+            self.lowest = (step, scale)
+
+    def _count_skip(self, step: int) -> None:
+        """Count a skipped step: into the current run of skips, the longest runs, and the run from step 0."""
+        if self.run == 0:
+            self.run_start = step
+        self.run += 1
+        self.skipped += 1
+        if len(self.skipped_steps) < 10_000:
+            self.skipped_steps.append(step)
+        if self.run > self.longest_run[0]:
+            self.longest_run = (self.run, self.run_start)
+        if self.run_start == 0:
+            self.warmup = (self.run, False)
+        elif self.run > self.longest_later[0]:
+            self.longest_later = (self.run, self.run_start)
 
     # ---- alarms -------------------------------------------------------------------------------------------
     def _check(self) -> None:

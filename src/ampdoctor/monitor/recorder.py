@@ -196,53 +196,66 @@ def read_runs(path: str | os.PathLike[str]) -> list[LogRun]:
     target = Path(path)
     if target.is_dir():
         target = target / LOG_NAME
-    data = target.read_bytes()
-    runs: list[LogRun] = []
-    lines = data.split(b"\n")
+    lines = target.read_bytes().split(b"\n")
     torn = lines[-1] if lines and lines[-1] else None  # text after the last newline: never finished
     complete = lines[:-1]
-
-    def current(number: int) -> LogRun:
-        if not runs:  # lines before any header: a run without one
-            runs.append(LogRun(None, line=number))
-        return runs[-1]
-
+    runs: list[LogRun] = []
     for number, raw in enumerate(complete, start=1):
-        if not raw.strip():
-            continue
-        try:
-            item = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            current(number).problems.append(
-                f"line {number}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]}); skipped")
-            continue
-        if not isinstance(item, dict):
-            current(number).problems.append(f"line {number}: a JSON {type(item).__name__}, not an object; skipped")
-            continue
-        if item.get("type") == "header":
-            if len(runs) == 1 and runs[0].header is None and not runs[0].records:
-                runs[0] = LogRun(item, problems=runs[0].problems, line=number)  # only garbage came before it
-            else:
-                runs.append(LogRun(item, line=number))
-            problem = header_problem(item)
-            if problem is not None:
-                runs[-1].problems.append(f"line {number}: {problem}")
-            continue
-        run = current(number)
-        if run.header is None and not run.problems:
-            run.problems.append(f"line {number}: the file does not start with a header line")
-        run.records.append(item)
+        if raw.strip():
+            _read_line(runs, number, raw)
     if torn is not None:
-        number = len(complete) + 1
-        run = current(number)
-        try:
-            item = json.loads(torn.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            item = None
-        if isinstance(item, dict) and item.get("type") != "header":  # cut exactly before its newline: whole
-            run.records.append(item)
-            run.problems.append(f"line {number}: no newline at the end; the record is complete and kept")
-        else:
-            run.problems.append(f"line {number}: torn last line ({len(torn)} bytes, no newline): "
-                                f"the writer stopped mid-line")
+        _read_torn_line(runs, len(complete) + 1, torn)
     return runs
+
+
+def _run_at(runs: list[LogRun], number: int) -> LogRun:
+    """Return the run that line ``number`` belongs to: the last one so far."""
+    if not runs:  # lines before any header: a run without one
+        runs.append(LogRun(None, line=number))
+    return runs[-1]
+
+
+def _read_line(runs: list[LogRun], number: int, raw: bytes) -> None:
+    """Add one complete line to ``runs``: a record of the last run, a header starting a new one, or a problem."""
+    try:
+        item = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        _run_at(runs, number).problems.append(
+            f"line {number}: not JSON ({exc.__class__.__name__}: {str(exc)[:80]}); skipped")
+        return
+    if not isinstance(item, dict):
+        _run_at(runs, number).problems.append(f"line {number}: a JSON {type(item).__name__}, not an object; skipped")
+        return
+    if item.get("type") == "header":
+        _start_run(runs, number, item)
+        return
+    run = _run_at(runs, number)
+    if run.header is None and not run.problems:
+        run.problems.append(f"line {number}: the file does not start with a header line")
+    run.records.append(item)
+
+
+def _start_run(runs: list[LogRun], number: int, header: dict[str, Any]) -> None:
+    """Start a run at the header on line ``number``, noting what is wrong with the header."""
+    if len(runs) == 1 and runs[0].header is None and not runs[0].records:
+        runs[0] = LogRun(header, problems=runs[0].problems, line=number)  # only garbage came before it
+    else:
+        runs.append(LogRun(header, line=number))
+    problem = header_problem(header)
+    if problem is not None:
+        runs[-1].problems.append(f"line {number}: {problem}")
+
+
+def _read_torn_line(runs: list[LogRun], number: int, torn: bytes) -> None:
+    """Add the text after the last newline: a record cut exactly before its newline is kept, anything else is torn."""
+    run = _run_at(runs, number)
+    try:
+        item = json.loads(torn.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        item = None
+    if isinstance(item, dict) and item.get("type") != "header":  # cut exactly before its newline: whole
+        run.records.append(item)
+        run.problems.append(f"line {number}: no newline at the end; the record is complete and kept")
+    else:
+        run.problems.append(f"line {number}: torn last line ({len(torn)} bytes, no newline): "
+                            f"the writer stopped mid-line")
