@@ -137,12 +137,10 @@ def explain_exception(exc: BaseException, setup: TrainingSetup | None = None,
     ...     [f.code for f in explain_exception(e)]
     ['AMP410']
     """
-    rules = match_rules("\n".join(_messages(exc)))
-    if not rules:
-        rules = match_rules("".join(traceback.format_exception(exc)))
+    rules = _matched_rules(exc)
     if not rules:
         return []
-    crash = _Crash.of(exc)
+    crash = _Crash.of(exc)   # called here: it also reads the frames that called explain_exception
     if guard is not None and guard.broken:   # its history is not to be trusted any more
         setup, guard = setup or guard.setup, None
     if setup is None:
@@ -150,23 +148,41 @@ def explain_exception(exc: BaseException, setup: TrainingSetup | None = None,
     setup = with_scaler(setup, crash.scaler or (guard.scaler if guard is not None else None))
     step = guard.iteration if guard is not None else None
 
+    # the state machine is explained from the guard's history
+    findings, handled = _from_guard(guard, {r.code for r in rules}) if guard is not None else ([], set())
+    for rule in rules:
+        if rule.code not in handled:
+            findings.extend(_explain_rule(rule, crash, setup, step))
+    return findings
+
+
+def _matched_rules(exc: BaseException) -> list[Rule]:
+    """Return the rules whose error texts ``exc`` (or an exception it came from) shows: in its messages, else
+    anywhere in its traceback."""
+    rules = match_rules("\n".join(_messages(exc)))
+    if not rules:
+        rules = match_rules("".join(traceback.format_exception(exc)))
+    return rules
+
+
+def _from_guard(guard: GuardHistory, codes: set[str]) -> tuple[list[Finding], set[str]]:
+    """Return the guard's findings of the state-machine rules in ``codes``, and the codes they explain."""
     findings: list[Finding] = []
     handled: set[str] = set()
-    codes = {r.code for r in rules}
-    if guard is not None:   # the state machine is explained from the guard's history
-        for f in guard.crash_findings():
-            if f.code in codes and f.code in _STATE_MACHINE:
-                findings.append(f)
-                handled |= {f.code, _SAME_TEXT.get(f.code, f.code)}
-    for rule in rules:
-        if rule.code in handled:
-            continue
-        produced = [] if rule.code in _STATE_MACHINE else _from_check(rule.code, setup, step)
-        if not produced:
-            explainer = _EXPLAINERS.get(rule.code, _generic)
-            produced = explainer(rule, crash, setup, step)
-        findings.extend(produced or _generic(rule, crash, setup, step))
-    return findings
+    for f in guard.crash_findings():
+        if f.code in codes and f.code in _STATE_MACHINE:
+            findings.append(f)
+            handled |= {f.code, _SAME_TEXT.get(f.code, f.code)}
+    return findings, handled
+
+
+def _explain_rule(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    """Explain one matched rule: by its pre-flight check, else its own explainer, else generically."""
+    produced = [] if rule.code in _STATE_MACHINE else _from_check(rule.code, setup, step)
+    if not produced:
+        explainer = _EXPLAINERS.get(rule.code, _generic)
+        produced = explainer(rule, crash, setup, step)
+    return produced or _generic(rule, crash, setup, step)
 
 
 def _messages(exc: BaseException) -> list[str]:

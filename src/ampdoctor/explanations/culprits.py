@@ -83,6 +83,37 @@ def _rank() -> tuple[int, int] | None:
 def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = None) -> list[Finding]:
     """Say, for each tensor of ``optimizer`` without a ``.grad``, why it got none (AMP406, AMP301)."""
     label = optimizer_label(optimizer, setup)
+    held = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
+    rank = _rank()
+    if not held:
+        return [_empty_optimizer(label, rank, step)]
+    frozen, unused, foreign, unsharded = _without_grad(optimizer, setup, label)
+    trainable = sum(p.requires_grad for p in held)   # python bools: no device work
+    findings = []
+    if unsharded and rank is not None:
+        findings.append(_no_local_shard(label, unsharded, rank, step))
+    for module, params in group_by_module(frozen).items():
+        why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
+        if not trainable:
+            why = (f"{label} holds {len(held)} parameter(s), none of which requires grad; {why}; make them "
+                   "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
+                   "over the trainable ones")
+        findings.append(get_rule("AMP406").finding(module, why, step))
+    for module, params in group_by_module(unused).items():
+        why = ("requires_grad=True but .grad is None after backward: not used in the forward pass, or cut off by "
+               "reentrant gradient checkpointing (use_reentrant=False)")
+        if not setup.models:
+            why += "; the model is unknown, so ampdoctor cannot tell whether these are its parameters"
+        findings.append(get_rule("AMP406").finding(module, f"{_names([p.name for p in params])}: {why}", step))
+    if foreign:
+        findings += _foreign_tensors(label, foreign, setup, step)
+    return findings
+
+
+def _without_grad(optimizer: Any, setup: TrainingSetup,
+                  label: str) -> tuple[list[ParamInfo], list[ParamInfo], list[str], list[str]]:
+    """Sort the tensors of ``optimizer`` without a ``.grad``: frozen ones, trainable ones backward did not reach,
+    tensors that are not the model's, and (under FSDP) parameters with no elements on this rank."""
     frozen: list[ParamInfo] = []
     unused: list[ParamInfo] = []
     foreign: list[str] = []
@@ -102,41 +133,33 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
                 (unused if p.requires_grad else frozen).append(frozen_or_unknown)
             else:
                 (unused if p.requires_grad else frozen).append(info)
-    held = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
-    rank = _rank()
-    if not held:
-        why = "e.g. a requires_grad filter that matched nothing"
-        if rank is not None:
-            why = (f"on rank {rank[0]} of {rank[1]}: a sharded or partitioned optimizer (ZeroRedundancyOptimizer, a "
-                   "per-rank parameter split) can leave a rank with nothing, or a requires_grad filter matched nothing "
-                   "here; the other ranks may be stepping, and only this one raised")
-        return [get_rule("AMP406").finding(label, f"{label} holds no parameters: its param groups are empty ({why}), so it "
-                        "has nothing to step", step)]
-    trainable = sum(p.requires_grad for p in held)   # python bools: no device work
-    findings = []
-    if unsharded and rank is not None:
-        findings.append(get_rule("AMP406").finding(
-            label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
-            f"shard ({_names(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
-            f"other ranks, so they get no .grad on this rank, and a plain GradScaler records no inf check for "
-            f"{label} on this rank only. Use ShardedGradScaler, which creates a found_inf on every rank and "
-            "all-reduces it, so every rank takes the same skip decision (AMP211)", step))
-    for module, params in group_by_module(frozen).items():
-        why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
-        if not trainable:
-            why = (f"{label} holds {len(held)} parameter(s), none of which requires grad; {why}; make them "
-                   "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
-                   "over the trainable ones")
-        findings.append(get_rule("AMP406").finding(module, why, step))
-    for module, params in group_by_module(unused).items():
-        why = ("requires_grad=True but .grad is None after backward: not used in the forward pass, or cut off by "
-               "reentrant gradient checkpointing (use_reentrant=False)")
-        if not setup.models:
-            why += "; the model is unknown, so ampdoctor cannot tell whether these are its parameters"
-        findings.append(get_rule("AMP406").finding(module, f"{_names([p.name for p in params])}: {why}", step))
-    if foreign:
-        detail = (f"{len(foreign)} tensor(s) in {label} are not parameters of the model: {_names(foreign)}; "
-                  "the optimizer was built over different tensors (before a move, cast, wrap or re-creation)")
-        findings.append(get_rule("AMP406").finding(label, detail, step))
-        findings.extend(_from_check("AMP301", setup, step) or [get_rule("AMP301").finding(label, detail, step)])
-    return findings
+    return frozen, unused, foreign, unsharded
+
+
+def _empty_optimizer(label: str, rank: tuple[int, int] | None, step: int | None) -> Finding:
+    """Return AMP406 for an optimizer whose param groups hold no tensor at all."""
+    why = "e.g. a requires_grad filter that matched nothing"
+    if rank is not None:
+        why = (f"on rank {rank[0]} of {rank[1]}: a sharded or partitioned optimizer (ZeroRedundancyOptimizer, a "
+               "per-rank parameter split) can leave a rank with nothing, or a requires_grad filter matched nothing "
+               "here; the other ranks may be stepping, and only this one raised")
+    return get_rule("AMP406").finding(
+        label, f"{label} holds no parameters: its param groups are empty ({why}), so it has nothing to step", step)
+
+
+def _no_local_shard(label: str, unsharded: list[str], rank: tuple[int, int], step: int | None) -> Finding:
+    """Return AMP406 for parameters FSDP sharded away from this rank entirely (0 elements here)."""
+    return get_rule("AMP406").finding(
+        label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
+        f"shard ({_names(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
+        f"other ranks, so they get no .grad on this rank, and a plain GradScaler records no inf check for "
+        f"{label} on this rank only. Use ShardedGradScaler, which creates a found_inf on every rank and "
+        "all-reduces it, so every rank takes the same skip decision (AMP211)", step)
+
+
+def _foreign_tensors(label: str, foreign: list[str], setup: TrainingSetup, step: int | None) -> list[Finding]:
+    """Return AMP406 and AMP301 for tensors of the optimizer that are not parameters of the model."""
+    detail = (f"{len(foreign)} tensor(s) in {label} are not parameters of the model: {_names(foreign)}; "
+              "the optimizer was built over different tensors (before a move, cast, wrap or re-creation)")
+    return [get_rule("AMP406").finding(label, detail, step),
+            *(_from_check("AMP301", setup, step) or [get_rule("AMP301").finding(label, detail, step)])]

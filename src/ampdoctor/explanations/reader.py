@@ -42,22 +42,7 @@ class _Crash:
             frames.append(tb.tb_frame)
             tb = tb.tb_next
         for frame in reversed(frames):
-            owner = frame_self(frame)
-            filename = frame.f_code.co_filename
-            if isinstance(owner, torch.amp.GradScaler):
-                crash.scaler = crash.scaler or owner
-                opt, param = scaler_frame_tensors(frame)
-                if crash.optimizer is None:
-                    crash.optimizer = opt
-                if crash.param is None:
-                    crash.param = param
-            elif isinstance(owner, nn.Module):
-                crash.modules.append((owner, frame))
-            clipped = clip_parameters(frame)
-            if clipped is not None:
-                crash.clip_params = crash.clip_params or clipped
-            if is_user_file(filename):
-                crash.user_frames.append(frame)
+            crash._read_frame(frame)
         # The frames that called explain (e.g. the loop that caught the error) hold the model too.
         caller = sys._getframe(1)
         for _ in range(20):
@@ -67,6 +52,25 @@ class _Crash:
                 crash.user_frames.append(caller)
             caller = caller.f_back
         return crash
+
+    def _read_frame(self, frame: FrameType) -> None:
+        """Note what one traceback frame shows, innermost first: the first scaler, optimizer and parameter, a
+        module, the clipped parameters, a user's frame."""
+        owner = frame_self(frame)
+        if isinstance(owner, torch.amp.GradScaler):
+            self.scaler = self.scaler or owner
+            opt, param = scaler_frame_tensors(frame)
+            if self.optimizer is None:
+                self.optimizer = opt
+            if self.param is None:
+                self.param = param
+        elif isinstance(owner, nn.Module):
+            self.modules.append((owner, frame))
+        clipped = clip_parameters(frame)
+        if clipped is not None:
+            self.clip_params = self.clip_params or clipped
+        if is_user_file(frame.f_code.co_filename):
+            self.user_frames.append(frame)
 
     @property
     def site(self) -> str:
