@@ -132,15 +132,20 @@ def _models(value: Any) -> list[nn.Module]:
         raise TypeError(f"model must be an nn.Module, got a {type(value).__name__} (an iterator, e.g. "
                         "model.parameters()); pass the module itself")
     if isinstance(value, (list, tuple)):
-        if not value:
-            raise ValueError("model is an empty list; pass the module that is trained")
-        for index, item in enumerate(value):
-            if not isinstance(item, nn.Module):
-                raise TypeError(f"model[{index}] must be an nn.Module, got {type(item).__name__}: {item!r:.80}; "
-                                "pass modules only")
-        return list(value)
+        return _module_list(value)
     raise TypeError(f"model must be an nn.Module or a list of them, got {type(value).__name__}: {value!r:.80}; "
                     "pass the module you train")
+
+
+def _module_list(value: list | tuple) -> list[nn.Module]:
+    """Return a list of models as a list, after checking that it holds modules and only modules."""
+    if not value:
+        raise ValueError("model is an empty list; pass the module that is trained")
+    for index, item in enumerate(value):
+        if not isinstance(item, nn.Module):
+            raise TypeError(f"model[{index}] must be an nn.Module, got {type(item).__name__}: {item!r:.80}; "
+                            "pass modules only")
+    return list(value)
 
 
 def _engine_optimizers(value: Any) -> tuple[list[Any], Any]:

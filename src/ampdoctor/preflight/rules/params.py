@@ -297,28 +297,39 @@ def adam_eps_underflow(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
             if not floors:
                 continue  # e.g. eps=1e-8 is fine for everything but fp16
             state = inner.state if len(inner.state) else {}  # fp32 params may still keep half state
-            by_dtype: dict[torch.dtype, list[str]] = {}
-            for t in group["params"]:
-                if not t.requires_grad or mastered(t):
-                    continue
-                if t.dtype in floors:
-                    by_dtype.setdefault(t.dtype, []).append(setup.name_of(t, f"{list(t.shape)} tensor"))
-                elif state:
-                    sq = state.get(t, {}).get("exp_avg_sq")
-                    if isinstance(sq, torch.Tensor) and sq.dtype in floors:
-                        by_dtype.setdefault(sq.dtype, []).append(f"exp_avg_sq of {setup.name_of(t, 'a tensor')}")
-            for dtype, names in by_dtype.items():
-                floor = floors[dtype]
-                rounded = torch.tensor(eps, dtype=dtype).item()
-                became = "is 0" if rounded == 0 else f"rounds to {rounded:.3g}"
-                yield rule.finding(
-                    f"optimizer[{oi}] group {gi}",
-                    f"{type(inner).__name__} eps={eps:g} {became} in {dtype_name(dtype)}, whose smallest subnormal "
-                    f"is {floor:.3g}; the group updates {_plural(len(names), dtype_name(dtype) + ' tensor')} "
-                    f"({listing(names)}). "
-                    + ("Where exp_avg_sq is 0 (a zero gradient) the step is 0/(0+0) = NaN." if rounded == 0 else
-                       f"eps is applied as {rounded:.3g}, not {eps:g}, with one bit of precision."),
-                )
+            for dtype, names in _half_tensors(setup, group, state, floors, mastered).items():
+                yield _eps_finding(rule, f"optimizer[{oi}] group {gi}", type(inner).__name__, eps, dtype, names)
+
+
+def _half_tensors(setup: TrainingSetup, group: dict, state: dict, floors: dict[torch.dtype, float],
+                  mastered: Callable[[torch.Tensor], bool]) -> dict[torch.dtype, list[str]]:
+    """Return, by half dtype of ``floors``, the names of the group's trainable tensors whose Adam step adds eps in
+    that dtype: the parameter itself, or its ``exp_avg_sq`` (an fp32 parameter may keep half state)."""
+    by_dtype: dict[torch.dtype, list[str]] = {}
+    for t in group["params"]:
+        if not t.requires_grad or mastered(t):
+            continue
+        if t.dtype in floors:
+            by_dtype.setdefault(t.dtype, []).append(setup.name_of(t, f"{list(t.shape)} tensor"))
+            continue
+        sq = state.get(t, {}).get("exp_avg_sq") if state else None
+        if isinstance(sq, torch.Tensor) and sq.dtype in floors:
+            by_dtype.setdefault(sq.dtype, []).append(f"exp_avg_sq of {setup.name_of(t, 'a tensor')}")
+    return by_dtype
+
+
+def _eps_finding(rule: Rule, where: str, optimizer: str, eps: float, dtype: torch.dtype, names: list[str]) -> Finding:
+    """Return AMP104 for ``eps`` added in ``dtype`` to the tensors ``names``: what it becomes there, and the harm."""
+    rounded = torch.tensor(eps, dtype=dtype).item()
+    became = "is 0" if rounded == 0 else f"rounds to {rounded:.3g}"
+    return rule.finding(
+        where,
+        f"{optimizer} eps={eps:g} {became} in {dtype_name(dtype)}, whose smallest subnormal "
+        f"is {_smallest_subnormal(dtype):.3g}; the group updates {_plural(len(names), dtype_name(dtype) + ' tensor')} "
+        f"({listing(names)}). "
+        + ("Where exp_avg_sq is 0 (a zero gradient) the step is 0/(0+0) = NaN." if rounded == 0 else
+           f"eps is applied as {rounded:.3g}, not {eps:g}, with one bit of precision."),
+    )
 
 
 def _is_fused(opt: torch.optim.Optimizer) -> bool:
