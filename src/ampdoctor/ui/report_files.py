@@ -67,9 +67,20 @@ def load_any(path: str) -> Loaded:
                          "ampdoctor reads; pass a smaller log")
     with open(target, "rb") as f:
         head = f.read(4096).lstrip()
-    if head.startswith(b'{"type"') or (head.startswith(b"{") and b'"type"' in head.split(b"\n", 1)[0]
-                                         and b"\n" in head.strip()):
+    if _starts_like_a_log(head):
         return _load_log(path, target)
+    return _load_report(path, target)
+
+
+def _starts_like_a_log(head: bytes) -> bool:
+    """Return whether a file's first bytes look like a flight recorder: several lines, the first a JSON object
+    with a ``"type"``."""
+    return head.startswith(b'{"type"') or (head.startswith(b"{") and b'"type"' in head.split(b"\n", 1)[0]
+                                            and b"\n" in head.strip())
+
+
+def _load_report(path: str, target: str) -> Loaded:
+    """Load a JSON report; a file that is not one JSON document may still be a flight recorder."""
     try:
         with open(target, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
@@ -208,15 +219,28 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     if not loaded.is_log and not loaded.notes:
         return loaded.report
     parts: list[RenderableType] = [Text(note) for note in loaded.notes]
-    header = loaded.run.header if loaded.run is not None else None
     steps = [s.step for s in loaded.run.steps] if loaded.run is not None else []
-    title = f"flight recorder {loaded.path}: {len(steps)} sampled step(s)"
-    if loaded.ranks:
-        title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
-    if header is not None and header.version:
-        title += f", ampdoctor {header.version}"
-    table = Table(title=title)
     data = run_data(loaded)
+    parts.append(_steps_table(loaded, steps, data))
+    if loaded.problems:
+        parts.append(_problems_text(loaded.problems))
+    if steps:
+        parts.append(Text(f"last completed sampled step: {steps[-1]}"))
+    if data.first_nonfinite:
+        parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.get('module')} at step "
+                          f"{data.first_nonfinite.get('step')}", style="red"))
+    if not have_matplotlib():
+        parts.append(Text(f"plots: {INSTALL_HINT}, then ampdoctor report {loaded.path} --html report.html",
+                          style="dim"))
+    if loaded.report.findings:
+        parts.append(loaded.report)
+    return Group(*parts)
+
+
+def _steps_table(loaded: Loaded, steps: list[int], data: RunData) -> Table:
+    """Return the table of the sampled steps: the loss scale, skips and series of each; the first 5 and last 15 of
+    a long run."""
+    table = Table(title=_steps_title(loaded, steps))
     by_step = {name: dict(values) for name, values in series(loaded).items()}
     names = [n for n in ("global grad norm", "worst fp16 underflow", "worst bf16 underflow",
                          "lost updates (fraction)") if n in by_step]
@@ -230,25 +254,28 @@ def render_loaded(loaded: Loaded) -> RenderableType:
             table.add_row("…", *["…"] * len(columns))
         cells = [_fmt(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] if data.scale else []
         table.add_row(str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names])
-    parts.append(table)
-    if loaded.problems:
-        problems = Text("reading problems:\n", style="yellow")
-        for problem in loaded.problems[:20]:
-            problems.append(f"  {problem}\n")
-        if len(loaded.problems) > 20:
-            problems.append(f"  … and {len(loaded.problems) - 20} more\n")
-        parts.append(problems)
-    if steps:
-        parts.append(Text(f"last completed sampled step: {steps[-1]}"))
-    if data.first_nonfinite:
-        parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.get('module')} at step "
-                          f"{data.first_nonfinite.get('step')}", style="red"))
-    if not have_matplotlib():
-        parts.append(Text(f"plots: {INSTALL_HINT}, then ampdoctor report {loaded.path} --html report.html",
-                          style="dim"))
-    if loaded.report.findings:
-        parts.append(loaded.report)
-    return Group(*parts)
+    return table
+
+
+def _steps_title(loaded: Loaded, steps: list[int]) -> str:
+    """Return the title of the steps table: the file, how many steps it sampled, whose, and which ampdoctor."""
+    header = loaded.run.header if loaded.run is not None else None
+    title = f"flight recorder {loaded.path}: {len(steps)} sampled step(s)"
+    if loaded.ranks:
+        title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
+    if header is not None and header.version:
+        title += f", ampdoctor {header.version}"
+    return title
+
+
+def _problems_text(problems: list[str]) -> Text:
+    """Return the reading problems, the first 20 of them."""
+    text = Text("reading problems:\n", style="yellow")
+    for problem in problems[:20]:
+        text.append(f"  {problem}\n")
+    if len(problems) > 20:
+        text.append(f"  … and {len(problems) - 20} more\n")
+    return text
 
 
 def _scale_at(points: list[tuple[int, float]], step: int) -> float | None:

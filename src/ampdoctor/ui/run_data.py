@@ -163,28 +163,11 @@ def _add_modules(data: RunData, step: int, modules: dict[str, dict[str, float]])
 
 def _read_summary(data: RunData, summary: dict[str, Any]) -> None:
     """Fill what step records lack (or all, for a report alone) from a watch summary."""
-    scale = _dict(summary.get("scale"))
     if not data.scale:
-        data.scale = [(h[0], float(h[1])) for h in _list(scale.get("history"))
-                      if isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and _num(h[1]) is not None]
-        current = _num(scale.get("current"))
-        if current is not None and isinstance(scale.get("steps"), int) and data.scale \
-                and scale["steps"] > data.scale[-1][0]:
-            data.scale.append((scale["steps"], current))
-        data.skipped = [s for s in _list(scale.get("skipped_steps")) if isinstance(s, int)]
+        _read_summary_scale(data, _dict(summary.get("scale")))
     grads = _dict(summary.get("gradients"))
     if data.source == "report" and isinstance(grads.get("step"), int):
-        step = grads["step"]
-        if _num(grads.get("global_norm")) is not None:
-            data.global_norm.append((step, float(grads["global_norm"])))
-        data.cast_steps = [step]
-        for module, stats in _dict(grads.get("modules")).items():
-            stats = _dict(stats)
-            if _num(stats.get("l2")) is not None:
-                data.module_norms[str(module)] = [(step, float(stats["l2"]))]
-            for name, value in stats.items():
-                if name.endswith(("_underflow", "_overflow")) and _num(value) is not None:
-                    data.cast.setdefault(name, {})[str(module)] = [float(value)]
+        _read_summary_gradients(data, grads)
     acts = _dict(summary.get("activations"))
     data.activation_modules = {str(k): _dict(v) for k, v in _dict(acts.get("modules")).items()}
     first = _dict(acts.get("first_nonfinite_forward"))
@@ -195,3 +178,29 @@ def _read_summary(data: RunData, summary: dict[str, Any]) -> None:
         data.first_nonfinite_backward = backward
     if summary.get("sampled_steps") and not data.sampled_steps:
         data.sampled_steps = int(_num(summary.get("sampled_steps")) or 0)
+
+
+def _read_summary_scale(data: RunData, scale: dict[str, Any]) -> None:
+    """Take the loss-scale history, up to the scale after the last step, and the skipped steps of a summary."""
+    data.scale = [(h[0], float(h[1])) for h in _list(scale.get("history"))
+                  if isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and _num(h[1]) is not None]
+    current = _num(scale.get("current"))
+    if current is not None and isinstance(scale.get("steps"), int) and data.scale \
+            and scale["steps"] > data.scale[-1][0]:
+        data.scale.append((scale["steps"], current))
+    data.skipped = [s for s in _list(scale.get("skipped_steps")) if isinstance(s, int)]
+
+
+def _read_summary_gradients(data: RunData, grads: dict[str, Any]) -> None:
+    """Take the gradients of a summary's one step: the global norm, and each module's L2 and cast shares."""
+    step = grads["step"]
+    if _num(grads.get("global_norm")) is not None:
+        data.global_norm.append((step, float(grads["global_norm"])))
+    data.cast_steps = [step]
+    for module, stats in _dict(grads.get("modules")).items():
+        stats = _dict(stats)
+        if _num(stats.get("l2")) is not None:
+            data.module_norms[str(module)] = [(step, float(stats["l2"]))]
+        for name, value in stats.items():
+            if name.endswith(("_underflow", "_overflow")) and _num(value) is not None:
+                data.cast.setdefault(name, {})[str(module)] = [float(value)]

@@ -29,45 +29,15 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
         f"ampdoctor watch: {_count(data['steps'], 'step')}, {data['sampled_steps']} sampled (every {data['every']}), "
         f"stats={data['stats']}, {_count(data['host_syncs'], 'host sync')}", style="bold")]
     if data.get("coverage"):   # ampdoctor run: the model is stepped by several optimizers, the watch follows one
-        c = data["coverage"]
-        parts.append(Sentence(f"watched: the {c['tensors']} of {c['trainable']} trainable tensors that {c['optimizer']} "
-                             f"steps; {_count(c['other_optimizers'], 'other optimizer')} "
-                             f"{'is' if c['other_optimizers'] == 1 else 'are'} not watched", style="yellow"))
+        parts.append(_coverage_sentence(data["coverage"]))
     scale_line = _scale_line(data.get("scale"))
     if scale_line:
         parts.append(Sentence(scale_line))
     grads = data.get("gradients") or {}
     if grads.get("modules"):
         formats = [f for f in FORMATS if f.name in data.get("formats", [f.name for f in FORMATS])]
-        # shown left to right; left out first when the width is short: zeros, min|g|>0, the last format's u/o, ...
-        columns = [("L2", 0), ("max|g|", 1), ("min|g|>0", 4 + len(formats)), ("zeros", 5 + len(formats)),
-                   ("inf/nan", 2), *((f"{f.name} u/o", 3 + i) for i, f in enumerate(formats))]
-        rows = []
-        for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
-            if "zero_frac" not in s:  # stats="norms"
-                rows.append((module, [_num(s["l2"]), _num(s["absmax"]), *["-"] * (3 + len(formats))]))
-                continue
-            rows.append((module, [_num(s["l2"]), _num(s["absmax"]), _num(s["min_nonzero"], inf="-"),
-                                  f"{s['zero_frac']:.0%}", str(s["nonfinite"]),
-                                  *(f"{_pct(s[f.name + '_underflow'])}/{_pct(s[f.name + '_overflow'])}"
-                                    for f in formats)]))
-        top = (f", the {len(rows)} of {len(grads['modules'])} modules with the largest L2"
-               if len(grads["modules"]) > len(rows) else "")
-        state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
-            else "unscaled"
-        parts.append(ColumnTable(
-            f"gradients at step {grads.get('step')} ({state}; global norm {_num(grads.get('global_norm'))}){top}",
-            "module", columns, rows, keep=2, whole=4,
-            notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"}))
-    if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
-        left = grads["unsummarised"]
-        more = f"; and {len(left) - 5} more" if len(left) > 5 else ""
-        parts.append(Sentence(f"left out of the gradient statistics ({len(left)}): " + "; ".join(
-            f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
-    if grads.get("merged_over_ranks"):
-        merged = grads["merged_over_ranks"]
-        parts.append(Sentence(f"{_count(merged['params'], 'sharded parameter')} merged over their ranks "
-                             f"({merged['collectives']} all-reduces so far)", style="dim"))
+        parts.append(_gradient_table(grads, formats))
+    parts += _gradient_notes(grads)
     lost = data.get("lost_updates")
     if lost and lost.get("params"):
         rows = [(name, [s["dtype"], f"{s['lost_fraction']:.0%}"])
@@ -82,6 +52,53 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
         verdict, style = _verdict(data)
         parts.append(Sentence(verdict, style=style))
     return Group(*parts)
+
+
+def _coverage_sentence(coverage: dict[str, Any]) -> Sentence:
+    """Return which of the trainable tensors the watch followed, and how many optimizers it did not."""
+    others = coverage["other_optimizers"]
+    return Sentence(f"watched: the {coverage['tensors']} of {coverage['trainable']} trainable tensors that "
+                    f"{coverage['optimizer']} steps; {_count(others, 'other optimizer')} "
+                    f"{'is' if others == 1 else 'are'} not watched", style="yellow")
+
+
+def _gradient_table(grads: dict[str, Any], formats: list[Any]) -> ColumnTable:
+    """Return the table of the modules' gradient statistics: the 20 with the largest L2."""
+    # shown left to right; left out first when the width is short: zeros, min|g|>0, the last format's u/o, ...
+    columns = [("L2", 0), ("max|g|", 1), ("min|g|>0", 4 + len(formats)), ("zeros", 5 + len(formats)),
+               ("inf/nan", 2), *((f"{f.name} u/o", 3 + i) for i, f in enumerate(formats))]
+    rows = []
+    for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
+        if "zero_frac" not in s:  # stats="norms"
+            rows.append((module, [_num(s["l2"]), _num(s["absmax"]), *["-"] * (3 + len(formats))]))
+            continue
+        rows.append((module, [_num(s["l2"]), _num(s["absmax"]), _num(s["min_nonzero"], inf="-"),
+                              f"{s['zero_frac']:.0%}", str(s["nonfinite"]),
+                              *(f"{_pct(s[f.name + '_underflow'])}/{_pct(s[f.name + '_overflow'])}"
+                                for f in formats)]))
+    top = (f", the {len(rows)} of {len(grads['modules'])} modules with the largest L2"
+           if len(grads["modules"]) > len(rows) else "")
+    state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
+        else "unscaled"
+    return ColumnTable(
+        f"gradients at step {grads.get('step')} ({state}; global norm {_num(grads.get('global_norm'))}){top}",
+        "module", columns, rows, keep=2, whole=4,
+        notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"})
+
+
+def _gradient_notes(grads: dict[str, Any]) -> list[Sentence]:
+    """Return what the gradient table leaves out, and how many sharded parameters it merged over the ranks."""
+    notes = []
+    if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
+        left = grads["unsummarised"]
+        more = f"; and {len(left) - 5} more" if len(left) > 5 else ""
+        notes.append(Sentence(f"left out of the gradient statistics ({len(left)}): " + "; ".join(
+            f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
+    if grads.get("merged_over_ranks"):
+        merged = grads["merged_over_ranks"]
+        notes.append(Sentence(f"{_count(merged['params'], 'sharded parameter')} merged over their ranks "
+                              f"({merged['collectives']} all-reduces so far)", style="dim"))
+    return notes
 
 
 def _scale_line(scale: dict[str, Any] | None) -> str | None:
@@ -125,8 +142,8 @@ class ColumnTable:
 
     Numeric columns with the highest rank are left out first until the numbers fit next to the longest name, down to
     ``whole``; when not even those fit, names longer than a third of the width go on lines of their own and
-    columns are left out down to ``keep``. A name longer than its column gets its numbers on the next line. On a terminal the header is bold and
-    underlined; elsewhere the same lines are plain, one row a line.
+    columns are left out down to ``keep``. A name longer than its column gets its numbers on the next line. On a
+    terminal the header is bold and underlined; elsewhere the same lines are plain, one row a line.
     """
 
     GAP = 2
