@@ -135,29 +135,14 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any],
     ``DistributedDataParallel``) is kept: its optimizer steps fp32 flat copies, not the module's parameters, and
     the pre-flight rules need it to say that the engine owns the precision.
     """
-    modules = list(modules)
-    parents: dict[int, nn.Module] = {}
-    owner: dict[int, nn.Module] = {}
-    for m in modules:
-        for child in own_children(m):
-            parents.setdefault(id(child), m)
-        for p in own_parameters(m):
-            owner.setdefault(id(p), m)
+    parents, owner = _parents_and_owners(modules)
     trained = {id(p) for o in optimizers for p in optimizer_tensors(o)}
     roots: dict[int, nn.Module] = {}
     for m in seen:
         root = outermost(m, parents)
         if not trained or engine_family(root) or any(id(p) in trained for p in root.parameters()):
             roots.setdefault(id(root), root)
-    covered = {id(p) for r in roots.values() for p in r.parameters()}
-    orphans = False   # optimizer tensors that no live module owns: the model they came from is gone
-    for o in optimizers:
-        for p in optimizer_tensors(o):
-            if id(p) not in covered and id(p) in owner:
-                root = outermost(owner[id(p)], parents)
-                roots.setdefault(id(root), root)
-                covered.update(id(q) for q in root.parameters())
-            orphans = orphans or id(p) not in owner
+    orphans = _add_owners(roots, optimizers, owner, parents)
     if orphans:
         # The optimizer was built over a model object that was since replaced (re-created, reloaded): the module
         # that trains now shares no tensor with it. It is the model all the same, so the rules can say that its
@@ -167,3 +152,31 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any],
             if id(root) not in roots and any(p.requires_grad for p in root.parameters()):
                 roots.setdefault(id(root), root)
     return list(roots.values())
+
+
+def _parents_and_owners(modules: Iterable[nn.Module]) -> tuple[dict[int, nn.Module], dict[int, nn.Module]]:
+    """Return each module's parent and each parameter's owner, by id (the first one found)."""
+    parents: dict[int, nn.Module] = {}
+    owner: dict[int, nn.Module] = {}
+    for m in modules:
+        for child in own_children(m):
+            parents.setdefault(id(child), m)
+        for p in own_parameters(m):
+            owner.setdefault(id(p), m)
+    return parents, owner
+
+
+def _add_owners(roots: dict[int, nn.Module], optimizers: Iterable[Any], owner: dict[int, nn.Module],
+                parents: dict[int, nn.Module]) -> bool:
+    """Add to ``roots`` the outermost owner of each optimizer tensor that no root holds yet; return whether some
+    optimizer tensor has no live owner at all (the model it came from is gone)."""
+    covered = {id(p) for r in roots.values() for p in r.parameters()}
+    orphans = False
+    for o in optimizers:
+        for p in optimizer_tensors(o):
+            if id(p) not in covered and id(p) in owner:
+                root = outermost(owner[id(p)], parents)
+                roots.setdefault(id(root), root)
+                covered.update(id(q) for q in root.parameters())
+            orphans = orphans or id(p) not in owner
+    return orphans
