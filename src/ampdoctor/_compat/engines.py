@@ -119,6 +119,20 @@ def _number(value: Any) -> float | None:
 def _precision(obj: Any) -> tuple[list[str], str | None]:
     """Read what an engine says of its own precision, where that is cheap (config flags, the current scale), and
     which mode that is (see ``Engine.mode``)."""
+    said, modes = _precision_flags(obj)
+    # a DeepSpeedEngine answers both flags: neither enabled is fp32 training; other engines' flags may be absent
+    readable = callable(getattr(obj, "fp16_enabled", None)) and callable(getattr(obj, "bfloat16_enabled", None))
+    mode = modes[0] if modes else ("fp32" if readable else None)
+    stage = _number(_call(obj, "zero_optimization_stage"))
+    if stage is not None:
+        said.append(f"ZeRO stage {stage:g}")
+    if mode is not None and "fp16" not in mode:
+        return said, mode   # bf16 and fp32 scale no loss: DeepSpeed's loss_scale() is an fp16 setting
+    return said + _loss_scale(obj), mode
+
+
+def _precision_flags(obj: Any) -> tuple[list[str], list[str]]:
+    """Read an engine's precision flags: what they say, and the modes they enable."""
     said: list[str] = []
     modes: list[str] = []
     config = getattr(obj, "config", None)
@@ -135,14 +149,12 @@ def _precision(obj: Any) -> tuple[list[str], str | None]:
         mode = f"autocast {'fp16' if dtype == torch.float16 else 'bf16'}"
         said.append(f"torch.autocast({str(dtype).replace('torch.', '')})" if isinstance(dtype, torch.dtype) else mode)
         modes.append(mode)
-    # a DeepSpeedEngine answers both flags: neither enabled is fp32 training; other engines' flags may be absent
-    readable = callable(getattr(obj, "fp16_enabled", None)) and callable(getattr(obj, "bfloat16_enabled", None))
-    mode = modes[0] if modes else ("fp32" if readable else None)
-    stage = _number(_call(obj, "zero_optimization_stage"))
-    if stage is not None:
-        said.append(f"ZeRO stage {stage:g}")
-    if mode is not None and "fp16" not in mode:
-        return said, mode   # bf16 and fp32 scale no loss: DeepSpeed's loss_scale() is an fp16 setting
+    return said, modes
+
+
+def _loss_scale(obj: Any) -> list[str]:
+    """Say how an fp16 engine scales the loss: dynamic or static, and its current scale."""
+    said: list[str] = []
     configured = _number(_call(obj, "loss_scale")) if hasattr(obj, "fp16_enabled") else None
     if configured is not None:   # DeepSpeedEngine.loss_scale() is the config value: 0 means dynamic
         said.append("dynamic loss scale" if configured == 0 else f"static loss scale {configured:g}")
@@ -154,7 +166,7 @@ def _precision(obj: Any) -> tuple[list[str], str | None]:
     current = current if current is not None else _number(_call(obj, "get_loss_scale"))   # Megatron
     if current is not None:
         said.append(f"current loss scale {current:g}")
-    return said, mode
+    return said
 
 
 def _owned(engine: Engine, obj: Any, depth: int = 0) -> None:
