@@ -42,7 +42,9 @@ class SmallCNN(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
-        self.conv1, self.bn, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.Conv2d(c, c, 3, padding=1)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
 
     def forward(self, x):
         return x + self.conv2(torch.relu(self.bn(self.conv1(x))))

@@ -222,7 +222,8 @@ def test_run_repairs_refuse_a_ddp_model_and_change_nothing(process_group):
     for autocast in (None, torch.float16):   # fp32 master weights, then an upcast: both refused
         RunRepairs(report, events.append).apply(TrainingSetup(inner, opt), [inner], {id(inner): autocast})
     assert report.changes == [] and all(p.dtype == torch.float16 for p in inner.parameters())
-    assert len(report.extra["fix_refused"]) == 1 and events[0].startswith("ampdoctor --fix refused: the model is wrapped")
+    assert len(report.extra["fix_refused"]) == 1
+    assert events[0].startswith("ampdoctor --fix refused: the model is wrapped")
     ddp(torch.ones(2, 4, dtype=torch.float16)).float().sum().backward()   # the reducer still works
     assert all(p.grad.dtype == torch.float16 for p in inner.parameters())
 

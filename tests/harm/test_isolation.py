@@ -101,7 +101,8 @@ def amp001(findings: list[Any]) -> list[Any]:
 WATCH_FAULTS = [
     Fault("grad-stats", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients"),
     Fault("grad-stats-late", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients", after=4),
-    Fault("grad-stats-unscaled", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients", loop="bf16-weights"),
+    Fault("grad-stats-unscaled", lambda: ampdoctor.monitor.grad_stats.GradStats, "compute", "gradients",
+          loop="bf16-weights"),
     # the observer itself is what checks ScaleMonitor.disabled: replaced, it keeps being called (and ignored)
     Fault("scale-observer", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "_before_update", "scale",
           steps_aside=False),
@@ -111,7 +112,8 @@ WATCH_FAULTS = [
     Fault("recorder-disk-full", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=3,
           error=_disk_full),
     Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
-    Fault("activation-record", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_close", "Activation", after=1),
+    Fault("activation-record", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_close", "Activation",
+          after=1),
     Fault("whole-sync", lambda: ampdoctor.monitor.watcher, "HostCopy", "watch", after=2),
     Fault("whole-sync-no-scaler", lambda: ampdoctor.monitor.watcher, "HostCopy", "watch", loop="bf16-weights",
           after=2),
@@ -178,7 +180,8 @@ RUN_FAULTS = [
     Fault("guard-step", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_step", "ScalerGuard"),
     Fault("guard-update", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_update", "ScalerGuard", after=3),
     Fault("guard-clip", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_after_clip", "ScalerGuard"),
-    Fault("guard-scheduler", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_scheduler", "ScalerGuard", after=1),
+    Fault("guard-scheduler", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_scheduler", "ScalerGuard",
+          after=1),
     Fault("attach-watch", lambda: ampdoctor.monitor.watcher.Watch, "attach", "ampdoctor"),
     Fault("recorder-disk-full-at-open", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "ampdoctor",
           error=_disk_full),
@@ -229,7 +232,8 @@ def test_check_reports_a_broken_rule_once_and_runs_the_others(monkeypatch):
 
 def test_a_fault_while_explaining_a_crash_keeps_the_scripts_own_error(monkeypatch, tmp_path):
     """The script fails; explaining it fails too. The user still gets the script's traceback and exit status 1."""
-    calls = inject(monkeypatch, Fault("explain", lambda: ampdoctor.explanations.crash, "explain_exception", "ampdoctor"))
+    fault = Fault("explain", lambda: ampdoctor.explanations.crash, "explain_exception", "ampdoctor")
+    calls = inject(monkeypatch, fault)
     script = tmp_path / "fails.py"
     script.write_text("import torch\nraise KeyError('the script itself')\n")
     gc.collect()

@@ -54,7 +54,10 @@ class Points(torch.utils.data.Dataset):
         return 8 * STEPS
 
     def __getitem__(self, i):
-        x = torch.full((4,), float("nan")) if 8 <= i < 16 else torch.randn(4, generator=torch.Generator().manual_seed(i))
+        if 8 <= i < 16:
+            x = torch.full((4,), float("nan"))
+        else:
+            x = torch.randn(4, generator=torch.Generator().manual_seed(i))
         return {"x": x, "labels": torch.tensor(float(i % 3))}
 
 
@@ -92,7 +95,8 @@ def test_fp16_flag_on_a_half_loaded_model_is_flagged(tmp_path):
     _train(_bert().half(), _args(tmp_path, fp16=True), Tokens(), [callback])
     codes = callback.report.codes()
     [finding] = [f for f in callback.report.findings if f.code == "AMP209"]
-    assert finding.where == "TrainingArguments(fp16=True)" and "bert.embeddings.word_embeddings.weight" in finding.detail
+    assert finding.where == "TrainingArguments(fp16=True)"
+    assert "bert.embeddings.word_embeddings.weight" in finding.detail
     assert "all 25 trainable parameters are float16" in finding.detail
     assert "AMP203" in codes   # and accelerate ignores fp16 on CPU
 

@@ -100,8 +100,10 @@ def parse_case(path: Path) -> Case:
     if expect == ["quiet"]:
         expect = []
     elif not expect or not all(c.startswith("AMP") for c in expect):
-        raise ValueError(f"{path.name}: '# expect:' wants rule codes (AMP101 ...) or 'quiet', got {header['expect']!r}")
-    return Case(name=path.stem, path=path, expect=expect, details=details, fix=header.get("fix", "").strip() == "finishes",
+        raise ValueError(f"{path.name}: '# expect:' wants rule codes (AMP101 ...) or 'quiet', "
+                         f"got {header['expect']!r}")
+    return Case(name=path.stem, path=path, expect=expect, details=details,
+                fix=header.get("fix", "").strip() == "finishes",
                 args=header.get("ampdoctor-args", "").split(), gap=header.get("known-gap"),
                 fix_gap=header.get("known-gap-fix"), source=header.get("source", ""))
 
@@ -155,8 +157,18 @@ def _run(case: Case, fix: bool, workdir: Path) -> Run:
     return Run(returncode, report, stderr, seconds, findings)
 
 
+def _result(run: Run) -> dict[str, Any]:
+    """Return what a run of a case ended with, for AMPDOCTOR_CORPUS_RESULTS."""
+    return {"exit": run.returncode, "seconds": round(run.seconds, 1),
+            "codes": [f"{f.get('code')}:{f.get('severity')}" for f in run.findings],
+            "findings": [{k: f.get(k) for k in ("code", "severity", "where", "detail")} for f in run.findings],
+            "exception": ((run.report or {}).get("exception") or {}).get("type"),
+            "changes": len((run.report or {}).get("changes") or [])}
+
+
 @pytest.fixture(scope="session")
-def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Run]:
+def corpus_runs(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], Run]:
     """Run every selected case (and its --fix run) once, ``WORKERS`` subprocesses at a time."""
     wanted: list[tuple[str, bool]] = []
     for item in request.session.items:
@@ -181,14 +193,8 @@ def corpus_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         "cpu_s": (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)}
     results_path = os.environ.get("AMPDOCTOR_CORPUS_RESULTS")
     if results_path:  # for tests/real/README.md: what ampdoctor says today
-        Path(results_path).write_text(json.dumps(
-            {f"{n}{' --fix' if fx else ''}": {"exit": r.returncode, "seconds": round(r.seconds, 1),
-                                               "codes": [f"{f.get('code')}:{f.get('severity')}" for f in r.findings],
-                                               "findings": [{k: f.get(k) for k in ("code", "severity", "where", "detail")}
-                                                            for f in r.findings],
-                                               "exception": ((r.report or {}).get("exception") or {}).get("type"),
-                                               "changes": len((r.report or {}).get("changes") or [])}
-             for (n, fx), r in runs.items()}, indent=1), encoding="utf-8")
+        results = {f"{n}{' --fix' if fx else ''}": _result(r) for (n, fx), r in runs.items()}
+        Path(results_path).write_text(json.dumps(results, indent=1), encoding="utf-8")
     return runs
 
 

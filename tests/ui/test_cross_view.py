@@ -169,24 +169,35 @@ def report_table(text: str) -> dict[int, dict[str, str]]:
 # ---- the comparison --------------------------------------------------------------------------------------------
 def assert_same_numbers(v: Views, module: str, fmt: str) -> None:
     """Every view gives the same global norm, module share, loss scale, skips and lost updates."""
-    printed, watch, rec, data = summary_numbers(v.summary), v.report["watch"], v.recording, v.data
-    last = rec.steps[-1]
-    step = last.step
-    assert printed["step"] == watch["gradients"]["step"] == step == data.last_step
+    printed, table = summary_numbers(v.summary), report_table(v.console)
+    step = v.recording.steps[-1].step
+    assert printed["step"] == v.report["watch"]["gradients"]["step"] == step == v.data.last_step
+    _same_global_norm(v, printed, table)
+    _same_underflow_share(v, printed, table, module, fmt)
+    _same_module_norm(v, printed, module)
+    if v.report["watch"]["scale"] is not None:
+        _same_loss_scale(v, printed, table)
+    _same_lost_updates(v, printed, table)
 
-    # the global gradient norm, at every sampled step
+
+def _same_global_norm(v: Views, printed: dict[str, Any], table: dict[int, dict[str, str]]) -> None:
+    """The global gradient norm, at every sampled step."""
+    watch, rec, data = v.report["watch"], v.recording, v.data
     norms = [(s.step, s.gradients.global_norm) for s in rec.steps]
     assert watch["gradients"]["global_norm"] == norms[-1][1] and printed["norm"] == g3(norms[-1][1])
     assert data.global_norm == norms
     assert v.scalars["ampdoctor/grad_norm"] == [(s, f32(n)) for s, n in norms]
-    table = report_table(v.console)
     assert list(table) == [s for s, _ in norms]
     assert [table[s]["global grad norm"] for s, _ in norms] == [cell(n) for _, n in norms]
     if v.figures:
         [line] = [ln for ln in v.figures["grad_norms"].axes[0].lines if ln.get_label() == "global"]
         assert [tuple(p) for p in line.get_xydata()] == [(s, n) for s, n in norms if np.isfinite(n)]
 
-    # the module's underflow share in `fmt`, at every sampled step and in the summary's table (the last step)
+
+def _same_underflow_share(v: Views, printed: dict[str, Any], table: dict[int, dict[str, str]], module: str,
+                          fmt: str) -> None:
+    """The module's underflow share in `fmt`, at every sampled step and in the summary's table (the last step)."""
+    watch, rec, data = v.report["watch"], v.recording, v.data
     key = f"{fmt}_underflow"
     shares = [(s.step, s.gradients.modules()[module][key]) for s in rec.steps]
     assert watch["gradients"]["modules"][module][key] == shares[-1][1]
@@ -201,42 +212,52 @@ def assert_same_numbers(v: Views, module: str, fmt: str) -> None:
         assert ax.images[0].get_array()[row].tolist() == [100 * share for _, share in shares]
     assert f"cast_{fmt}.png" in v.pngs and "grad_norms.png" in v.pngs
 
-    # the module's L2 norm: the summary's table, the page and TensorBoard
-    l2 = [(s.step, s.gradients.modules()[module]["l2"]) for s in rec.steps]
-    assert data.module_norms[module] == l2 and printed["modules"][module]["L2"] == g3(l2[-1][1])
+
+def _same_module_norm(v: Views, printed: dict[str, Any], module: str) -> None:
+    """The module's L2 norm: the summary's table, the page and TensorBoard."""
+    l2 = [(s.step, s.gradients.modules()[module]["l2"]) for s in v.recording.steps]
+    assert v.data.module_norms[module] == l2 and printed["modules"][module]["L2"] == g3(l2[-1][1])
     assert v.scalars[f"ampdoctor/grad_norm/{module}"] == [(s, f32(n)) for s, n in l2]
 
-    # the loss scale and the skipped steps
-    if watch["scale"] is not None:
-        current, skipped = watch["scale"]["current"], watch["scale"]["skipped"]
-        assert last.scale.scale == current and last.scale.skipped_total == skipped == len(data.skipped)
-        assert printed["scale"] == g3(current) and printed["skipped"] == skipped
-        assert data.scale[-1] == (last.scale.end, current) == (watch["scale"]["steps"], current)
-        assert v.scalars["ampdoctor/loss_scale"] == [(s, f32(x)) for s, x in data.scale]
-        assert v.scalars.get("ampdoctor/skipped_steps", [])[-1:] == ([(data.skipped[-1], float(skipped))] if skipped else [])
-        used = {s.step: _scale_used(rec, s.step) for s in rec.steps}   # the report table: the scale used at the step
-        assert {s: table[s]["loss scale"] for s in used} == {s: cell(x) for s, x in used.items()}
-        assert table[step]["skipped so far"] == str(skipped)
-        if v.figures:
-            lines = v.figures["loss_scale"].axes[0].lines
-            assert [tuple(p) for p in lines[0].get_xydata()] == data.scale
-            marks = [ln for ln in lines if ln.get_label().startswith("skipped step")]
-            assert [ln.get_label() for ln in marks] == ([f"skipped step ({skipped})"] if skipped else [])
-        assert "loss_scale.png" in v.pngs
 
-    # lost updates: each step's pooled share, and over the run per parameter
+def _same_loss_scale(v: Views, printed: dict[str, Any], table: dict[int, dict[str, str]]) -> None:
+    """The loss scale and the skipped steps."""
+    watch, rec, data = v.report["watch"], v.recording, v.data
+    last = rec.steps[-1]
+    current, skipped = watch["scale"]["current"], watch["scale"]["skipped"]
+    assert last.scale.scale == current and last.scale.skipped_total == skipped == len(data.skipped)
+    assert printed["scale"] == g3(current) and printed["skipped"] == skipped
+    assert data.scale[-1] == (last.scale.end, current) == (watch["scale"]["steps"], current)
+    assert v.scalars["ampdoctor/loss_scale"] == [(s, f32(x)) for s, x in data.scale]
+    skips = v.scalars.get("ampdoctor/skipped_steps", [])
+    assert skips[-1:] == ([(data.skipped[-1], float(skipped))] if skipped else [])
+    used = {s.step: _scale_used(rec, s.step) for s in rec.steps}   # the report table: the scale used at the step
+    assert {s: table[s]["loss scale"] for s in used} == {s: cell(x) for s, x in used.items()}
+    assert table[last.step]["skipped so far"] == str(skipped)
+    if v.figures:
+        lines = v.figures["loss_scale"].axes[0].lines
+        assert [tuple(p) for p in lines[0].get_xydata()] == data.scale
+        marks = [ln for ln in lines if ln.get_label().startswith("skipped step")]
+        assert [ln.get_label() for ln in marks] == ([f"skipped step ({skipped})"] if skipped else [])
+    assert "loss_scale.png" in v.pngs
+
+
+def _same_lost_updates(v: Views, printed: dict[str, Any], table: dict[int, dict[str, str]]) -> None:
+    """Lost updates: each step's pooled share, and over the run per parameter."""
+    watch, rec, data = v.report["watch"], v.recording, v.data
     lost = [(s.step, s.lost.fraction) for s in rec.steps if s.lost is not None and s.lost.fraction is not None]
     assert data.lost == lost
-    if lost:
-        assert v.scalars["ampdoctor/lost_updates"] == [(s, f32(x)) for s, x in lost]
-        assert [table[s]["lost updates (fraction)"] for s, _ in lost] == [cell(x) for _, x in lost]
-        assert rec.lost_fraction() == watch["lost_updates"]["lost_fraction"]
-        by_param = rec.lost_by_param()
-        assert by_param == {n: p["lost_fraction"] for n, p in watch["lost_updates"]["params"].items()}
-        assert printed["lost"] == {n: f"{x:.0%}" for n, x in by_param.items()}
-        if v.figures:
-            assert [tuple(p) for p in v.figures["lost_updates"].axes[0].lines[0].get_xydata()] == lost
-        assert "lost_updates.png" in v.pngs
+    if not lost:
+        return
+    assert v.scalars["ampdoctor/lost_updates"] == [(s, f32(x)) for s, x in lost]
+    assert [table[s]["lost updates (fraction)"] for s, _ in lost] == [cell(x) for _, x in lost]
+    assert rec.lost_fraction() == watch["lost_updates"]["lost_fraction"]
+    by_param = rec.lost_by_param()
+    assert by_param == {n: p["lost_fraction"] for n, p in watch["lost_updates"]["params"].items()}
+    assert printed["lost"] == {n: f"{x:.0%}" for n, x in by_param.items()}
+    if v.figures:
+        assert [tuple(p) for p in v.figures["lost_updates"].axes[0].lines[0].get_xydata()] == lost
+    assert "lost_updates.png" in v.pngs
 
 
 def _scale_used(rec: Recording, step: int) -> float:

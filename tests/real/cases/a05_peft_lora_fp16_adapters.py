@@ -1,5 +1,6 @@
 # source: https://github.com/huggingface/peft/issues/1249
-# also: https://github.com/huggingface/peft/pull/1336 , https://github.com/huggingface/peft/pull/1706 (failures.md row 2)
+# also: https://github.com/huggingface/peft/pull/1336 , https://github.com/huggingface/peft/pull/1706
+#   (failures.md row 2)
 # reproduces: a base model in fp16 and LoRA adapters created in the base dtype (peft < 0.11 behaviour, today
 #   autocast_adapter_dtype=False), fp16 AMP -> ValueError: Attempting to unscale FP16 gradients.
 # expect: AMP101

@@ -43,4 +43,5 @@ opt.load_state_dict(ckpt["opt"])
 skipped = train(model, opt, scaler, 8)
 print(f"scale before the restart {settled:g}; {skipped} steps skipped after it")
 if skipped:
-    sys.exit(f"SYMPTOM: the resumed run restarted the loss scale at 65536 (was {settled:g}) and skipped {skipped} steps")
+    sys.exit(f"SYMPTOM: the resumed run restarted the loss scale at 65536 (was {settled:g}) and skipped "
+             f"{skipped} steps")
