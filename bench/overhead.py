@@ -165,15 +165,7 @@ RUN_STEPS = 1000  # the run length over which (d)'s dense first steps are amorti
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--autocast", choices=("float16", "bfloat16"), default="float16",
-                        help="autocast dtype; bfloat16 on a CPU with fast bf16 and slow fp16 matmuls (AVX512-BF16 "
-                             "without AVX512-FP16) gives a realistic step time. The GradScaler stays, so the same "
-                             "monitoring code runs; the watch's work is on the fp32 gradients either way")
-    args = parser.parse_args(argv)
+    args = _arguments(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     loop = Loop(getattr(torch, args.autocast))
@@ -183,12 +175,34 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.get_num_threads()} threads")
     for _ in range(3):
         loop.step()  # warm-up: allocator, autocast caches
+    started = time.perf_counter()
+    times, paired, inside, extra = _timed_rounds(loop, args.rounds, args.steps, started)
+    _print_results(loop, times, paired, inside, extra)
+    print(f"\n{args.rounds} rounds x {args.steps} timed steps per variant; total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--autocast", choices=("float16", "bfloat16"), default="float16",
+                        help="autocast dtype; bfloat16 on a CPU with fast bf16 and slow fp16 matmuls (AVX512-BF16 "
+                             "without AVX512-FP16) gives a realistic step time. The GradScaler stays, so the same "
+                             "monitoring code runs; the watch's work is on the fp32 gradients either way")
+    return parser.parse_args(argv)
+
+
+def _timed_rounds(loop: Loop, rounds: int, steps: int, started: float) -> tuple[
+        dict[str, list[float]], dict[str, list[float]], dict[str, float], dict[str, dict[str, Any]]]:
+    """Time every variant in blocks of ``steps``, each right after a baseline block, for ``rounds`` rounds; return
+    each variant's step times, its ratios to the paired baseline blocks, its time inside monitoring and its stats."""
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     paired: dict[str, list[float]] = {name: [] for name in VARIANTS}
     inside: dict[str, float] = {name: 0.0 for name in VARIANTS}
     extra: dict[str, dict[str, Any]] = {name: {} for name in VARIANTS}
-    started = time.perf_counter()
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = list(VARIANTS)[1:]
         if r % 2:
             order.reverse()
@@ -198,12 +212,18 @@ def main(argv: list[str] | None = None) -> int:
                 with VARIANTS[current](loop, extra[current]) as (hook, spent):
                     loop.step(hook)  # warm-up step of this block (step 0 is sampled: not timed)
                     before = spent() if spent else 0.0
-                    block = [loop.step(hook) for _ in range(args.steps)]
+                    block = [loop.step(hook) for _ in range(steps)]
                     inside[current] += (spent() - before) if spent else 0.0
                 times[current] += block
                 blocks.append(statistics.median(block))
             paired[name].append(blocks[1] / blocks[0])
-        print(f"  round {r + 1}/{args.rounds} done after {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        print(f"  round {r + 1}/{rounds} done after {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return times, paired, inside, extra
+
+
+def _print_results(loop: Loop, times: dict[str, list[float]], paired: dict[str, list[float]],
+                   inside: dict[str, float], extra: dict[str, dict[str, Any]]) -> None:
+    """Print each variant's median and best step, its paired and best ratios, its inside ratio, and notes."""
     best_base, median_base = min(times[BASE]), statistics.median(times[BASE])
     per_step = {name: inside[name] / max(len(times[name]), 1) for name in VARIANTS}
     # (d)'s timed steps are never sampled: amortize one sampled step, as measured in (c), over 50, and the dense
@@ -216,26 +236,28 @@ def main(argv: list[str] | None = None) -> int:
     for name, ts in times.items():
         med, best = statistics.median(ts), min(ts)
         ratio = statistics.median(paired[name]) if paired[name] else 1.0
-        info = extra[name]
         measured = name in (SEED, FULL, DEFAULT)
         inside_ratio = f"{1 + per_step[name] / median_base:6.3f}x" if measured else f"{'-':>7s}"
-        note = ""
-        if "syncs" in info:
-            note = (f"{info['syncs']} host syncs = {info['sampled']} sampled steps (of {info['steps']}) + "
-                    f"{info['syncs'] - info['sampled']} detach flushes; {per_step[name] * 1000:.2f} ms inside/step")
-            if name == DEFAULT:
-                note += f" (1 sampled step in 50 and the first {DENSE_STEPS} of {RUN_STEPS}, amortized)"
-            if info.get("off"):
-                note += f"; parts off: {info['off']}"
-        elif name == ACTIVATIONS:
-            note = f"{info.get('sampled', 0)} sampled steps, 1 host sync each (its step_record)"
-        elif name == SEED:
-            note = (f"{2 * len(list(loop.model.parameters()))} .item() syncs per step; "
-                    f"{per_step[name] * 1000:.2f} ms inside/step")
+        note = _note(name, extra[name], per_step[name], len(list(loop.model.parameters())), DENSE_STEPS)
         print(f"{name:46s} {med * 1000:6.1f} ms {best * 1000:6.1f} ms {ratio:5.2f}x {best / best_base:5.2f}x "
               f"{inside_ratio}  {note}")
-    print(f"\n{args.rounds} rounds x {args.steps} timed steps per variant; total {time.perf_counter() - started:.0f} s")
-    return 0
+
+
+def _note(name: str, info: dict[str, Any], per_step: float, tensors: int, dense_steps: int) -> str:
+    """Return what a variant's row notes: its host syncs and its time inside monitoring per step."""
+    if "syncs" in info:
+        note = (f"{info['syncs']} host syncs = {info['sampled']} sampled steps (of {info['steps']}) + "
+                f"{info['syncs'] - info['sampled']} detach flushes; {per_step * 1000:.2f} ms inside/step")
+        if name == DEFAULT:
+            note += f" (1 sampled step in 50 and the first {dense_steps} of {RUN_STEPS}, amortized)"
+        if info.get("off"):
+            note += f"; parts off: {info['off']}"
+        return note
+    if name == ACTIVATIONS:
+        return f"{info.get('sampled', 0)} sampled steps, 1 host sync each (its step_record)"
+    if name == SEED:
+        return f"{2 * tensors} .item() syncs per step; {per_step * 1000:.2f} ms inside/step"
+    return ""
 
 
 if __name__ == "__main__":

@@ -35,13 +35,18 @@ def find_cycles(graph: grimp.ImportGraph, ignore: set[tuple[str, str]] = frozens
     modules = sorted(m for m in graph.modules if m.startswith("ampdoctor"))
     edges = {m: sorted(n for n in graph.find_modules_directly_imported_by(m)
                        if n.startswith("ampdoctor") and (m, n) not in ignore) for m in modules}
+    return [sorted(component) for component in _strongly_connected(modules, edges) if len(component) > 1]
+
+
+def _strongly_connected(nodes: list[str], edges: dict[str, list[str]]) -> list[list[str]]:
+    """Return the strongly connected components of a directed graph, in the order Tarjan's algorithm finds them."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    cycles: list[list[str]] = []
+    components: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's algorithm; the graph is small (about 60 modules)
+    def visit(v: str) -> None:  # recursive: the graph is small (about 60 modules)
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
@@ -59,13 +64,12 @@ def find_cycles(graph: grimp.ImportGraph, ignore: set[tuple[str, str]] = frozens
                 component.append(w)
                 if w == v:
                     break
-            if len(component) > 1:
-                cycles.append(sorted(component))
+            components.append(component)
 
-    for m in modules:
-        if m not in index:
-            visit(m)
-    return cycles
+    for v in nodes:
+        if v not in index:
+            visit(v)
+    return components
 
 
 def test_import_contracts_are_kept():

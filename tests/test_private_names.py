@@ -21,8 +21,10 @@ such line added.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,39 +164,65 @@ def private_uses(source: str, room: str | None) -> list[Use]:
     bindings.visit(tree)
     bindings.bind_assignments(tree)
     uses: set[Use] = set()
-
-    def flag(node: ast.AST, what: str, belongs: str) -> None:
-        if belongs != room:
-            uses.add(Use(node.lineno, what, belongs))
-
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                package = _package(alias.name)
-                if package and any(_private(part) for part in alias.name.split(".")):
-                    flag(node, f"import {alias.name}", ROOMS[package])
-        elif isinstance(node, ast.ImportFrom) and not node.level and (package := _package(node.module)):
-            private = [a.name for a in node.names if _private(a.name)]
-            if any(_private(part) for part in node.module.split(".")) or private:
-                flag(node, f"from {node.module} import {', '.join(private or [a.name for a in node.names])}",
-                     ROOMS[package])
-        elif isinstance(node, ast.Attribute):
-            package = bindings.package_of(node.value)
-            if package and _private(node.attr):
-                flag(node, ast.unparse(node), ROOMS[package])
-            elif node.attr in FRAME_INTERNALS and room is None:
-                flag(node, ast.unparse(node), EITHER_ROOM)
-            elif node.attr in KNOWN and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                flag(node, ast.unparse(node), KNOWN[node.attr])
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
-                "getattr", "hasattr", "setattr", "delattr") and len(node.args) > 1:
-            name = node.args[1]
-            package = bindings.package_of(node.args[0])
-            if package and isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
-                flag(node, ast.unparse(node), ROOMS[package])
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in KNOWN:
-            flag(node, repr(node.value), KNOWN[node.value])
+        kind = _USES.get(type(node))
+        for what, belongs in kind(node, bindings, room) if kind else ():
+            if belongs != room:
+                uses.add(Use(node.lineno, what, belongs))
     return sorted(uses, key=lambda u: (u.line, u.what))
+
+
+def _import_uses(node: ast.Import, bindings: _Bindings, room: str | None) -> Iterator[tuple[str, str]]:
+    """Rule 1: ``import torch._C``; each use is ``(what, the room it belongs in)``, as for the others below."""
+    for alias in node.names:
+        package = _package(alias.name)
+        if package and any(_private(part) for part in alias.name.split(".")):
+            yield f"import {alias.name}", ROOMS[package]
+
+
+def _import_from_uses(node: ast.ImportFrom, bindings: _Bindings, room: str | None) -> Iterator[tuple[str, str]]:
+    """Rule 1: ``from torch.utils import _pytree``, ``from torch._subclasses import FakeTensorMode``."""
+    package = _package(node.module) if not node.level else None
+    if not package:
+        return
+    private = [a.name for a in node.names if _private(a.name)]
+    if any(_private(part) for part in node.module.split(".")) or private:
+        yield f"from {node.module} import {', '.join(private or [a.name for a in node.names])}", ROOMS[package]
+
+
+def _attribute_uses(node: ast.Attribute, bindings: _Bindings, room: str | None) -> Iterator[tuple[str, str]]:
+    """Rules 2, 3 and 4: a private attribute on a watched chain, a frame's internals, a known private attribute."""
+    package = bindings.package_of(node.value)
+    if package and _private(node.attr):
+        yield ast.unparse(node), ROOMS[package]
+    elif node.attr in FRAME_INTERNALS and room is None:
+        yield ast.unparse(node), EITHER_ROOM
+    elif node.attr in KNOWN and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        yield ast.unparse(node), KNOWN[node.attr]
+
+
+def _getattr_uses(node: ast.Call, bindings: _Bindings, room: str | None) -> Iterator[tuple[str, str]]:
+    """Rule 2: ``getattr(root, "_x")`` (and hasattr, setattr, delattr) on a watched chain."""
+    if not (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) > 1):
+        return
+    name = node.args[1]
+    package = bindings.package_of(node.args[0])
+    if package and isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
+        yield ast.unparse(node), ROOMS[package]
+
+
+def _string_uses(node: ast.Constant, bindings: _Bindings, room: str | None) -> Iterator[tuple[str, str]]:
+    """Rule 4: a known private attribute's name as a string (``getattr(s, "_scale")``)."""
+    if isinstance(node.value, str) and node.value in KNOWN:
+        yield repr(node.value), KNOWN[node.value]
+
+
+# The checks, by the kind of AST node they read.
+_USES: dict[type, Callable[[Any, _Bindings, str | None], Iterator[tuple[str, str]]]] = {
+    ast.Import: _import_uses, ast.ImportFrom: _import_from_uses, ast.Attribute: _attribute_uses,
+    ast.Call: _getattr_uses, ast.Constant: _string_uses,
+}
 
 
 def room_of(path: Path) -> str | None:

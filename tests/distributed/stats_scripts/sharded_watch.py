@@ -76,114 +76,29 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
     from torch import nn
 
     import ampdoctor
-    from ampdoctor.monitor.grad_stats import GradStats
-    from ampdoctor.monitor.gradients import rows_to_dicts
 
     # a short collective timeout: a rank left waiting (the bug these runs test for) ends instead of lingering
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"file://{store}",
                             timeout=datetime.timedelta(seconds=60))
     result: dict = {"rank": rank}
     try:
-        model = _model(torch, nn)
-        if mode in ("fsdp2", "partial"):
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-            for layer in (model[0], model[2], model[4]):
-                fully_shard(layer, mp_policy=policy)
-            fully_shard(model, mp_policy=policy)
-        elif mode == "fsdp1":
-            from torch.distributed.fsdp import FullyShardedDataParallel
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
-        elif mode == "fsdp1_orig":
-            from torch.distributed.fsdp import FullyShardedDataParallel
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
-            result["local_numels"] = {n: p.numel() for n, p in model.named_parameters()}
-        elif mode == "dp_tp":
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            from torch.distributed.tensor import Replicate
-            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            model = _tp_model(torch, nn)
-            parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(),
-                                                   "4": ColwiseParallel(output_layouts=Replicate())})
-            for layer in (model[0], model[2], model[4], model[5]):
-                fully_shard(layer, mesh=mesh["dp"])
-            fully_shard(model, mesh=mesh["dp"])
-            result["placements"] = {n: [str(p) for p in q.placements] for n, q in model.named_parameters()}
-            result["local_numels"] = {n: q.to_local().numel() for n, q in model.named_parameters()}
-        elif mode == "ddp_overflow":
-            model = nn.Sequential(nn.Linear(12, 24), nn.BatchNorm1d(24), nn.Linear(24, 3))
-            model = nn.parallel.DistributedDataParallel(model)
-        elif mode == "collective_forward":
-            model = nn.Sequential(nn.Linear(12, 24), _CrossRankCenter(torch, dist), nn.Linear(24, 3))
+        model = _wrapped(torch, nn, dist, mode, _model(torch, nn), result)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu") if mode == "ddp_overflow" else None
         watch = ampdoctor.watch(model, opt, scaler, every=1, stats="full",
                                 activations=mode in ("ddp_overflow", "collective_forward"))
-        if mode == "partial":
-            from torch.distributed.tensor import DTensor, Partial
-            weight = model[4].weight
+        weight = model[4].weight if mode == "partial" else None
+        full = None
         for step in range(3 if mode == "collective_forward" else 2):
             x, y = _batch(torch, rank, same=mode != "fsdp1")
+            overflow = rank == 1 and step == 1   # fp16 overflows in rank 1's first Linear only
             if mode == "ddp_overflow":
-                if rank == 1 and step == 1:
-                    x = x * 1e6  # fp16 overflows in rank 1's first Linear only
-                before = [p.detach().clone() for p in model.parameters()]
-                with torch.autocast("cpu", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-                found = sum(v.item() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
-                scale_before = scaler.get_scale()
-                scaler.step(opt)
-                scaler.update()
-                unchanged = all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
-                result.setdefault("steps", []).append({"found_inf": found, "scale": scale_before,
-                                                       "params_unchanged": unchanged})
+                result.setdefault("steps", []).append(_scaled_step(torch, nn, model, opt, scaler, x, y, overflow))
             elif mode == "collective_forward":
-                if rank == 1 and step == 1:
-                    x = x * 1e6  # fp16 overflows in rank 1's first Linear only
-                with torch.autocast("cpu", dtype=torch.float16):
-                    loss = nn.functional.mse_loss(model(x).float(), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                result.setdefault("losses", []).append(loss.item())
+                result.setdefault("losses", []).append(_collective_step(torch, nn, model, opt, x, y, overflow))
             else:
-                loss = nn.functional.mse_loss(model(x).float(), y)
-                loss.backward()
-                if mode == "fsdp2":  # of DTensor grads, clip_grad_norm_ returns a DTensor norm; 1e9: no clipping
-                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
-                    watch.note_clip(norm)   # as `ampdoctor run` and the integrations hand it over
-                    result["clip_norm"] = [type(norm).__name__, [str(p) for p in norm.placements]]
-                if mode == "partial":  # a pending sum over the ranks, as tensor parallelism leaves some grads
-                    local = weight.grad.full_tensor() / world
-                    weight.grad = DTensor.from_local(local, weight.device_mesh, [Partial()], run_check=False)
-                grads = [p.grad for p in model.parameters()]
-                full = [g.full_tensor() if hasattr(g, "full_tensor") and mode != "partial" else g for g in grads]
-                if mode == "fsdp1_orig":  # the whole gradient of every original parameter, gathered by FSDP
-                    from torch.distributed.fsdp import FullyShardedDataParallel
-                    with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
-                        full = [p.grad.detach().clone() for p in model.parameters()]
-                opt.step()
-                opt.zero_grad()
-        if mode == "fsdp1":  # reference: the flat parameter's whole gradient, gathered
-            flat = full[0]
-            pad = getattr(model._handle.flat_param, "_shard_numel_padded", 0)
-            gathered = [torch.zeros_like(flat) for _ in range(world)]
-            dist.all_gather(gathered, flat)
-            full = [torch.cat(gathered)[:sum(p.numel() for p in _model(torch, nn).parameters())]]
-            result["pad"] = pad
-        if mode in ("fsdp2", "fsdp1", "fsdp1_orig", "dp_tp"):
-            ref = GradStats([g.numel() for g in full]).compute(full).tolist()
-            result["reference"] = rows_to_dicts(ref, watch.param_names)
-        if mode in ("fsdp1_orig", "dp_tp"):
-            result["single"] = _single(torch, nn, _model if mode == "fsdp1_orig" else _tp_model, rank, steps=2)
+                full = _plain_step(torch, nn, mode, model, opt, watch, (x, y), world, weight, result)
+        _add_references(torch, nn, dist, mode, model, watch, full, rank, world, result)
         watch.detach()
         summary = watch.summary_data()
         result.update(stats=_rows(watch), gradients=summary["gradients"],
@@ -194,6 +109,126 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
             json.dump(result, f, default=str)
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _wrapped(torch, nn, dist, mode, model, result):
+    """Return the model as MODE trains it: sharded, parallelized, in DDP, or rebuilt around a collective."""
+    if mode in ("fsdp2", "partial"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        for layer in (model[0], model[2], model[4]):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    elif mode == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+    elif mode == "fsdp1_orig":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+        result["local_numels"] = {n: p.numel() for n, p in model.named_parameters()}
+    elif mode == "dp_tp":
+        model = _dp_tp(torch, nn, result)
+    elif mode == "ddp_overflow":
+        model = nn.Sequential(nn.Linear(12, 24), nn.BatchNorm1d(24), nn.Linear(24, 3))
+        model = nn.parallel.DistributedDataParallel(model)
+    elif mode == "collective_forward":
+        model = nn.Sequential(nn.Linear(12, 24), _CrossRankCenter(torch, dist), nn.Linear(24, 3))
+    return model
+
+
+def _dp_tp(torch, nn, result):
+    """Return the tensor-parallel model on a ("dp", "tp") mesh of 4 ranks, fully sharded over dp."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = _tp_model(torch, nn)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel(),
+                                           "4": ColwiseParallel(output_layouts=Replicate())})
+    for layer in (model[0], model[2], model[4], model[5]):
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    result["placements"] = {n: [str(p) for p in q.placements] for n, q in model.named_parameters()}
+    result["local_numels"] = {n: q.to_local().numel() for n, q in model.named_parameters()}
+    return model
+
+
+def _scaled_step(torch, nn, model, opt, scaler, x, y, overflow):
+    """Train one fp16 autocast step with the GradScaler; return what the scaler decided and whether it updated."""
+    if overflow:
+        x = x * 1e6
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    found = sum(v.item() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+    scale_before = scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    unchanged = all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))
+    return {"found_inf": found, "scale": scale_before, "params_unchanged": unchanged}
+
+
+def _collective_step(torch, nn, model, opt, x, y, overflow):
+    """Train one fp16 autocast step with no scaler; return its loss."""
+    if overflow:
+        x = x * 1e6
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item()
+
+
+def _plain_step(torch, nn, mode, model, opt, watch, batch, world, weight, result):
+    """Train one fp32 step; return the whole gradients of this step, before the optimizer steps."""
+    x, y = batch
+    loss = nn.functional.mse_loss(model(x).float(), y)
+    loss.backward()
+    if mode == "fsdp2":  # of DTensor grads, clip_grad_norm_ returns a DTensor norm; 1e9: no clipping
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
+        watch.note_clip(norm)   # as `ampdoctor run` and the integrations hand it over
+        result["clip_norm"] = [type(norm).__name__, [str(p) for p in norm.placements]]
+    if mode == "partial":  # a pending sum over the ranks, as tensor parallelism leaves some grads
+        from torch.distributed.tensor import DTensor, Partial
+        local = weight.grad.full_tensor() / world
+        weight.grad = DTensor.from_local(local, weight.device_mesh, [Partial()], run_check=False)
+    grads = [p.grad for p in model.parameters()]
+    full = [g.full_tensor() if hasattr(g, "full_tensor") and mode != "partial" else g for g in grads]
+    if mode == "fsdp1_orig":  # the whole gradient of every original parameter, gathered by FSDP
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        with FullyShardedDataParallel.summon_full_params(model, with_grads=True):
+            full = [p.grad.detach().clone() for p in model.parameters()]
+    opt.step()
+    opt.zero_grad()
+    return full
+
+
+def _add_references(torch, nn, dist, mode, model, watch, full, rank, world, result):
+    """Record what the watch's statistics are compared with: those of the whole last gradients, and of the same
+    model trained alone."""
+    from ampdoctor.monitor.grad_stats import GradStats
+    from ampdoctor.monitor.gradients import rows_to_dicts
+
+    if mode == "fsdp1":  # reference: the flat parameter's whole gradient, gathered
+        flat = full[0]
+        pad = getattr(model._handle.flat_param, "_shard_numel_padded", 0)
+        gathered = [torch.zeros_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        full = [torch.cat(gathered)[:sum(p.numel() for p in _model(torch, nn).parameters())]]
+        result["pad"] = pad
+    if mode in ("fsdp2", "fsdp1", "fsdp1_orig", "dp_tp"):
+        ref = GradStats([g.numel() for g in full]).compute(full).tolist()
+        result["reference"] = rows_to_dicts(ref, watch.param_names)
+    if mode in ("fsdp1_orig", "dp_tp"):
+        result["single"] = _single(torch, nn, _model if mode == "fsdp1_orig" else _tp_model, rank, steps=2)
 
 
 def main(argv: list[str]) -> None:

@@ -92,10 +92,7 @@ def build(case):
     if case == "meta-init":  # deferred init: built on meta, materialized with to_empty, then initialized
         with torch.device("meta"):
             model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-        model = model.to_empty(device="cpu")
-        for m in model.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+        model = materialize(model)
         return model, [torch.optim.AdamW(model.parameters(), lr=1e-2)], scaler
     if case == "meta":  # never materialized: forward, backward and step all run on the meta device
         with torch.device("meta"):
@@ -105,6 +102,15 @@ def build(case):
         model = WithScalar()
         return model, [torch.optim.AdamW(model.parameters(), lr=1e-2)], scaler
     raise SystemExit(f"unknown case {case!r}; one of {CASES}")
+
+
+def materialize(model):
+    """Give a model built on the meta device real CPU storage, then initialize each layer as its constructor would."""
+    model = model.to_empty(device="cpu")
+    for m in model.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return model
 
 
 def batch(case):
