@@ -77,4 +77,4 @@ def test_fsdp_clip_grad_norm_on_scaled_gradients_is_amp408(tmp_path, capsys):
     code, report, _ = run_json(tmp_path, capsys, os.path.join(SCRIPTS, "fsdp_clip_scaled.py"))
     assert code == 0
     [amp408] = [f for f in report["findings"] if f["code"] == "AMP408"]
-    assert "fsdp_clip_scaled.py:27" in amp408["detail"]
+    assert "fsdp_clip_scaled.py:26" in amp408["detail"]
