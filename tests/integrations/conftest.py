@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from launch_jobs import clean_environment, free_port, run_job
 
-collect_ignore_glob = ["rank_scripts/*"]
+collect_ignore_glob = ["rank_scripts/*", "scripts/*"]   # the nearest conftest's list is the one that counts
 
 SCRIPTS = Path(__file__).parent / "rank_scripts"
 TIMEOUT = 120   # the jobs take 10-30 s on two cores; a hang must fail the test, not the suite

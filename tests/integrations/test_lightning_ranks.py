@@ -26,6 +26,8 @@ def test_the_stray_half_head_on_every_rank_is_one_finding_listing_both_ranks(tmp
     report, own_codes = check_job_report(tmp_path, output, job_port, rank_lines=1)
     assert [(f["code"], f.get("ranks")) for f in report["findings"]] == [("AMP103", [0, 1])], output[-5000:]
     assert own_codes == [["AMP103"], ["AMP103"]]
+    # no folder configured (AMPDOCTOR_RANK_DIR unset) and no torchrun store: a private folder of this user's
+    assert report["ranks"]["via"].startswith("the folder ") and "ampdoctor-" in report["ranks"]["via"]
 
 
 def test_a_crash_on_rank_1_alone_is_reported_with_its_rank(tmp_path, rank_job, job_port):

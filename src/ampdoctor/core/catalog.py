@@ -475,7 +475,7 @@ RULES: tuple[Rule, ...] = (
         WARNING, "watch",
     ),
     Rule(
-        "AMP611", "grad-norm-clipped", "Gradient clipping was active: the logged and watched norms are after clipping",
+        "AMP611", "grad-norm-clipped", "Every step was clipped: the logged and watched norms are after clipping",
         "clip_grad_norm_ returns the norm before clipping; the optimizer and the gradient statistics see the clipped "
         "gradients. A run that clips every step hides how large its gradients are.",
         "# the pre-clip norms are in report['clipping'] (peak, last, clipped/calls)\n"

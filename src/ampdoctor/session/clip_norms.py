@@ -71,14 +71,15 @@ class ClipNorms:
 
 
 def clipping_finding(clipping: dict[str, Any], where: str) -> Finding:
-    """Return AMP611 for the ``result()`` of a run that clipped, named ``where`` (how the loop asked for the clip).
+    """Return AMP611 for the ``result()`` of a run that clipped every step, named ``where`` (how the loop asked for
+    the clip).
 
     >>> clipping_finding({"max_norm": 1.0, "calls": 4, "clipped": 3, "nonfinite": 0, "peak": 9.5, "last": 2.0},
     ...                  "clip_grad_norm_").detail[:50]
     'clip_grad_norm_(max_norm=1) clipped 3 of 4 steps; '
     """
     nonfinite = f"; {clipping['nonfinite']} were inf/NaN" if clipping["nonfinite"] else ""
-    return Finding("AMP611", get_rule("AMP611").severity, where, (
+    return get_rule("AMP611").finding(where, (
         f"clip_grad_norm_(max_norm={clipping['max_norm']:g}) clipped {clipping['clipped']} of {clipping['calls']} "
         f"steps{nonfinite}; the pre-clip gradient norm reached {clipping['peak']:.4g} (last {clipping['last']:.4g}). "
         "The optimizer and the watch's gradient statistics see the clipped gradients; these are the norms before "

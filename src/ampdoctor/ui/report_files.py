@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ampdoctor.core.io import write_atomic
 from ampdoctor.core.records import Recording, read_recording
 from ampdoctor.core.report import Report
 from ampdoctor.ui.run_data import RunData, read_run
@@ -316,7 +317,6 @@ def write_html(loaded: Loaded, out: str) -> None:
     """
     page = render_html(loaded)
     try:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(page)
+        write_atomic(out, page)
     except OSError as exc:
         raise ValueError(f"cannot write {out!r}: {exc.strerror}") from None

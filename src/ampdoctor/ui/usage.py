@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ampdoctor.core.io import write_atomic
+
 __all__ = ["UsageError", "check_log_dir", "check_writable", "write_text"]
 
 
@@ -36,9 +38,9 @@ def check_log_dir(path: str) -> None:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path``; raise a usage error that names the path and why it failed."""
+    """Write ``text`` to ``path`` whole (``core.io.write_atomic``); raise a usage error that names the path and why
+    it failed."""
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomic(path, text)
     except OSError as exc:
         raise UsageError(f"cannot write {path!r}: {exc.strerror}") from None

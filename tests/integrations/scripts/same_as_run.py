@@ -13,12 +13,10 @@ import sys
 import torch
 from torch import nn
 
-framework = sys.argv[1]
-callback_json = sys.argv[2] if len(sys.argv) > 2 else None
 STEPS = 12
 
 
-def data():
+def data() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return torch.randn(96, 8, generator=g), torch.randn(96, 1, generator=g)
 
@@ -29,13 +27,11 @@ class Body(nn.Module):
         self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
         self.head = nn.Linear(16, 1).half()   # the stray cast
 
-    def loss(self, x, y):
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nn.functional.mse_loss(self.head(self.encoder(x).half()).float(), y)
 
 
-torch.manual_seed(0)
-x, y = data()
-if framework == "lightning":
+def train_lightning(callback_json: str | None) -> None:
     import lightning as L
 
     class Net(L.LightningModule):
@@ -54,11 +50,13 @@ if framework == "lightning":
         from ampdoctor.integrations.lightning import AmpDoctorCallback
 
         callbacks.append(AmpDoctorCallback(json_path=callback_json))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=8)
     trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, callbacks=callbacks, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Net(), loader)
-else:
+
+
+def train_trainer(callback_json: str | None) -> None:
     from transformers import Trainer, TrainingArguments
 
     class Model(nn.Module):
@@ -69,7 +67,7 @@ else:
         def forward(self, inputs, labels):
             return {"loss": self.body.loss(inputs, labels)}
 
-    rows = [{"inputs": a, "labels": b} for a, b in zip(x, y)]
+    rows = [{"inputs": a, "labels": b} for a, b in zip(*data())]
     callbacks = []
     if callback_json:
         from ampdoctor.integrations.transformers import AmpDoctorCallback
@@ -79,4 +77,9 @@ else:
                              optim="sgd", lr_scheduler_type="constant", report_to=[], use_cpu=True,
                              save_strategy="no", logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
     Trainer(Model(), args, train_dataset=rows, callbacks=callbacks).train()
-print("done", flush=True)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    {"lightning": train_lightning, "trainer": train_trainer}[sys.argv[1]](sys.argv[2] if len(sys.argv) > 2 else None)
+    print("done", flush=True)
