@@ -60,8 +60,8 @@ def test_minilm_lora_is_repaired_by_fix(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step  5" in proc.stdout and "done: accuracy" in proc.stdout
     assert report["ok"] and report["exception"] is None
-    # AMP101 stays as info, repaired; AMP611: clip_grad_norm_(max_norm=1.0) clipped, as the callbacks say too
-    assert {(f["code"], f["severity"]) for f in report["findings"]} == {("AMP101", "info"), ("AMP611", "info")}
+    assert {(f["code"], f["severity"]) for f in report["findings"]} == {("AMP101", "info")}
+    assert 0 < report["clipping"]["clipped"] < report["clipping"]["calls"]   # clipped on some steps: no AMP611
     upcast = [c for c in report["changes"] if "lora_" in c or c.startswith("head.")]
     assert len(upcast) == 26 and all(c.endswith("upcast torch.float16 -> torch.float32") for c in upcast)
 
