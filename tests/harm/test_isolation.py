@@ -26,9 +26,9 @@ import ampdoctor.monitor.activations
 import ampdoctor.monitor.grad_stats
 import ampdoctor.monitor.gradients
 import ampdoctor.monitor.loss_scale
-import ampdoctor.monitor.lost_updates
 import ampdoctor.monitor.op_replay
 import ampdoctor.monitor.recorder
+import ampdoctor.monitor.updates
 import ampdoctor.monitor.watcher
 import ampdoctor.preflight.engine
 import ampdoctor.preflight.rules
@@ -107,7 +107,7 @@ WATCH_FAULTS = [
     Fault("scale-observer", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "_before_update", "scale",
           steps_aside=False),
     Fault("scale-consume", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "consume", "scale", after=2),
-    Fault("lost-updates-consume", lambda: ampdoctor.monitor.lost_updates.LostUpdateMonitor, "consume", "lost_updates",
+    Fault("lost-updates-consume", lambda: ampdoctor.monitor.updates.UpdateMonitor, "consume", "lost_updates",
           loop="bf16-weights", after=1),
     Fault("recorder-disk-full", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=3,
           error=_disk_full),

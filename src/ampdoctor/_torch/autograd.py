@@ -54,3 +54,20 @@ def version_counter(tensor: torch.Tensor) -> int | None:
         return None
     version = getattr(tensor, "_version", None)
     return version if isinstance(version, int) else None
+
+
+def constant_factor(tensor: torch.Tensor) -> float | None:
+    """Return ``c`` when ``tensor`` is ``x * c`` for a constant ``c`` kept on the CPU (``loss * 2**16``: a
+    hand-written loss scaler), read from the graph node's saved operand; None otherwise. Reads no device memory.
+
+    >>> w = torch.ones(2, requires_grad=True)
+    >>> constant_factor(w.sum() * 2.0**16), constant_factor(w.sum())
+    (65536.0, None)
+    """
+    node = getattr(tensor, "grad_fn", None)
+    if node is None or node.name() != "MulBackward0":
+        return None
+    other = getattr(node, "_saved_other", None)
+    if not isinstance(other, torch.Tensor) or other.numel() != 1 or other.device.type != "cpu" or other.requires_grad:
+        return None
+    return float(other)

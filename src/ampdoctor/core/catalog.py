@@ -482,6 +482,62 @@ RULES: tuple[Rule, ...] = (
         "TrainingArguments(max_grad_norm=...)  # or Trainer(gradient_clip_val=...): raise it, or find the spike",
         INFO, "watch",
     ),
+    Rule(
+        "AMP612", "no-progress", "Training ran but the weights did not change",
+        "Backward computed gradients that no optimizer step used (a skipped step of any loss scaler, a loop that "
+        "zeroes the gradients before it steps), or the optimizer stepped and moved none of the weights it was "
+        "given: the run spends its compute and learns nothing, whatever the cause.",
+        "# step after every backward that should count, and let one scaler decide the skips:\n"
+        "scaler.scale(loss).backward(); scaler.step(opt); scaler.update(); opt.zero_grad()",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP613", "loss-not-finite", "The loss is inf/NaN",
+        "A non-finite loss gives non-finite gradients; without a GradScaler to skip the step they reach the "
+        "weights. It usually starts in the forward pass (an fp16 overflow, a log of 0, a division by 0).",
+        "ampdoctor run --activations train.py   # names the first module with an inf/NaN output",
+        ERROR, "watch",
+    ),
+    Rule(
+        "AMP614", "loss-frozen", "The loss stayed bit-identical while the weights changed",
+        "A loss that does not move with the weights is not computed from them: a copy of the model, a detached "
+        "output, a cached value, or a loss too coarse (fp16/bf16) to show the change.",
+        "loss = criterion(model(x).float(), y)   # from the model the optimizer steps, in fp32",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP615", "loss-diverging", "The loss is growing",
+        "A loss that ends far above where it started is diverging: a learning rate too high, an update that "
+        "bypassed the loss scaler, or gradients still multiplied by a loss scale.",
+        "# lower the learning rate, or warm it up; check that every update goes through scaler.step(opt)",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP616", "weights-not-finite", "Weights are inf/NaN",
+        "Once a weight is inf/NaN every later forward pass is too: the run is broken from that step on. An "
+        "optimizer step wrote it (an Adam eps that rounds to 0 in fp16, an update that bypassed the scaler), or "
+        "code outside the optimizer did.",
+        "scaler.step(opt)   # never opt.step() directly while a GradScaler scales the loss\n"
+        "model.float()      # fp32 weights; keep fp16 for autocast",
+        ERROR, "watch",
+    ),
+    Rule(
+        "AMP617", "params-without-grad", "Trainable parameters never receive a gradient",
+        "A trainable parameter the loss does not reach is never updated: an unused module, a branch the forward "
+        "skips, a detach() or a no_grad() around its part of the model. When none receives one, nothing trains.",
+        "for n, p in model.named_parameters():\n"
+        "    if p.requires_grad and p.grad is None: print(n)   # after backward: freeze them or use them",
+        INFO, "watch",
+    ),
+    Rule(
+        "AMP618", "clip-sees-nothing", "The gradient clip clips no parameters",
+        "clip_grad_norm_ was given no parameters (or not the ones that have gradients) and returned a norm of 0: "
+        "a filter() or generator passed to the optimizer first is empty by the time the clip iterates it, so the "
+        "clip never clips.",
+        "params = [p for p in model.parameters() if p.requires_grad]   # a list, not filter(): it can be reused\n"
+        "opt = torch.optim.AdamW(params); torch.nn.utils.clip_grad_norm_(params, 1.0)",
+        WARNING, "watch",
+    ),
 )
 
 _BY_CODE = {r.code: r for r in RULES}

@@ -31,7 +31,9 @@ from ampdoctor.core.findings import Finding
 
 __all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "REPORT_SCHEMA", "header_line", "step_line", "end_line",
            "report_line", "header_problem", "gradient_rows", "gradients_entry", "scale_entry", "lost_updates_entry",
+           "updates_entry", "loss_entry",
            "param_stats", "rollup", "Layout", "Header", "Gradients", "Scale", "ParamLost", "LostUpdates",
+           "Updates", "Loss",
            "Activations", "Step", "End", "Recording", "read_step", "read_recording", "report_to_dict",
            "report_fields"]
 
@@ -62,13 +64,15 @@ def header_line(fields: Mapping[str, Any], *, started: float, pid: int, rank: in
 
 def step_line(step: int, t: float, *, gradients: dict[str, Any] | None = None, scale: dict[str, Any] | None = None,
               lost_updates: dict[str, Any] | None = None, activations: dict[str, Any] | None = None,
+              updates: dict[str, Any] | None = None, loss: dict[str, Any] | None = None,
               partial: bool = False) -> dict[str, Any]:
     """Return a sampled step's line; ``partial``: written at detach, for the steps since the last sampled one.
 
     >>> step_line(3, 0.5, scale={"skipped": []}, partial=True)
     {'type': 'step', 'step': 3, 't': 0.5, 'scale': {'skipped': []}, 'partial': True}
     """
-    entries = {"gradients": gradients, "scale": scale, "lost_updates": lost_updates, "activations": activations}
+    entries = {"gradients": gradients, "scale": scale, "lost_updates": lost_updates, "activations": activations,
+               "updates": updates, "loss": loss}
     return {"type": "step", "step": step, "t": t, **{k: v for k, v in entries.items() if v is not None},
             **({"partial": True} if partial else {})}
 
@@ -161,6 +165,29 @@ def lost_updates_entry(counts: Iterable[tuple[str, int, int]]) -> dict[str, Any]
     params = {name: {"moved": moved, "lost": lost} for name, moved, lost in counts if moved}
     moved, lost = sum(p["moved"] for p in params.values()), sum(p["lost"] for p in params.values())
     return {"params": params, "moved": moved, "lost": lost, "fraction": lost / moved if moved else None}
+
+
+def updates_entry(*, stepped: int, expected: int, moved: int, nonfinite: Sequence[str],
+                  skipped: bool = False) -> dict[str, Any]:
+    """Return a step's ``updates`` entry: optimizer steps counted, sampled entries with a non-zero gradient in groups
+    with lr > 0 and of those the ones that changed, the parameters inf/NaN at the end of the step, and whether a
+    scaler reported the step as skipped.
+
+    >>> updates_entry(stepped=1, expected=10, moved=9, nonfinite=[])
+    {'stepped': 1, 'expected': 10, 'moved': 9, 'nonfinite': []}
+    """
+    return {"stepped": stepped, "expected": expected, "moved": moved, "nonfinite": list(nonfinite),
+            **({"skipped": True} if skipped else {})}
+
+
+def loss_entry(value: float, backwards: int, dropped: int) -> dict[str, Any]:
+    """Return a step's ``loss`` entry: the last loss given to backward (divided by a GradScaler's scale), the
+    backward calls since the last step line, and of those the ones whose gradients were dropped unused.
+
+    >>> loss_entry(0.5, 2, 0)
+    {'value': 0.5, 'backwards': 2, 'dropped': 0}
+    """
+    return {"value": value, "backwards": backwards, "dropped": dropped}
 
 
 # ---- the roll-up: rows of counts -> per-parameter and per-module statistics ------------------------------------
@@ -346,6 +373,26 @@ class LostUpdates:
 
 
 @dataclass(frozen=True)
+class Updates:
+    """A step's ``updates`` entry (``updates_entry``)."""
+
+    stepped: int
+    expected: int
+    moved: int
+    nonfinite: tuple[str, ...]
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A step's ``loss`` entry (``loss_entry``); ``value`` None: not a number in the log."""
+
+    value: float | None
+    backwards: int
+    dropped: int
+
+
+@dataclass(frozen=True)
 class Activations:
     """What a report shows of a step's ``activations`` entry (``ActivationMonitor.step_record``)."""
 
@@ -367,6 +414,8 @@ class Step:
     scale: Scale | None = None
     lost: LostUpdates | None = None
     activations: Activations | None = None
+    updates: Updates | None = None
+    loss: Loss | None = None
 
     @property
     def skipped(self) -> bool:
@@ -498,12 +547,24 @@ def read_step(line: Mapping[str, Any], layout: Layout = Layout(), old: bool = Fa
     step = _int(line.get("step"))
     if step is None:
         return None
-    entries = {key: _dict(line.get(key)) for key in ("gradients", "scale", "lost_updates", "activations")}
+    entries = {key: _dict(line.get(key))
+               for key in ("gradients", "scale", "lost_updates", "activations", "updates", "loss")}
     return Step(step, _num(line.get("t")), line.get("partial") is True,
                 _gradients(entries["gradients"], layout) if entries["gradients"] else None,
                 _scale(entries["scale"]) if entries["scale"] else None,
                 _lost(entries["lost_updates"], old) if entries["lost_updates"] else None,
-                _activations(entries["activations"]) if entries["activations"] else None)
+                _activations(entries["activations"]) if entries["activations"] else None,
+                _updates(entries["updates"]) if entries["updates"] else None,
+                _loss(entries["loss"]) if entries["loss"] else None)
+
+
+def _updates(raw: dict[str, Any]) -> Updates:
+    return Updates(_int(raw.get("stepped")) or 0, _int(raw.get("expected")) or 0, _int(raw.get("moved")) or 0,
+                   tuple(str(n) for n in _list(raw.get("nonfinite"))), raw.get("skipped") is True)
+
+
+def _loss(raw: dict[str, Any]) -> Loss:
+    return Loss(_num(raw.get("value")), _int(raw.get("backwards")) or 0, _int(raw.get("dropped")) or 0)
 
 
 def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str, Any]]) -> Recording:

@@ -89,6 +89,10 @@ class GradientReader:
         self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
         self.last_clipped_scaled = False               # the last step's clip ran on still-scaled gradients
         self.norm_history: list[tuple[int, float]] = []  # (step, global norm) of sampled steps, up to NORM_HISTORY
+        self.reads = 0                 # sampled steps consumed
+        self.arrived: set[int] = set()  # parameters (by index) that had a gradient on some sampled step
+        self._trainable = [bool(p.requires_grad) for p in self._params]
+        self.clipped_nothing: list[tuple[int, float]] = []  # (step, global norm): a clip returned 0 over these
 
     def read(self, scale: torch.Tensor | None, scaled: bool) -> None:
         """Compute this step's statistics on the device; ``scaled``: the gradients still carry ``scale``.
@@ -197,6 +201,12 @@ class GradientReader:
         if self.reduction is not None:
             out["merged_over_ranks"] = {"params": len(self.reduction.rows),
                                         "collectives": self.reduction.collectives}
+        trainable = [n for n, t in zip(self.names, self._trainable) if t]
+        out["arrival"] = {"reads": self.reads, "params": len(trainable),
+                          "without": [n for k, n in enumerate(self.names) if self._trainable[k] and
+                                      k not in self.arrived and n not in self.unsummarised]}
+        if self.clipped_nothing:
+            out["clipped_nothing"] = [list(sn) for sn in self.clipped_nothing]
         if self.last_pre_clip is not None:
             out["pre_clip_norm"] = self.last_pre_clip
         if self.last_clipped_scaled:
@@ -216,6 +226,10 @@ class GradientReader:
         self.last, self.last_rows = param_stats(rows, COLUMNS, self.names), rows
         read = read_step({"step": step, "gradients": entry}).gradients
         self.last_pre_clip, self.last_clipped_scaled = read.pre_clip_norm, read.clipped_scaled
+        self.reads += 1
+        self.arrived.update(k for k, row in enumerate(rows) if row and row[COL["has_grad"]] > 0)
+        if read.pre_clip_norm == 0 and read.global_norm and read.global_norm > 0 and len(self.clipped_nothing) < 100:
+            self.clipped_nothing.append((step, read.global_norm))   # a clip over no parameters, or other ones
         if read.global_norm is not None and len(self.norm_history) < NORM_HISTORY:
             self.norm_history.append((step, read.global_norm))
         return entry

@@ -9,7 +9,10 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
   ``optimizer.grad_scale`` it sets for fused optimizers, which unscale ``.grad`` in place in their kernel) says
   whether they still carry the loss scale.
 * **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
-* **Lost updates** around the optimizer step of a sampled step (``LostUpdateMonitor``).
+* **Updates** around the optimizer step of a sampled step: lost to rounding, moved, weights finite
+  (``UpdateMonitor``).
+* **The loss and dropped iterations** at every backward (``BackwardMonitor``: O(1) host work per call).
+* **Invariants** of training health from all of it when the findings are read (``monitor.invariants``).
 * **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps. Without it,
   one is armed for the dense start (the first ``dense`` steps) and for the step after trouble, to name the first
   module with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
@@ -44,14 +47,16 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Drawn
+from ampdoctor.monitor.backward import BackwardMonitor
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
 from ampdoctor.monitor.host_sync import HostCopy
+from ampdoctor.monitor.invariants import invariant_findings, verified
 from ampdoctor.monitor.loss_scale import ScaleMonitor
-from ampdoctor.monitor.lost_updates import LostUpdateMonitor
 from ampdoctor.monitor.parts import WatchParts
 from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.summary import log_header, run_formats
+from ampdoctor.monitor.updates import UpdateMonitor
 from ampdoctor.monitor.watched import (
     EngineCopies,
     closure_calls_back,
@@ -160,7 +165,8 @@ class Watch:
         self._sampling, self._armed = Sampling(every, dense), None  # _armed: an ActivationMonitor, its last step
         self._handles: list[Any] = []
         self._scale_monitor: ScaleMonitor | None = None
-        self._lost: LostUpdateMonitor | None = None
+        self._lost: UpdateMonitor | None = None
+        self._backward: BackwardMonitor | None = None
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
         self._recorder: FlightRecorder | None = None
@@ -178,8 +184,11 @@ class Watch:
         self.attached = True
         try:  # the lost-update hooks first: without a scaler the step ends in our post-hook, after theirs
             named = list(zip(self.param_names, self._params))
-            self._lost = LostUpdateMonitor(named, sample=self.sample, on_error=lambda e: self._fail("lost_updates", e))
+            self._lost = UpdateMonitor(named, sample=self.sample, on_error=lambda e: self._fail("lost_updates", e))
             self._lost.attach(opt)
+            # the probe may be a model parameter the optimizer does not hold (a hand-written fp32 master copy)
+            probes = [*self._params, *(self._model.parameters() if self._model is not None else ())]
+            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e)).attach()
             if scaler is not None:
                 self._scale_monitor = ScaleMonitor(scaler, capacity=min(self.every, 1024),
                                                    on_error=lambda e: self._fail("scale", e)).attach()
@@ -240,6 +249,8 @@ class Watch:
             call_safely(self._scale_monitor.detach)
         if self._lost is not None:
             call_safely(self._lost.detach)
+        if self._backward is not None:
+            call_safely(self._backward.detach)
         if self._activations is not None:
             activations = self._activations
             if "activations" not in self._parts.off:
@@ -299,6 +310,8 @@ class Watch:
             if self._sampled_now and self._grads.reduces:  # the other ranks' collectives still need this one
                 call_safely(self._grads.finish)
             self.steps += 1  # the watch is off, but the steps still count (O(1), nothing else)
+            if self._backward is not None:
+                self._backward.step_ended()
             self._sampled_now = self._sampling.sampled(self.steps)
             return
         self._guard("watch", self._end_step)
@@ -317,6 +330,8 @@ class Watch:
                 self._flush()
         finally:  # a failing flush (reported by the caller) still ends the step
             self.steps += 1
+            if self._backward is not None:
+                self._backward.step_ended()
             self.seconds_inside += time.perf_counter() - start
         self._set_sampling(self._sampling.sampled(self.steps))
 
@@ -324,6 +339,8 @@ class Watch:
         self._sampled_now = active
         if self._lost is not None and "lost_updates" not in self._parts.off:
             self._lost.set_sampling(active)
+        if self._backward is not None:
+            self._backward.sampling = active and "loss" not in self._parts.off
         if self._activations is not None and "activations" not in self._parts.off:
             self._guard("activations", lambda: self._activations.set_sampling(active))
 
@@ -339,8 +356,10 @@ class Watch:
             parts["scale"] = self._scale_monitor.pending()
         if self._lost is not None and "lost_updates" not in self._parts.off:
             parts["lost_updates"] = self._lost.pending()
-        if partial and not parts.get("gradients") and not parts.get("lost_updates") \
-                and "steps" not in parts.get("scale", {}):
+        if self._backward is not None and "loss" not in self._parts.off:
+            parts["loss"] = self._backward.pending()
+        if partial and not parts.get("gradients") and "counts" not in parts.get("lost_updates", {}) \
+                and "steps" not in parts.get("scale", {}) and not parts.get("loss"):
             return  # detached right after a sampled step: nothing new
         copy = HostCopy(parts, self.reads)  # started (and counted) here; read now on CPU, after the next step on CUDA
         self._grads.clear()
@@ -364,8 +383,11 @@ class Watch:
         if "scale" in host:
             self._guard("scale", lambda: entries.update(scale=self._scale_monitor.consume(host["scale"])))
         if "lost_updates" in host:
-            self._guard("lost_updates",
-                        lambda: entries.update(lost_updates=self._lost.consume(host["lost_updates"], step)))
+            skipped = step in (entries.get("scale") or {}).get("skipped", ())
+            self._guard("lost_updates", lambda: entries.update(zip(
+                ("lost_updates", "updates"), self._lost.consume(host["lost_updates"], step, skipped))))
+        if "loss" in host:
+            self._guard("loss", lambda: entries.update(loss=self._backward.consume(host["loss"], step)))
         record = step_line(step, t, partial=partial, **entries)  # partial: written at detach, for the last steps
         view = read_step(record)
         self._guard("gradients", lambda: self._check_gradients(view, partial))
@@ -412,6 +434,7 @@ class Watch:
         stops: dict[str, tuple[Any, Callable[[Any], Any]]] = {
             "scale": (self._scale_monitor, lambda m: setattr(m, "disabled", True)),
             "lost_updates": (self._lost, lambda m: m.disable()),
+            "loss": (self._backward, lambda m: setattr(m, "disabled", True)),
             "activations": (self._activations, lambda m: m.set_sampling(False)),
             "recorder": (self._recorder, lambda m: m.close()),
         }
@@ -421,7 +444,12 @@ class Watch:
 
     # ---- results: findings, summary, report ------------------------------------------------------------------
     def summary_data(self) -> dict[str, Any]:
-        """Return the JSON-ready summary (``Report.extra["watch"]``)."""
+        """Return the JSON-ready summary (``Report.extra["watch"]``), with what the invariants verified."""
+        summary = self._measured()
+        summary["verified"] = verified(summary)
+        return summary
+
+    def _measured(self) -> dict[str, Any]:
         grads = self._grads.summary(self.param_modules)
         activations = self._activations.summary() if self._activations is not None else (
             self._activation_result[0] if self._activation_result else None)
@@ -433,6 +461,8 @@ class Watch:
             "gradients": grads,
             "lost_updates": None if self._lost is None or not self._lost.names else self._lost.summary(),
             "activations": activations,
+            "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
+            "loss": None if self._backward is None else self._backward.summary(),
             "off": sorted(self._parts.off),
         }
 
@@ -466,7 +496,11 @@ class Watch:
             out += self._scale_monitor.findings()
         if self._lost is not None:
             out += self._lost.findings()
-        return out + activation
+        invariants = call_safely(lambda: invariant_findings(self._measured()), on_error=lambda e: self._fail(
+            "invariants", e)) or []
+        if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
+            out = [f for f in out if f.code != "AMP604"]  # every step skipped: said once, as the error it is
+        return out + activation + invariants
 
     def _activation_findings(self) -> list[Finding]:
         live, kept = self._activations, self._activation_result

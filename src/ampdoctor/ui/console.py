@@ -256,8 +256,24 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
     elif getattr(report, "exit_status", None) and not report.exception:
         parts.append(Sentence(f"ampdoctor: {exit_sentence(report)}", style="bold yellow"))
     elif not report.exception and not getattr(report, "missing_ranks", None):
-        parts.append(Text("ampdoctor: no mixed-precision problems found", style="green"))
+        parts.append(earned_verdict(report))
     return Group(*parts)
+
+
+def earned_verdict(report: Any) -> RenderableType:
+    """Return the last line of a report without findings: what was verified over how many steps, or, where some
+    of it could not be measured, that this is no all-clear (``monitor.invariants.verified``)."""
+    watch = report.extra.get("watch") if isinstance(getattr(report, "extra", None), dict) else None
+    checked = watch.get("verified") if isinstance(watch, dict) else None
+    if not isinstance(checked, dict):
+        return Text("ampdoctor: no mixed-precision problems found", style="green")
+    measured = "; ".join(checked.get("measured") or [])
+    missing = ", ".join(checked.get("not_measured") or [])
+    if checked.get("ok") and not missing:
+        return Sentence(f"ampdoctor: no mixed-precision problems found in {checked.get('steps')} steps: {measured}",
+                        style="green")
+    return Sentence(f"ampdoctor: no problem found in what was measured ({measured}); not measured: {missing}; "
+                    f"so this is no all-clear", style="bold yellow")
 
 
 class _RulesView(PlainLines):

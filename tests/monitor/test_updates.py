@@ -1,15 +1,15 @@
-"""LostUpdateMonitor on real low-precision models and optimizers."""
+"""UpdateMonitor on real low-precision models and optimizers."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ampdoctor.monitor.lost_updates import LostUpdateMonitor
+from ampdoctor.monitor.updates import UpdateMonitor
 from ampdoctor.monitor.watcher import watch
 
 
-def sync(monitor: LostUpdateMonitor, step: int) -> dict:
+def sync(monitor: UpdateMonitor, step: int) -> dict:
     return monitor.consume({k: v.reshape(-1).tolist() for k, v in monitor.pending().items()}, step)
 
 
@@ -18,8 +18,8 @@ def bf16_model() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to(torch.bfloat16)
 
 
-def run(model: nn.Module, opt: torch.optim.Optimizer, steps: int, scaler=None, inf_at=()) -> LostUpdateMonitor:
-    monitor = LostUpdateMonitor(list(model.named_parameters())).attach(opt)
+def run(model: nn.Module, opt: torch.optim.Optimizer, steps: int, scaler=None, inf_at=()) -> UpdateMonitor:
+    monitor = UpdateMonitor(list(model.named_parameters())).attach(opt)
     for step in range(steps):
         monitor.set_sampling(True)
         x = torch.randn(8, 16, dtype=next(model.parameters()).dtype)
@@ -92,7 +92,7 @@ def test_fused_bf16_with_a_small_lr_and_a_scaler_loses_updates() -> None:
 def test_not_sampled_means_no_snapshot_and_detach_removes_the_hooks() -> None:
     model = bf16_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
-    monitor = LostUpdateMonitor(list(model.named_parameters()), sample=8).attach(opt)
+    monitor = UpdateMonitor(list(model.named_parameters()), sample=8).attach(opt)
     assert len(opt._optimizer_step_pre_hooks) == 1 and len(opt._optimizer_step_post_hooks) == 1
     model(torch.randn(2, 16, dtype=torch.bfloat16)).float().sum().backward()
     opt.step()

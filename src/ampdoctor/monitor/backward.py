@@ -1,0 +1,216 @@
+"""Every backward of a run: the loss it was given, and the iterations whose gradients were dropped unused.
+
+``BackwardMonitor`` observes ``torch.autograd.backward`` (``Tensor.backward`` calls it, and so do accelerate,
+Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host work:
+
+* **the loss**: on a sampled step the value given to backward is copied on the device, divided by the GradScaler's
+  scale when it is the tensor ``scaler.scale`` returned, or by the constant (``HAND_SCALE`` or more) a hand-written
+  loss scaler multiplied it by (``loss * 2**lg_loss_scale``, read from the graph node); the step's last
+  one is the step line's loss.
+* **dropped iterations**: a probe parameter (the first watched one that had a gradient) tells whether a backward
+  reached the watched parameters (its ``.grad`` changed). When the next backward starts and no optimizer step
+  ended in between, a probe gradient that was reset (``zero_grad()``: set to None, replaced, or zeroed in place)
+  means the earlier backward's gradients were thrown away unused: a skipped step of a hand-written loss scaler,
+  or a loop that zeroes before it steps. Gradient accumulation leaves the gradient alone and is not counted. A
+  reset seen on the host (None, a new tensor) is counted at once; a gradient changed in place is checked for
+  all-zero on the device and read at the next sampled step, so no step syncs.
+
+A GradScaler's skipped step ends the step (``scaler.update()``): those skips are the ``ScaleMonitor``'s to count.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ampdoctor._torch.autograd import constant_factor, version_counter
+from ampdoctor._torch.scaler import live_scale
+from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.records import loss_entry
+
+__all__ = ["BackwardMonitor", "LOSS_HISTORY", "HAND_SCALE"]
+
+LOSS_HISTORY = 10_000   # sampled losses kept
+HAND_SCALE = 16.0       # loss * c with a constant c at least this: a hand-written loss scale, not a loss weight
+
+
+class BackwardMonitor:
+    """Count the backward calls and the dropped ones; keep the loss of sampled steps.
+
+    Args:
+        params: the watched parameters (the probe is the first of them with a gradient).
+        scaler: the run's GradScaler, if any: a loss it scaled is divided by its scale.
+        on_error: called with an exception raised in an observer (the user's backward still runs).
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], scaler: Any = None,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self._params = [p for p in params if p.requires_grad]
+        self._scaler = scaler
+        self.on_error = on_error
+        self.sampling = False
+        self.disabled = False   # set after an internal error: the observers stay (removed in order on detach)
+        self._handles: list[PatchHandle] = []
+        self._probe: torch.Tensor | None = None
+        self._mark: tuple[int, int] | None = None    # the probe's gradient (id, version) after the last backward
+        self._entering: tuple[int, int] | None = None  # ... when the backward under way started
+        self._unstepped = 0      # backward calls that reached the probe since the last step ended
+        self._scaled: tuple[int, torch.Tensor] | None = None   # id of scaler.scale's last output, and its scale
+        self._value: torch.Tensor | None = None      # the sampled step's last loss, on the device
+        self._zeroed: torch.Tensor | None = None     # [dropped, dropped before the first step]: in-place zeroing
+        self.steps_ended = 0
+        self.backwards = 0       # every backward call seen
+        self.dropped = 0         # of those, dropped (the device-counted ones are added at consume)
+        self.dropped_early = 0   # dropped before the first step ended (calibration of a hand-written scaler)
+        self._since = 0          # backward calls since the last step line
+        self._dropped_since = 0
+        self.losses: list[tuple[int, float]] = []   # (sampled step, loss), up to LOSS_HISTORY
+        self.hand_scaled = False   # a loss given to backward was multiplied by a loss scale of its own
+
+    def attach(self) -> "BackwardMonitor":
+        """Observe ``torch.autograd.backward`` (and ``scaler.scale``); return ``self``."""
+        if not self._handles and self._params:
+            self._handles.append(observe(torch.autograd, "backward", before=self._before, after=self._after,
+                                         on_error=self.on_error))
+            if self._scaler is not None:
+                self._handles.append(observe(self._scaler, "scale", after=self._after_scale,
+                                             on_error=self.on_error))
+        return self
+
+    def detach(self) -> None:
+        """Remove the observers (last installed first) and drop the references; the counts stay."""
+        handles, self._handles = self._handles, []
+        for handle in reversed(handles):
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self._params, self._probe, self._scaler, self._scaled = [], None, None, None
+
+    # ---- observers: host work, and one device op when a gradient was changed in place -------------------------
+    def _after_scale(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
+        scale = live_scale(self._scaler)
+        if isinstance(result, torch.Tensor) and scale is not None:
+            self._scaled = (id(result), scale)
+
+    def _before(self, tensors: Any, *args: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
+        self.backwards += 1
+        self._since += 1
+        self._note_reset()
+        self._entering = self._state()
+        loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+        if self.sampling and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            with torch.no_grad():
+                value = loss.detach().reshape(1).float()
+                if self._scaled is not None and self._scaled[0] == id(loss):
+                    value = value / self._scaled[1].to(value.device)
+                else:   # a hand-written loss scaler: loss * 2**k with k a Python number
+                    factor = constant_factor(loss)
+                    if factor is not None and factor >= HAND_SCALE:
+                        value, self.hand_scaled = value / factor, True
+                self._value = value.clone()
+
+    def _after(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        if self.disabled:
+            return
+        now = self._state()
+        if now is not None and now != self._entering:   # this backward wrote the probe's gradient
+            self._unstepped += 1
+            self._mark = now
+
+    def _state(self) -> tuple[int, int] | None:
+        if self._probe is None:
+            self._probe = next((p for p in self._params if p.grad is not None), None)
+        g = None if self._probe is None else self._probe.grad
+        return None if g is None else (id(g), version_counter(g))
+
+    def _note_reset(self) -> None:
+        """A backward starts: was the gradient the earlier ones wrote reset with no step in between?"""
+        mark = self._mark
+        if not self._unstepped or mark is None:
+            return
+        g = self._probe.grad if self._probe is not None else None
+        if g is not None and (id(g), version_counter(g)) == mark:
+            return   # untouched: this backward accumulates into it
+        n, self._unstepped, self._mark = self._unstepped, 0, None
+        if g is None or id(g) != mark[0]:
+            self._count(n)
+            return
+        with torch.no_grad():   # changed in place: zeroed (dropped), or only modified (not counted)
+            zero = (g == 0).all().to(torch.float32) * n
+            row = torch.stack([zero, zero * float(self.steps_ended == 0)])
+            self._zeroed = row if self._zeroed is None else self._zeroed + row.to(self._zeroed.device)
+
+    def _count(self, n: int) -> None:
+        self.dropped += n
+        self._dropped_since += n
+        if self.steps_ended == 0:
+            self.dropped_early += n
+
+    def step_ended(self) -> None:
+        """An optimizer step (or a GradScaler's skipped one) ended: the gradients were used."""
+        self.steps_ended += 1
+        self._unstepped, self._mark = 0, None
+
+    # ---- the owner's sync ------------------------------------------------------------------------------------
+    def pending(self) -> dict[str, torch.Tensor]:
+        """Hand over the sampled step's loss and the in-place drops counted on the device since the last call."""
+        out: dict[str, torch.Tensor] = {}
+        if self._value is not None:
+            out["loss"], self._value = self._value, None
+        if self._zeroed is not None:
+            out["zeroed"], self._zeroed = self._zeroed, None
+        return out
+
+    def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any] | None:
+        """Take the host values of ``pending()``; return the step line's ``loss`` entry (None without a loss)."""
+        zeroed = values.get("zeroed")
+        if zeroed:
+            self.dropped += int(zeroed[0])
+            self.dropped_early += int(zeroed[1])
+            self._dropped_since += int(zeroed[0])
+        loss = values.get("loss")
+        since, dropped = self._since, self._dropped_since
+        self._since = self._dropped_since = 0
+        if not loss:
+            return None
+        if len(self.losses) < LOSS_HISTORY:
+            self.losses.append((step, loss[0]))
+        return loss_entry(loss[0], since, dropped)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it)."""
+        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped,
+                               "dropped_early": self.dropped_early, "steps_ended": self.steps_ended,
+                               "sampled": len(self.losses), "hand_scaled": self.hand_scaled}
+        if self.losses:
+            finite = [(s, v) for s, v in self.losses if math.isfinite(v)]
+            out["nonfinite"] = [s for s, v in self.losses if not math.isfinite(v)][:20]
+            out["last_finite"] = math.isfinite(self.losses[-1][1])
+            if finite:
+                head = finite[:max(1, len(finite) // 4)]
+                out.update(first=finite[0], last=finite[-1], head_min=min(v for _, v in head),
+                           peak=max(finite, key=lambda sv: sv[1]))
+            out["identical"] = _longest_identical(self.losses)
+        return out
+
+
+def _longest_identical(losses: Sequence[tuple[int, float]]) -> list[Any]:
+    """Return ``[length, first step, last step, value]`` of the longest run of bit-identical sampled losses.
+
+    >>> _longest_identical([(0, 1.0), (1, 0.5), (2, 0.5), (3, 0.5), (4, 0.2)])
+    [3, 1, 3, 0.5]
+    """
+    best, start = [1, losses[0][0], losses[0][0], losses[0][1]], 0
+    for k in range(1, len(losses)):
+        if losses[k][1] != losses[k - 1][1]:
+            start = k
+        elif k - start + 1 > best[0]:
+            best = [k - start + 1, losses[start][0], losses[k][0], losses[k][1]]
+    return best

@@ -1,0 +1,205 @@
+"""Training-health invariants: what must hold in any healthy run, whatever its cause of failure.
+
+The rules name causes; these checks name effects, so a run that fails for a reason no rule knows still gets a
+finding, and the all-clear says what was verified. Each reads the watch's summary (``Watch.summary_data``), whose
+numbers were measured on the device on sampled steps and read in the step's one host copy:
+
+* AMP612 progress: every step skipped; backward calls whose gradients were dropped with no optimizer step
+  (``monitor.backward``); sampled steps on which the optimizer moved none of the entries it had gradients for
+  (``monitor.updates``). Up to ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
+* AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped, bit-identical over
+  ``FROZEN`` sampled steps while the weights moved, or ending ``DIVERGED``x above the lowest of its first quarter.
+* AMP616 weights inf/NaN at the end of a sampled step (on one the GradScaler reported as skipped: it was bypassed).
+* AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one).
+* AMP618 a gradient clip that returned a norm of 0 over non-zero gradients: it was given no parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding, Severity
+
+__all__ = ["invariant_findings", "verified", "CALIBRATION", "FROZEN", "DIVERGED"]
+
+CALIBRATION = 8      # drops before the first optimizer step that are a scaler calibrating (GradScaler: AMP604's)
+DROPPED_SHARE = 0.10  # AMP612 warning above this share of backward calls dropped (and at least 3); error above half
+FROZEN = 8           # AMP614: sampled steps with a bit-identical loss
+DIVERGED = 10.0      # AMP615: the last loss this many times the lowest of the first quarter of the sampled ones
+MIN_LOSSES = 8       # AMP615 needs this many finite sampled losses
+
+
+def invariant_findings(summary: dict[str, Any]) -> list[Finding]:
+    """Return the findings of every invariant that failed (``summary``: ``Watch.summary_data()``)."""
+    checks = (_all_skipped, _dropped, _unmoved, _weights, _loss_finite, _loss_frozen, _loss_diverging,
+              _arrival, _clip)
+    return [finding for check in checks for finding in check(summary)]
+
+
+def _all_skipped(s: dict[str, Any]) -> Iterator[Finding]:
+    scale = s.get("scale") or {}
+    n = scale.get("steps") or 0
+    if n >= 3 and scale.get("skipped") == n:
+        lowest = (scale.get("lowest") or {}).get("scale")
+        yield get_rule("AMP612").finding(
+            "GradScaler", f"every one of the {n} optimizer steps was skipped (inf/NaN gradients at every loss scale "
+            f"tried, down to {lowest:g}): no weight was updated" if lowest is not None else
+            f"every one of the {n} optimizer steps was skipped: no weight was updated", n - 1,
+            severity=Severity.ERROR)
+
+
+def dropped_count(loss: dict[str, Any]) -> int:
+    """Return the dropped backward calls that count: up to ``CALIBRATION`` drops before the first step are a scaler
+    calibrating, when they are at most a fifth of the calls."""
+    early, calls = loss.get("dropped_early") or 0, loss.get("backwards") or 0
+    calibration = min(early, CALIBRATION) if early <= 0.2 * calls else 0
+    return max(0, (loss.get("dropped") or 0) - calibration)
+
+
+def _dropped(s: dict[str, Any]) -> Iterator[Finding]:
+    loss = s.get("loss") or {}
+    calls, dropped = loss.get("backwards") or 0, dropped_count(loss)
+    if dropped < 3 or dropped <= DROPPED_SHARE * calls:
+        return
+    stepped = loss.get("steps_ended") or 0
+    severity = Severity.ERROR if dropped > calls / 2 or not stepped else Severity.WARNING
+    why = ("the skipped steps of the hand-written loss scaler (loss x its own scale)"
+           if loss.get("hand_scaled") else "a skipped step of a hand-written loss scaler, or zero_grad() before step()")
+    detail = (f"{dropped} of {calls} backward calls had their gradients dropped with no optimizer step in between "
+              f"(zeroed or replaced before a step used them: {why}); the optimizer stepped {stepped} time(s)")
+    if loss.get("first") and loss.get("last"):
+        detail += f", while the loss went from {loss['first'][1]:.4g} to {loss['last'][1]:.4g}"
+    yield get_rule("AMP612").finding("training loop", detail, None, severity=severity)
+
+
+def _unmoved(s: dict[str, Any]) -> Iterator[Finding]:
+    updates = s.get("updates") or {}
+    unmoved, sampled = updates.get("unmoved_steps") or [], updates.get("sampled_steps") or 0
+    if len(unmoved) < 2:
+        return
+    severity = Severity.ERROR if len(unmoved) == sampled else Severity.WARNING
+    shown = ", ".join(map(str, unmoved[:6])) + (" …" if len(unmoved) > 6 else "")
+    yield get_rule("AMP612").finding(
+        "optimizer", f"on {len(unmoved)} of {sampled} sampled optimizer steps with a learning rate above 0 no "
+        f"sampled weight entry with a non-zero gradient changed (steps {shown})", unmoved[0], severity=severity)
+
+
+def _weights(s: dict[str, Any]) -> Iterator[Finding]:
+    bad: dict[str, int] = (s.get("updates") or {}).get("nonfinite") or {}
+    if not bad:
+        return
+    first = min(bad.values())
+    names = sorted(bad, key=lambda n: bad[n])
+    detail = (f"{len(bad)} parameter(s) inf/NaN at the end of sampled step {first}"
+              + (" and later" if len(set(bad.values())) > 1 else ""))
+    skipped = set((s.get("scale") or {}).get("skipped_steps") or [])
+    if first in skipped:
+        detail += (f"; the GradScaler reported step {first} as skipped, so the update bypassed it (an "
+                   f"optimizer.step() outside scaler.step(), or weights written outside the optimizer)")
+    yield get_rule("AMP616").finding(", ".join(names[:3]) + (" …" if len(names) > 3 else ""), detail, first)
+
+
+def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
+    loss = s.get("loss") or {}
+    bad = loss.get("nonfinite") or []
+    skipped = set((s.get("scale") or {}).get("skipped_steps") or [])
+    applied = [step for step in bad if step not in skipped]
+    if not bad or (loss.get("last_finite", True) and not applied):
+        return  # none, or each on a step the GradScaler skipped
+    last = not loss.get("last_finite", True)
+    shown = ", ".join(map(str, bad[:6])) + (" …" if len(bad) > 6 else "")
+    detail = (f"the loss given to backward was inf/NaN on {len(bad)} of {loss.get('sampled')} sampled steps "
+              f"(steps {shown})" + ("; the last sampled loss is one of them" if last else "")
+              + (f"; {len(applied)} of those steps were not skipped, so their gradients reached the optimizer"
+                 if applied else ""))
+    yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING)
+
+
+def _loss_frozen(s: dict[str, Any]) -> Iterator[Finding]:
+    identical = (s.get("loss") or {}).get("identical")
+    if not identical or identical[0] < FROZEN:
+        return
+    n, first, last, value = identical
+    unmoved = set((s.get("updates") or {}).get("unmoved_steps") or [])
+    if (s.get("updates") or {}).get("sampled_steps") and not any(first <= u <= last for u in unmoved):
+        yield get_rule("AMP614").finding(
+            "loss", f"the loss was {value!r} on {n} consecutive sampled steps ({first} to {last}), bit for bit, "
+            f"while the optimizer moved the weights", first)
+
+
+def _loss_diverging(s: dict[str, Any]) -> Iterator[Finding]:
+    loss = s.get("loss") or {}
+    head, last, peak = loss.get("head_min"), loss.get("last"), loss.get("peak")
+    finite = (loss.get("sampled") or 0) - len(loss.get("nonfinite") or [])
+    if head is None or last is None or finite < MIN_LOSSES or head <= 0:
+        return
+    if last[1] > DIVERGED * head and last[1] >= 0.5 * peak[1]:
+        yield get_rule("AMP615").finding(
+            "loss", f"the loss rose from {head:.4g} (the lowest of the first quarter of the sampled steps) to "
+            f"{last[1]:.4g} at step {last[0]}, x{last[1] / head:.3g}", last[0])
+
+
+def _arrival(s: dict[str, Any]) -> Iterator[Finding]:
+    arrival = (s.get("gradients") or {}).get("arrival") or {}
+    without, params, reads = arrival.get("without") or [], arrival.get("params") or 0, arrival.get("reads") or 0
+    if not without or not reads:
+        return
+    names = ", ".join(without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+    if len(without) == params:
+        yield get_rule("AMP617").finding(
+            "model", f"none of the {params} trainable parameters had a gradient on any of the {reads} sampled "
+            f"steps: nothing trains", None, severity=Severity.ERROR)
+        return
+    yield get_rule("AMP617").finding(
+        names, f"{len(without)} of {params} trainable parameters had no gradient on any of the {reads} sampled "
+        f"steps: they are never updated", None)
+
+
+def _clip(s: dict[str, Any]) -> Iterator[Finding]:
+    grads = s.get("gradients") or {}
+    nothing = grads.get("clipped_nothing") or []
+    if not nothing:
+        return
+    step, norm = nothing[0]
+    yield get_rule("AMP618").finding(
+        "clip_grad_norm_", f"the clip returned a total norm of 0 on {len(nothing)} of "
+        f"{(grads.get('arrival') or {}).get('reads', len(nothing))} sampled steps while the gradients' global norm "
+        f"was {norm:.3g} (step {step}): it was given no parameters, so it clipped nothing", step)
+
+
+def verified(summary: dict[str, Any]) -> dict[str, Any]:
+    """Return what the watch verified and what it could not measure (the all-clear says it; ``--json`` has it).
+
+    ``ok`` is False where an invariant failed; ``measured`` names the checks that had data, ``not_measured`` the
+    ones that had none.
+    """
+    steps = summary.get("steps") or 0
+    scale, updates = summary.get("scale") or {}, summary.get("updates") or {}
+    loss, arrival = summary.get("loss") or {}, (summary.get("gradients") or {}).get("arrival") or {}
+    measured: list[str] = []
+    missing: list[str] = []
+    skipped = scale.get("skipped") or 0
+    if scale:
+        measured.append(f"{steps - skipped} updated, {skipped} skipped by the GradScaler")
+    sampled = updates.get("sampled_steps") or 0
+    if sampled:
+        moved = sampled - len(updates.get("unmoved_steps") or [])
+        measured.append(f"weights moved on {moved} of {sampled} sampled steps and stayed finite")
+    else:
+        missing.append("weight updates")
+    if loss.get("sampled"):
+        measured.append(f"loss finite and changing on {loss['sampled']} sampled steps")
+    else:
+        missing.append("the loss (no backward seen)")
+    if arrival.get("reads"):
+        got = (arrival.get("params") or 0) - len(arrival.get("without") or [])
+        measured.append(f"gradients reached {got} of {arrival.get('params')} trainable parameters")
+    else:
+        missing.append("gradients")
+    unsampled = steps - (summary.get("sampled_steps") or 0)
+    if unsampled > 0:
+        measured.append(f"{unsampled} steps not sampled")
+    ok = not invariant_findings(summary)
+    return {"ok": ok, "steps": steps, "measured": measured, "not_measured": missing}
+

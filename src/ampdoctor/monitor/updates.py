@@ -1,0 +1,272 @@
+"""What the optimizer step did to the weights: updates that round away, entries that moved, weights still finite.
+
+``w + Δ == w`` whenever ``|Δ|`` is below half an ulp of ``w``: with bf16 weights (8 significant bits) an update
+smaller than ``|w| * 2**-9`` is lost. Optimizers with fp32 master weights never lose them; a pure-bf16 model
+with a small learning rate loses most.
+
+On a sampled step the monitor snapshots a fixed set of up to ``sample`` entries of each trainable parameter (this
+rank's shard of a DTensor) in an optimizer step pre-hook (``register_step_pre_hook``), together with whether each
+entry's gradient is non-zero, and compares them in the post-hook:
+
+* **lost**: of the entries of an fp16/bf16 parameter with a non-zero gradient, those whose stored value did not
+  change (AMP607). That stands in for "the fp32 update was non-zero": it does not run the optimizer twice, and
+  misses only updates that weight decay alone would make. A parameter group whose learning rate is 0 (the first
+  step of a warmup from 0) was meant not to move: its entries are not counted.
+* **moved**: of the entries with a non-zero gradient in groups with lr > 0 (any dtype), those that changed: a step
+  that moved none of them changed no weight (``monitor.invariants``).
+
+When a fused optimizer skips the step inside its kernel (``optimizer.found_inf`` set by the GradScaler) the counts
+are multiplied by 0 on the device; a for-loop or foreach optimizer is not called at all on a skipped step. At the
+end of a sampled step :meth:`UpdateMonitor.finite` checks every watched parameter for inf/NaN (one foreach inf-norm).
+Counts stay on the device until the owner's sync.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ampdoctor._torch.distributed import local_numel
+from ampdoctor._torch.foreach import norms
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.dtypes import HALF, dtype_name
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.records import lost_updates_entry, updates_entry
+from ampdoctor.monitor.grad_stats import local_tensor, sample_index
+
+__all__ = ["UpdateMonitor", "LOST_FRACTION"]
+
+LOST_FRACTION = 0.5  # AMP607 when most (> half) of the sampled updates of a parameter were lost
+_LOST_DENOMINATOR, _LOST, _EXPECTED, _MOVED = range(4)  # the columns of a step's device counts
+
+
+class UpdateMonitor:
+    """Measure what each sampled optimizer step did to the trainable parameters.
+
+    Args:
+        named_params: ``(name, parameter)`` pairs; trainable ones are watched (lost updates: fp16/bf16 ones).
+        sample: entries per parameter snapshotted on a sampled step.
+        seed: seed of the private generator that picks the entries (the global RNG is never touched).
+        on_error: called with an exception raised in a hook; the hook then does nothing more.
+
+    >>> w = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    >>> monitor = UpdateMonitor([("w", w)])
+    >>> monitor.names
+    ['w']
+    """
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.Tensor]], *, sample: int = 4096, seed: int = 0,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        picked = [(n, p) for n, p in named_params if p.requires_grad and local_numel(p)]
+        self.names = [n for n, _ in picked]
+        self._params: list[torch.Tensor] = [p for _, p in picked]
+        self.dtypes = [dtype_name(p) for _, p in picked]
+        self._index: list[torch.Tensor] = []
+        for k, (_, p) in enumerate(picked):
+            n = local_numel(p)
+            idx = torch.arange(n) if n <= sample else sample_index(n, sample, seed * 1_000_003 + k)
+            self._index.append(idx.to(p.device))
+        self.on_error = on_error
+        self.active = False
+        self.broken = False  # set by an internal error: the hooks stay (they return at once) until detach()
+        self._handles: list[Any] = []
+        self._before: list[tuple[torch.Tensor, torch.Tensor, bool, bool]] | None = None
+        self._found_inf: torch.Tensor | None = None
+        self._counts: torch.Tensor | None = None  # [P, 4]: the _LOST_DENOMINATOR ... _MOVED columns
+        self._stepped = 0   # optimizer steps counted into _counts
+        # host-side totals per parameter
+        self.with_grad = [0] * len(picked)
+        self.lost = [0] * len(picked)
+        self.steps = 0
+        self.moved_steps: list[tuple[int, int, int]] = []   # (step, entries expected to move, of those moved)
+        self.nonfinite: dict[str, int] = {}   # parameter -> the first sampled step it was inf/NaN after
+        self._findings: list[Finding] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._params)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> "UpdateMonitor":
+        """Register the step pre- and post-hooks on ``optimizer``; return ``self``. A no-op without trainable
+        parameters or when already attached."""
+        if self._params and not self._handles:
+            self._handles = [optimizer.register_step_pre_hook(self._pre_hook),
+                             optimizer.register_step_post_hook(self._post_hook)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks and drop every reference to parameters; totals stay.
+
+        Never call it from inside an optimizer step hook: torch iterates over the hook dicts live during
+        ``step()``, so removing a hook there raises in the user's ``step()``. Use :meth:`disable` there.
+        """
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            try:
+                handle.remove()
+            except Exception:
+                pass
+        self._params, self._index, self._before, self._counts, self._found_inf = [], [], None, None, None
+        self.active = False
+
+    def set_sampling(self, active: bool) -> None:
+        """Snapshot around the next optimizer step(s) or not."""
+        self.active = bool(active) and bool(self._handles) and not self.broken
+
+    def disable(self) -> None:
+        """Switch off for good without removing the hooks (safe inside an optimizer step hook): they return at
+        once from now on; :meth:`detach` removes them."""
+        self.broken = True
+        self.active = False
+        self._before = None
+        self._counts = None
+
+    # ---- hooks: device work only ----------------------------------------------------------------------------
+    def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.active or self.broken:
+            return None
+        try:
+            resting = _resting(optimizer)
+            with torch.no_grad():
+                before = []
+                for p, idx in zip(self._params, self._index):
+                    values = local_tensor(p.detach()).reshape(-1).index_select(0, idx)
+                    g = local_tensor(p.grad) if p.grad is not None else None
+                    has_grad = g is not None and not g.is_sparse
+                    nonzero = (g.reshape(-1).index_select(0, idx) != 0) if has_grad \
+                        else torch.zeros_like(values, dtype=torch.bool)
+                    # only a half-precision weight loses updates to rounding; one that is fp32 now (a MasterWeights
+                    # master between backward and step, an upcast model) keeps them
+                    meant = id(p) not in resting
+                    before.append((values, nonzero, meant and p.dtype in HALF, meant))
+                self._before = before
+                found_inf = getattr(optimizer, "found_inf", None)  # set by GradScaler for fused optimizers
+                self._found_inf = found_inf.detach().clone() if isinstance(found_inf, torch.Tensor) else None
+        except Exception as exc:
+            self._fail(exc)
+        return None
+
+    def _post_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        before, self._before = self._before, None
+        if before is None or not self.active or self.broken:
+            return
+        try:
+            with torch.no_grad():
+                rows = []
+                for p, idx, (values, nonzero, lossy, meant) in zip(self._params, self._index, before):
+                    after = local_tensor(p.detach()).reshape(-1).index_select(0, idx)
+                    # a NaN/inf weight compares unequal to itself: it is broken, not updated, so it is not counted
+                    expected = nonzero & torch.isfinite(values) & torch.isfinite(after)
+                    unchanged = ((after == values) & expected).sum()
+                    expected_n = expected.sum()
+                    zero = torch.zeros_like(expected_n)
+                    rows.append(torch.stack([expected_n if lossy else zero, unchanged if lossy else zero,
+                                             expected_n if meant else zero,
+                                             expected_n - unchanged if meant else zero]))
+                counts = torch.stack(rows).to(torch.float32)
+                if self._found_inf is not None:  # the fused kernel skipped this step: nothing was meant to change
+                    counts = counts * (self._found_inf.to(counts.device) == 0)
+                self._counts = counts if self._counts is None else self._counts + counts
+                self._stepped += 1
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        # called inside an optimizer step hook: switch off, never remove hooks here (see detach)
+        if self.broken:
+            return
+        self.disable()
+        if self.on_error is not None:
+            self.on_error(exc)
+
+    # ---- the owner's sync -------------------------------------------------------------------------------------
+    def pending(self) -> dict[str, torch.Tensor]:
+        """Hand over the device counts gathered since the last call, and whether each watched parameter is finite
+        now (at the end of the step); the next sampled step starts new counts."""
+        counts, self._counts, stepped, self._stepped = self._counts, None, self._stepped, 0
+        out: dict[str, torch.Tensor] = {}
+        if counts is not None:
+            out["counts"] = counts
+            out["stepped"] = torch.tensor([float(stepped)])
+        if self._params and not self.broken:
+            with torch.no_grad():
+                peaks = norms([local_tensor(p.detach()) for p in self._params], float("inf"))
+                out["finite"] = torch.stack([torch.isfinite(peak) for peak in peaks]).to(torch.float32)
+        return out
+
+    def consume(self, values: dict[str, list[float]], step: int,
+                skipped: bool = False) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Take the host values of ``pending()``; return the step line's ``lost_updates`` entry (None when nothing
+        was counted) and its ``updates`` entry (``core.records.updates_entry``). ``skipped``: a scaler reported
+        this step as skipped."""
+        flat, finite = values.get("counts"), values.get("finite")
+        bad = [n for n, ok in zip(self.names, finite or []) if not ok]
+        for name in bad:
+            self.nonfinite.setdefault(name, step)
+        lost_entry, stepped = None, int((values.get("stepped") or [0])[0])
+        expected = moved = 0
+        if flat:
+            width = 4
+            expected = int(sum(flat[_EXPECTED::width]))
+            moved = int(sum(flat[_MOVED::width]))
+            if expected:
+                self.moved_steps.append((step, expected, moved))
+            if any(flat[_LOST_DENOMINATOR::width]):
+                self.steps += 1
+                counts = []
+                for k, name in enumerate(self.names):
+                    with_grad, unchanged = int(flat[width * k + _LOST_DENOMINATOR]), int(flat[width * k + _LOST])
+                    self.with_grad[k] += with_grad
+                    self.lost[k] += unchanged
+                    counts.append((name, with_grad, unchanged))
+                self._check(step)
+                lost_entry = lost_updates_entry(counts)
+        entry = updates_entry(stepped=stepped, expected=expected, moved=moved, nonfinite=bad,
+                              skipped=skipped) if (flat or bad) else None
+        return lost_entry, entry
+
+    def fractions(self) -> dict[str, float]:
+        """Return the lost fraction per watched parameter over every sampled step (parameters never updated
+        are left out)."""
+        return {n: lost / moved for n, lost, moved in zip(self.names, self.lost, self.with_grad) if moved}
+
+    def _check(self, step: int) -> None:
+        reported = {f.where for f in self._findings}
+        for name, dtype, moved, lost in zip(self.names, self.dtypes, self.with_grad, self.lost):
+            if moved and lost / moved > LOST_FRACTION and name not in reported and len(self._findings) < 5:
+                self._findings.append(get_rule("AMP607").finding(
+                    name,
+                    f"{lost / moved:.0%} of sampled {dtype} entries with a non-zero gradient did not change in the "
+                    f"optimizer step ({lost} of {moved} over {self.steps} sampled step(s) with a learning rate "
+                    f"above 0): each update was below half an ulp of its weight", step))
+
+    def findings(self) -> list[Finding]:
+        """Return AMP607 findings (at most 5 parameters)."""
+        return list(self._findings)
+
+    def summary(self) -> dict[str, Any]:
+        """Return a JSON-ready summary: lost fraction per fp16/bf16 parameter and overall."""
+        moved, lost = sum(self.with_grad), sum(self.lost)
+        params = {n: {"dtype": d, "lost_fraction": lo / m}
+                  for n, d, m, lo in zip(self.names, self.dtypes, self.with_grad, self.lost) if m}
+        return {"params": params, "watched": sum(d in ("float16", "bfloat16") for d in self.dtypes),
+                "sampled_steps": self.steps, "lost_fraction": lost / moved if moved else None}
+
+    def updates_summary(self) -> dict[str, Any]:
+        """Return what the sampled steps did to the weights (``monitor.invariants`` reads it)."""
+        unmoved = [s for s, expected, moved in self.moved_steps if expected and not moved]
+        expected = sum(e for _, e, _ in self.moved_steps)
+        return {"watched": len(self.names), "sampled_steps": len(self.moved_steps),
+                "unmoved_steps": unmoved, "moved_fraction": sum(m for _, _, m in self.moved_steps) / expected
+                if expected else None, "nonfinite": dict(self.nonfinite)}
+
+
+def _resting(optimizer: Any) -> set[int]:
+    """Return the ids of the parameters in groups whose learning rate is 0 now (a plain number; a tensor lr is
+    not read, as that would sync)."""
+    out: set[int] = set()
+    for group in getattr(optimizer, "param_groups", ()):
+        lr = group.get("lr")
+        if isinstance(lr, (int, float)) and lr == 0:
+            out.update(id(p) for p in group["params"])
+    return out
