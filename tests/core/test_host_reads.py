@@ -59,7 +59,7 @@ def test_every_listed_read_is_still_there():
 
 
 def test_the_check_finds_a_read_added_to_a_copy_of_a_module():
-    source = (SRC / "monitor" / "lost_updates.py").read_text(encoding="utf-8")
+    source = (SRC / "monitor" / "updates.py").read_text(encoding="utf-8")
     assert device_reads(source) == []
     assert device_reads(source + "\ndef peek(t):\n    return t.abs().max().item()\n") == ["t.abs().max().item()"]
 

@@ -57,7 +57,7 @@ def test_pure_bf16_with_a_large_lr_keeps_its_updates() -> None:
     assert monitor.findings() == []
 
 
-def test_fp32_parameters_under_autocast_are_not_watched() -> None:
+def test_fp32_parameters_under_autocast_lose_no_updates_and_are_seen_to_move() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9)  # tiny updates, but fp32 keeps them
@@ -69,7 +69,9 @@ def test_fp32_parameters_under_autocast_are_not_watched() -> None:
             opt.step()
             opt.zero_grad()
     assert "AMP607" not in w.report().codes()
-    assert w.summary_data()["lost_updates"] is None
+    assert w.summary_data()["lost_updates"] is None   # no fp16/bf16 weight to lose one
+    updates = w.summary_data()["updates"]
+    assert updates["sampled_steps"] == 3 and updates["unmoved_steps"] == [] and updates["nonfinite"] == {}
 
 
 def test_a_step_skipped_inside_the_fused_kernel_is_not_counted_as_lost() -> None:

@@ -495,7 +495,7 @@ RULES: tuple[Rule, ...] = (
         "AMP613", "loss-not-finite", "The loss is inf/NaN",
         "A non-finite loss gives non-finite gradients; without a GradScaler to skip the step they reach the "
         "weights. It usually starts in the forward pass (an fp16 overflow, a log of 0, a division by 0).",
-        "ampdoctor run --activations train.py   # names the first module with an inf/NaN output",
+        "ampdoctor.watch(model, opt, scaler, activations=True)   # names the first module with an inf/NaN output",
         ERROR, "watch",
     ),
     Rule(

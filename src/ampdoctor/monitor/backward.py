@@ -29,6 +29,7 @@ from ampdoctor._torch.autograd import constant_factor, version_counter
 from ampdoctor._torch.scaler import live_scale
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import loss_entry
+from ampdoctor.monitor.grad_stats import local_tensor
 
 __all__ = ["BackwardMonitor", "LOSS_HISTORY", "HAND_SCALE"]
 
@@ -66,6 +67,7 @@ class BackwardMonitor:
         self.dropped_early = 0   # dropped before the first step ended (calibration of a hand-written scaler)
         self._since = 0          # backward calls since the last step line
         self._dropped_since = 0
+        self._handed = (0, 0)    # (_since, _dropped_since) as pending() handed them over
         self.losses: list[tuple[int, float]] = []   # (sampled step, loss), up to LOSS_HISTORY
         self.hand_scaled = False   # a loss given to backward was multiplied by a loss scale of its own
 
@@ -107,7 +109,10 @@ class BackwardMonitor:
         loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if self.sampling and isinstance(loss, torch.Tensor) and loss.numel() == 1:
             with torch.no_grad():
-                value = loss.detach().reshape(1).float()
+                value = local_tensor(loss.detach())   # a DTensor loss (FSDP2, tensor parallel): replicated
+                if value is None:
+                    return
+                value = value.reshape(1).float()
                 if self._scaled is not None and self._scaled[0] == id(loss):
                     value = value / self._scaled[1].to(value.device)
                 else:   # a hand-written loss scaler: loss * 2**k with k a Python number
@@ -162,23 +167,26 @@ class BackwardMonitor:
     def pending(self) -> dict[str, torch.Tensor]:
         """Hand over the sampled step's loss and the in-place drops counted on the device since the last call."""
         out: dict[str, torch.Tensor] = {}
+        # the host counts of this step line, kept with its copy (read at the next step on CUDA)
+        self._handed = (self._since, self._dropped_since)
+        self._since = self._dropped_since = 0
         if self._value is not None:
             out["loss"], self._value = self._value, None
         if self._zeroed is not None:
             out["zeroed"], self._zeroed = self._zeroed, None
         return out
 
-    def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any] | None:
-        """Take the host values of ``pending()``; return the step line's ``loss`` entry (None without a loss)."""
+    def consume(self, values: dict[str, list[float]], step: int, partial: bool = False) -> dict[str, Any] | None:
+        """Take the host values of ``pending()``; return the step line's ``loss`` entry (None without a loss).
+        ``partial``: read at detach, in a step that never ended; its loss is not one of a step's."""
         zeroed = values.get("zeroed")
+        (since, dropped), self._handed = self._handed, (0, 0)
         if zeroed:
             self.dropped += int(zeroed[0])
             self.dropped_early += int(zeroed[1])
-            self._dropped_since += int(zeroed[0])
+            dropped += int(zeroed[0])
         loss = values.get("loss")
-        since, dropped = self._since, self._dropped_since
-        self._since = self._dropped_since = 0
-        if not loss:
+        if not loss or partial:
             return None
         if len(self.losses) < LOSS_HISTORY:
             self.losses.append((step, loss[0]))

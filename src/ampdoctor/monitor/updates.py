@@ -188,7 +188,7 @@ class UpdateMonitor:
         if counts is not None:
             out["counts"] = counts
             out["stepped"] = torch.tensor([float(stepped)])
-        if self._params and not self.broken:
+        if self._params and self.active:
             with torch.no_grad():
                 peaks = norms([local_tensor(p.detach()) for p in self._params], float("inf"))
                 out["finite"] = torch.stack([torch.isfinite(peak) for peak in peaks]).to(torch.float32)

@@ -294,6 +294,10 @@ class Watch:
             self._guard("gradients", read)
         return wrapped
 
+    def follows(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` is the one this watch follows (as given, or one it wraps)."""
+        return any(o is optimizer for o in self._chain)
+
     def read_step(self, optimizer: Any) -> None:
         """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
         its pre-hooks ran (``ampdoctor run`` finds the model in a ``step(closure)``'s forward)."""
@@ -387,7 +391,7 @@ class Watch:
             self._guard("lost_updates", lambda: entries.update(zip(
                 ("lost_updates", "updates"), self._lost.consume(host["lost_updates"], step, skipped))))
         if "loss" in host:
-            self._guard("loss", lambda: entries.update(loss=self._backward.consume(host["loss"], step)))
+            self._guard("loss", lambda: entries.update(loss=self._backward.consume(host["loss"], step, partial)))
         record = step_line(step, t, partial=partial, **entries)  # partial: written at detach, for the last steps
         view = read_step(record)
         self._guard("gradients", lambda: self._check_gradients(view, partial))
@@ -459,7 +463,8 @@ class Watch:
             "seconds_inside": round(self.seconds_inside, 6), "formats": run_formats(self._scaler, self.param_dtypes),
             "scale": None if self._scale_monitor is None else self._scale_monitor.summary(),
             "gradients": grads,
-            "lost_updates": None if self._lost is None or not self._lost.names else self._lost.summary(),
+            "lost_updates": None if self._lost is None or not self._lost.summary()["watched"] else
+            self._lost.summary(),
             "activations": activations,
             "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
             "loss": None if self._backward is None else self._backward.summary(),

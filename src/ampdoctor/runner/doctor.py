@@ -74,7 +74,7 @@ class Doctor:
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
         self.models: list[nn.Module] = []
         self._autocast: dict[int, torch.dtype | None] = {}
-        self._depth = self._scans = 0
+        self._depth = self._scans = self._in_scaler_step = 0
         self._handles: list[Any] = []
         self._forward_handles: list[Any] = []
         self._accelerator_found: Any = None
@@ -119,6 +119,9 @@ class Doctor:
             if "scale" in vars(cls):
                 self._handles.append(observe(cls, "scale", before=self._on_scale,
                                              on_error=self.session.internal_error))
+            if "step" in vars(cls):   # a skipped step never calls optimizer.step(): the stages follow this too
+                self._handles.append(observe(cls, "step", before=self._on_scaler_step,
+                                             finally_=self._left_scaler_step, on_error=self.session.internal_error))
         # Before the script's first line: names it binds at import (`from torch.nn.utils import clip_grad_norm_`)
         # are then the observed ones.
         self.session.observe_process(scaler_classes())
@@ -213,6 +216,8 @@ class Doctor:
         if real in self._internal:
             return None   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
         self.session.seen["optimizers"].add(id(real))
+        if not self._in_scaler_step:   # counted there
+            self.session.optimizer_stepped(real)   # the watch follows what trains now (a resume, a second stage)
         self.session.confirm_wiring(real)   # its first step: the gradients are there now
         if self.session.broken or (self.setup is not None and real in self._diagnosed):
             return None
@@ -223,6 +228,18 @@ class Doctor:
         # The first step, or an optimizer never diagnosed: a new fold, a resume, a second stage.
         call_safely(self._start, on_error=self.session.internal_error)
         return None
+
+    def _on_scaler_step(self, scaler: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
+        self._in_scaler_step += 1
+        real = unwrap_optimizer(optimizer)
+        if self.session.broken or self.setup is None or not isinstance(real, torch.optim.Optimizer):
+            return
+        if real not in self._diagnosed:   # a new stage's scaler.step(): its steps may all be skipped
+            self._start(scaler)
+        self.session.optimizer_stepped(real)
+
+    def _left_scaler_step(self) -> None:
+        self._in_scaler_step = max(0, self._in_scaler_step - 1)
 
     def _caught_up(self, optimizer: Any) -> None:
         watch = self.session.watch

@@ -29,15 +29,18 @@ from torch import nn
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import StepAside, call_safely
 from ampdoctor.core.report import Report
-from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
 from ampdoctor.session.observers import GlobalObservers
 from ampdoctor.session.repair import RunRepairs
-from ampdoctor.session.watching import watch_coverage, watched_pair
+from ampdoctor.session.watching import watch_coverage, watched_pair, watched_size
 
 __all__ = ["Session"]
 
 Checks = Callable[[TrainingSetup], list[Finding]]
+
+
+STAGE_AFTER = 3   # steps of newer optimizers, with none of the watched one, that start the watch's next stage
 
 
 class Session:
@@ -82,6 +85,8 @@ class Session:
         self._clip_norms = ClipNorms()
         self._max_norm: Any = None
         self._coverage: dict[str, Any] | None = None   # which part of the models the watched optimizer steps
+        self._stages: list[dict[str, Any]] = []   # the watch summaries of the stages a later one replaced
+        self._others_stepped = 0   # steps of other diagnosed optimizers since the watched one last stepped
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
@@ -184,6 +189,35 @@ class Session:
         self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                            activations=self.activations, others=setup.models).attach()
         self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup)   # the watch follows one optimizer
+
+    def optimizer_stepped(self, optimizer: Any) -> None:
+        """Every optimizer step (O(1)): the watch follows the objects that train now. When optimizers diagnosed
+        after the watched one step ``STAGE_AFTER`` times while it does not (a resume built a new model and
+        optimizer, a second stage), the watch ends its stage and a new one follows the latest setup's."""
+        watch = self.watch
+        if watch is None or self.setup is None:
+            return
+        if watch.follows(optimizer):
+            self._others_stepped = 0
+            return
+        if not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
+            return
+        self._others_stepped += 1
+        if self._others_stepped >= STAGE_AFTER:
+            self._others_stepped = 0
+            self.parts.guard("run", self._next_stage, optimizer)
+
+    def _next_stage(self, optimizer: Any) -> None:
+        call_safely(self.watch.detach, on_error=self.internal_error)
+        call_safely(self._collect_watch, on_error=self.internal_error)
+        ended = self.report.extra.pop("watch", None)
+        if isinstance(ended, dict):
+            self._stages.append({key: ended.get(key) for key in ("steps", "sampled_steps", "verified")})
+        self.watch = None
+        wrapped = [o for o in self.setup.optimizers if unwrap_optimizer(o) is optimizer]
+        trained = [m for m in self.setup.models if owns_any(optimizer, m)]
+        self._attach_watch(max(trained, key=watched_size) if trained else None,
+                           wrapped + [o for o in self.setup.optimizers if o not in wrapped])
 
     def confirm_wiring(self, optimizer: Any) -> None:
         """At ``optimizer``'s first step, when the gradients exist: confirm or withdraw AMP301/AMP302 said earlier."""
@@ -302,6 +336,8 @@ class Session:
             watched.extra["watch"]["coverage"] = self._coverage
         for finding in watched.findings:
             self.report.add(finding)
+        if self._stages:
+            watched.extra["watch"]["stages"] = list(self._stages)
         self.report.extra.update(watched.extra)
         # a prediction gets what the watch measured (AMP208)
         self.report.findings = [with_watch_evidence(f, watched.extra.get("watch")) for f in self.report.findings]

@@ -269,6 +269,10 @@ def earned_verdict(report: Any) -> RenderableType:
         return Text("ampdoctor: no mixed-precision problems found", style="green")
     measured = "; ".join(checked.get("measured") or [])
     missing = ", ".join(checked.get("not_measured") or [])
+    stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
+    if stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
+        measured += (f"; before that, {len(stages)} earlier stage(s) of "
+                     f"{sum(st.get('steps') or 0 for st in stages)} steps")
     if checked.get("ok") and not missing:
         return Sentence(f"ampdoctor: no mixed-precision problems found in {checked.get('steps')} steps: {measured}",
                         style="green")
