@@ -1,0 +1,295 @@
+"""Training-health invariants (``ampdoctor.monitor.invariants``) on real loops: a cause no rule names is still found,
+and the all-clear is earned. Each case here ended in "no mixed-precision problems found" (or a false AMP607)
+before the invariants; the healthy controls stay quiet."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+from ampdoctor.monitor.watcher import watch
+from ampdoctor.ui.cli import main
+from ampdoctor.ui.console import render_report
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+
+
+def run_cli(tmp_path, script: str, *args: str) -> tuple[dict, str]:
+    """Run ``ampdoctor run --json`` on a test script; return the report and what was printed (piped)."""
+    out, err = io.StringIO(), io.StringIO()
+    path = tmp_path / "r.json"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(["run", "--json", str(path), os.path.join(SCRIPTS, script), *args]) == 0, err.getvalue()
+    return json.loads(path.read_text()), " ".join((out.getvalue() + err.getvalue()).split())
+
+
+def findings(report: dict, code: str) -> list[dict]:
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+def text_of(w) -> str:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    console.print(render_report(w.report()))
+    return " ".join(console.file.getvalue().split())
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+# ---- progress ------------------------------------------------------------------------------------------------
+def test_a_hand_written_scaler_skipping_most_iterations_is_an_error_naming_the_count(tmp_path):
+    report, text = run_cli(tmp_path, "hand_loss_scaler.py", "broken")
+    [f] = findings(report, "AMP612")
+    assert f["severity"] == "error" and "8 of 10 backward calls had their gradients dropped" in f["detail"]
+    assert "hand-written loss scaler" in f["detail"] and "stepped 2 time(s)" in f["detail"]
+    assert "no mixed-precision problems found" not in text and report["ok"] is False
+
+
+def test_a_correct_hand_written_scaler_with_a_few_calibration_skips_is_quiet(tmp_path):
+    report, text = run_cli(tmp_path, "hand_loss_scaler.py", "healthy")
+    assert report["findings"] == []
+    assert "ampdoctor: no mixed-precision problems found in 38 steps:" in text   # 2 calibration skips of 40
+
+
+def test_a_run_whose_every_step_was_skipped_is_an_error_and_no_all_clear():
+    model, scaler = mlp(), torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, scaler, every=1) as w:
+        for _ in range(6):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = (model(torch.randn(8, 16)).float() * float("nan")).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    codes = w.report().codes()
+    assert "AMP612" in codes and "AMP604" not in codes   # said once, as the error it is
+    [f] = [f for f in w.findings() if f.code == "AMP612"]
+    assert f.severity.value == "error" and "every one of the 6 optimizer steps was skipped" in f.detail
+    assert w.summary_data()["verified"]["ok"] is False and "no mixed-precision problems" not in text_of(w)
+
+
+def test_a_second_model_optimizer_and_scaler_built_later_are_watched(tmp_path):
+    report, _ = run_cli(tmp_path, "resume_stage.py")
+    assert [s["steps"] for s in report["watch"]["stages"]] == [5]   # stage 1, then the resumed stage
+    assert report["watch"]["steps"] >= 9   # the watch moved to the resumed stage after its STAGE_AFTER-th step
+    assert findings(report, "AMP612") and findings(report, "AMP612")[0]["severity"] == "error"
+
+
+def test_no_lost_updates_are_counted_on_steps_whose_learning_rate_is_0():
+    # the first step of a warmup from 0 (torchtune's default configs): AMP607 fired on it, every entry "lost"
+    torch.manual_seed(0)
+    model = mlp().to(torch.bfloat16)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.0 if step < 3 else 1.0)
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            model(torch.randn(8, 16, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    data = w.summary_data()
+    assert "AMP607" not in w.report().codes() and "AMP612" not in w.report().codes()
+    assert data["lost_updates"]["sampled_steps"] == 0 and data["updates"]["sampled_steps"] == 0
+
+
+# ---- the loss ------------------------------------------------------------------------------------------------
+def test_a_loss_bit_identical_while_the_weights_move_is_found():
+    # the loss is summed into a large fp16 offset: at 1000 fp16's ulp is 0.5, so the value never changes, while
+    # the gradients flow and Adam moves the weights
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16)
+    with watch(model, opt, every=1) as w:
+        for _ in range(10):
+            loss = (model(x).pow(2).mean() + 1000.0).half()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    [f] = [f for f in w.findings() if f.code == "AMP614"]
+    assert "the loss was 1000.0 on 10 consecutive sampled steps (0 to 9), bit for bit" in f.detail
+
+
+def test_a_diverging_loss_is_found_and_a_falling_one_is_not():
+    def train(lr: float):
+        torch.manual_seed(0)
+        model, x = nn.Linear(8, 1), torch.randn(32, 8) * 3
+        y = x.sum(1, keepdim=True)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        with watch(model, opt, every=1) as w:
+            for _ in range(12):
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        return w
+
+    diverging = [f for f in train(0.25).findings() if f.code == "AMP615"]
+    assert diverging and "the loss rose from" in diverging[0].detail
+    assert train(0.01).findings() == []
+
+
+def test_a_non_finite_loss_without_a_scaler_is_an_error():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, every=1) as w:
+        for step in range(4):
+            x = torch.randn(8, 16)
+            x[0, 0] = float("nan") if step == 3 else x[0, 0]
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    codes = {f.code: f for f in w.findings()}
+    assert codes["AMP613"].severity.value == "error" and "the last sampled loss is one of them" in \
+        codes["AMP613"].detail
+    assert codes["AMP616"].severity.value == "error"   # and the step wrote NaN into the weights
+
+
+# ---- weights, gradients, the clip ----------------------------------------------------------------------------
+def test_nan_written_on_a_step_the_scaler_skipped_says_the_update_bypassed_it():
+    model, scaler = mlp(), torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, scaler, every=1) as w:
+        for step in range(4):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(8, 16)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            if step == 2:
+                model[2].bias.grad[0] = float("inf")
+            scaler.step(opt)
+            if step == 2:
+                opt.step()   # the update the scaler skipped, applied anyway
+            scaler.update()
+            opt.zero_grad()
+    [f] = [f for f in w.findings() if f.code == "AMP616"]
+    assert f.severity.value == "error" and f.step == 2 and "2.bias" in f.where
+    assert "the GradScaler reported step 2 as skipped, so the update bypassed it" in f.detail
+
+
+def test_trainable_parameters_without_a_gradient_are_named():
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.used, self.unused = nn.Linear(16, 8), nn.Linear(8, 1), nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.used(self.body(x))
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            model(torch.randn(4, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    [f] = [f for f in w.findings() if f.code == "AMP617"]
+    assert f.severity.value == "info" and f.where == "unused.weight, unused.bias"
+    assert "2 of 6 trainable parameters had no gradient on any of the 3 sampled steps" in f.detail
+
+
+def test_a_clip_over_a_filter_the_optimizer_consumed_is_found_and_the_list_is_quiet(tmp_path):
+    report, _ = run_cli(tmp_path, "clip_filter.py", "filter", "0.01")
+    [f] = findings(report, "AMP618")
+    assert "returned a total norm of 0 on 10 of 10 sampled steps" in f["detail"]
+    assert not findings(report, "AMP611")   # it clipped nothing: "every step was clipped" would be false
+    fixed, _ = run_cli(tmp_path, "clip_filter.py", "list", "0.01")
+    assert not findings(fixed, "AMP618") and findings(fixed, "AMP611")   # now it clips every step
+
+
+# ---- the all-clear -------------------------------------------------------------------------------------------
+def test_the_all_clear_says_what_was_verified_and_the_json_carries_it():
+    model, scaler = mlp(), torch.amp.GradScaler("cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, scaler, every=5) as w:
+        for _ in range(20):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(8, 16)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    text = text_of(w)
+    assert ("ampdoctor: no mixed-precision problems found in 20 steps: 20 updated, 0 skipped by the GradScaler; "
+            "weights moved on 12 of 12 sampled steps and stayed finite; loss finite and changing on 12 sampled "
+            "steps; gradients reached 4 of 4 trainable parameters; 8 steps not sampled") in text
+    assert w.summary_data()["verified"]["ok"] is True and w.summary_data()["verified"]["not_measured"] == []
+
+
+def test_an_unmeasured_loss_is_no_all_clear():
+    # gradients computed by torch.autograd.grad, assigned by hand: no backward for the loss
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
+                p.grad = g
+            opt.step()
+            opt.zero_grad()
+    text = text_of(w)
+    assert "not measured: the loss (no backward seen); so this is no all-clear" in text
+    assert "no mixed-precision problems found" not in text
+
+
+def test_the_invariants_add_no_host_read_on_steps_that_are_not_sampled():
+    def syncs(extra_steps: int) -> int:
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        with watch(model, opt, every=50, dense=0) as w:
+            for _ in range(1 + extra_steps):
+                model(torch.randn(8, 16)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        return w.host_syncs
+
+    assert syncs(0) == syncs(40)   # step 0 is sampled; steps 1..40 are not
+
+
+def test_a_monitored_run_trains_bitwise_the_same():
+    def train(watched: bool):
+        model = mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        with (watch(model, opt, every=1) if watched else contextlib.nullcontext()):
+            for step in range(5):
+                torch.manual_seed(step)
+                model(torch.randn(8, 16)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        return copy.deepcopy(model.state_dict())
+
+    a, b = train(False), train(True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("n", [1])
+def test_fsdp2_fp16_parameters_keep_the_update_meter_on(tmp_path, n):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed with gloo and no process group yet")
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=n)
+    try:
+        model = mlp().half()
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        with watch(model, opt, every=1) as w:
+            for _ in range(3):
+                model(torch.randn(8, 16, dtype=torch.float16)).float().pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    assert [f.detail for f in w.findings() if f.code == "AMP001"] == []   # was: index_select got mixed DTensor
+    assert w.summary_data()["lost_updates"]["sampled_steps"] == 3
