@@ -483,7 +483,7 @@ RULES: tuple[Rule, ...] = (
         INFO, "watch",
     ),
     Rule(
-        "AMP612", "no-progress", "Training ran but the weights did not change",
+        "AMP612", "no-progress", "Iterations ran backward but updated no weight",
         "Backward computed gradients that no optimizer step used (a skipped step of any loss scaler, a loop that "
         "zeroes the gradients before it steps), or the optimizer stepped and moved none of the weights it was "
         "given: the run spends its compute and learns nothing, whatever the cause.",

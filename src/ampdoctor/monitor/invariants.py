@@ -182,6 +182,9 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
     skipped = scale.get("skipped") or 0
     if scale:
         measured.append(f"{steps - skipped} updated, {skipped} skipped by the GradScaler")
+    if loss.get("dropped"):
+        measured.append(f"{loss['dropped']} of {loss.get('backwards')} backward calls skipped with no "
+                        f"optimizer step")
     sampled = updates.get("sampled_steps") or 0
     if sampled:
         moved = sampled - len(updates.get("unmoved_steps") or [])
