@@ -86,7 +86,8 @@ class Session:
         self._max_norm: Any = None
         self._coverage: dict[str, Any] | None = None   # which part of the models the watched optimizer steps
         self._stages: list[dict[str, Any]] = []   # the watch summaries of the stages a later one replaced
-        self._others_stepped = 0   # steps of other diagnosed optimizers since the watched one last stepped
+        self._others_stepped = 0   # steps of newer optimizers since the watched one last stepped
+        self._stage_optimizers: set[int] = set()   # the optimizers there were when the watch's stage began
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
@@ -189,6 +190,7 @@ class Session:
         self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                            activations=self.activations, others=setup.models).attach()
         self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup)   # the watch follows one optimizer
+        self._stage_optimizers = {id(unwrap_optimizer(o)) for o in setup.optimizers}
 
     def optimizer_stepped(self, optimizer: Any) -> None:
         """Every optimizer step (O(1)): the watch follows the objects that train now. When optimizers diagnosed
@@ -200,8 +202,9 @@ class Session:
         if watch.follows(optimizer):
             self._others_stepped = 0
             return
-        if not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
-            return
+        if id(optimizer) in self._stage_optimizers or \
+                not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
+            return   # one the watch's stage already had (a GAN's other optimizer, one optimizer per parameter)
         self._others_stepped += 1
         if self._others_stepped >= STAGE_AFTER:
             self._others_stepped = 0
