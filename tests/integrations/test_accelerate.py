@@ -39,6 +39,7 @@ from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 import ampdoctor  # noqa: E402
 from ampdoctor.runner.doctor import Doctor  # noqa: E402
 from ampdoctor.runner.launcher import run_script  # noqa: E402
+from ampdoctor.ui.cli import main  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "accelerate_train.py")
@@ -272,3 +273,19 @@ def test_accelerate_launch_runs_ampdoctor_run(tmp_path):
     report = json.loads(out.read_text())
     assert sorted(f["code"] for f in report["findings"]) == ["AMP101", "AMP104"]
     assert "head.weight (float16, [4, 64]), head.bias (float16, [4])" in report["findings"][0]["detail"]
+
+
+@pytest.mark.parametrize("kind", ["filter", "list"])
+def test_accelerator_clip_grad_norm_is_observed_where_it_calls_no_torch_clip(tmp_path, kind):
+    # accelerate 1.x computes the norm with get_total_norm and clips with clip_grads_with_norm_; over a consumed
+    # filter it calls neither and returns 0. Only the observed wrapper sees that (AMP618), and its norm feeds AMP611.
+    script = os.path.join(ROOT, "tests", "integrations", "scripts", "accelerate_clip_filter.py")
+    out = tmp_path / "r.json"
+    assert main(["run", "--json", str(out), script, kind, "0.01"]) == 0
+    report = json.loads(out.read_text())
+    codes = [f["code"] for f in report["findings"]]
+    if kind == "filter":
+        assert "AMP618" in codes and "AMP611" not in codes, codes
+        assert report["clipping"]["calls"] == 12 and report["clipping"]["peak"] == 0.0, report.get("clipping")
+    else:
+        assert "AMP618" not in codes and "AMP611" in codes, codes   # it now clips every step at 0.01

@@ -505,6 +505,8 @@ class Watch:
             "invariants", e)) or []
         if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
             out = [f for f in out if f.code != "AMP604"]  # every step skipped: said once, as the error it is
+        if culprit is not None:   # AMP601 names where the inf/NaN the loss ends with starts: said once
+            invariants = [f for f in invariants if f.code != "AMP613"]
         return out + activation + invariants
 
     def _activation_findings(self) -> list[Finding]:

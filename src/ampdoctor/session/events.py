@@ -20,8 +20,13 @@ class RunEvents(Protocol):
         """A clip starts: ``name`` is ``clip_grad_norm_``, ``clip_grad_value_`` or FSDP's ``clip_grad_norm_``;
         ``parameters``, ``args`` and ``kwargs`` are what it was called with (``args[0]`` is ``max_norm``)."""
 
-    def after_clip(self, result: Any) -> None:
-        """The outermost clip returned ``result`` (the total norm before clipping; None from a clip by value)."""
+    def after_clip(self, result: Any, report_norm: bool = True) -> None:
+        """The outermost clip returned ``result`` (the total norm before clipping; None from a clip by value).
+        ``report_norm`` is False inside a framework's clip wrapper, which reports the norm itself."""
+
+    def wrapper_clipped(self, max_norm: Any, result: Any) -> None:
+        """A framework's clip wrapper (``accelerate.Accelerator.clip_grad_norm_``) returned ``result``, the total
+        norm before clipping, for ``max_norm``; torch's clips it ran were reported with ``report_norm=False``."""
 
     def optimizer_restored(self, optimizer: Any) -> None:
         """``optimizer.load_state_dict`` returned: a resume (accelerate's placement reload is not one)."""

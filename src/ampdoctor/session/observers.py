@@ -38,6 +38,8 @@ class GlobalObservers:
         self.facts = ProcessFacts()
         self._handles: list[PatchHandle] = []
         self._depth = 0   # an observed clip function may call another: report the outermost only
+        self._wrapper: list[Any] = []   # max_norm of each framework clip wrapper in flight (accelerate's)
+        self._done_wrapper: Any = None   # max_norm of the wrapper that just returned
 
     def attach(self, scaler_classes: tuple[type, ...]) -> list[PatchHandle]:
         """Install the observers; return their handles (the caller removes them in reverse order)."""
@@ -67,6 +69,32 @@ class GlobalObservers:
         self._handles.append(handle)
         return [handle]
 
+    def attach_accelerate(self) -> list[PatchHandle]:
+        """Observe ``accelerate.Accelerator.clip_grad_norm_`` once accelerate is imported; return new handles.
+
+        accelerate 1.x clips through ``get_total_norm`` and ``clip_grads_with_norm_``, and not at all when the
+        parameters are none or ``max_norm`` is inf: only the wrapper returns the pre-clip norm. torch's clips
+        inside it still reach the GradScaler guard (they run after the wrapper's own ``unscale_gradients()``)."""
+        module = sys.modules.get("accelerate.accelerator")
+        cls = getattr(module, "Accelerator", None)
+        if cls is None or not callable(vars(cls).get("clip_grad_norm_")) or any(h.owner is cls for h in self._handles):
+            return []
+        handle = observe(cls, "clip_grad_norm_", before=self._before_wrapper_clip, after=self._after_wrapper_clip,
+                         on_error=self.on_error, finally_=self._leave_wrapper_clip)
+        self._handles.append(handle)
+        return [handle]
+
+    def _before_wrapper_clip(self, accelerator: Any, parameters: Any = None, max_norm: Any = None, *args: Any,
+                             **kwargs: Any) -> None:
+        self._wrapper.append(max_norm)
+
+    def _leave_wrapper_clip(self) -> None:
+        self._done_wrapper = self._wrapper.pop() if self._wrapper else None
+
+    def _after_wrapper_clip(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        if not self._wrapper and self._depth == 0:
+            self.sink.wrapper_clipped(self._done_wrapper, result)
+
     def _before_clip(self, name: str, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
         self._depth += 1
         if self._depth == 1:
@@ -77,7 +105,7 @@ class GlobalObservers:
 
     def _after_clip(self, result: Any, *args: Any, **kwargs: Any) -> None:
         if self._depth == 0:
-            self.sink.after_clip(result)
+            self.sink.after_clip(result, report_norm=not self._wrapper)
 
     def _before_fsdp_clip(self, module: Any, *args: Any, **kwargs: Any) -> None:
         self._before_clip("clip_grad_norm_", list(module.parameters()), *args, **kwargs)

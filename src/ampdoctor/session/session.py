@@ -104,9 +104,10 @@ class Session:
         at import are then the observed ones."""
         self._handles += self.observers.attach(tuple(scaler_classes))
 
-    def observe_fsdp(self) -> None:
-        """Observe FSDP's own ``clip_grad_norm_`` once FSDP is imported (a no-op before, and the second time)."""
-        self._handles += self.observers.attach_fsdp()
+    def observe_frameworks(self) -> None:
+        """Observe FSDP's own ``clip_grad_norm_`` and accelerate's ``Accelerator.clip_grad_norm_`` once they are
+        imported (a no-op before, and the second time)."""
+        self._handles += self.observers.attach_fsdp() + self.observers.attach_accelerate()
 
     def add_handle(self, handle: Any) -> None:
         """Keep ``handle`` (anything with ``remove()``) to remove it at the end, after the parts' own."""
@@ -138,7 +139,7 @@ class Session:
 
         self.setup = setup
         self._note_setup(setup)
-        self.observe_fsdp()   # FSDP is imported by now if the script uses it
+        self.observe_frameworks()   # FSDP and accelerate are imported by now if the script uses them
 
         def look() -> list[Finding]:
             return run_preflight(setup) + (checks(setup) if checks is not None else [])
@@ -256,9 +257,17 @@ class Session:
         if self.guard is not None:
             self.guard.clip_started(parameters, args, kwargs, name)
 
-    def after_clip(self, result: Any) -> None:
+    def after_clip(self, result: Any, report_norm: bool = True) -> None:
         if self.guard is not None:
             self.guard.clip_finished(result)
+        if report_norm:
+            self._clip_norm(result)
+
+    def wrapper_clipped(self, max_norm: Any, result: Any) -> None:
+        self._max_norm = max_norm
+        self._clip_norm(result)
+
+    def _clip_norm(self, result: Any) -> None:
         scaled = self.guard is not None and self.guard.clipped_scaled
         if self.watch is not None:
             self.watch.note_clip(result, scaled=scaled)

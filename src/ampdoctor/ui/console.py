@@ -266,7 +266,8 @@ def earned_verdict(report: Any) -> RenderableType:
     watch = report.extra.get("watch") if isinstance(getattr(report, "extra", None), dict) else None
     checked = watch.get("verified") if isinstance(watch, dict) else None
     if not isinstance(checked, dict):
-        return Text("ampdoctor: no mixed-precision problems found", style="green")
+        return Sentence("ampdoctor: no mixed-precision problems found in the setup (pre-flight checks only; no "
+                        "training step was watched)", style="green")
     measured = "; ".join(checked.get("measured") or [])
     missing = ", ".join(checked.get("not_measured") or [])
     stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
