@@ -19,7 +19,7 @@ import os
 from types import FrameType, TracebackType
 from typing import Iterator
 
-from ampdoctor._torch.frames import autocast_decorator
+from ampdoctor._torch.frames import autocast_decorator, frame_values
 from ampdoctor.core.callsite import is_own_file
 
 _MAX_SOURCE_LINES = 50_000   # a larger file is not parsed: the answer is "not seen", never a guess
@@ -71,10 +71,7 @@ def _bound_to_autocast(frame: FrameType | None, name: str | None) -> bool:
     ``nullcontext()`` (``accelerator.autocast()`` is a generator context manager, not a ``torch.autocast``)."""
     if name is None or frame is None:
         return True
-    try:
-        value = frame.f_locals.get(name)
-    except Exception:   # a frame being torn down: the source alone decides
-        return True
+    value = dict(frame_values(frame)).get(name)   # a frame whose locals cannot be read: the source alone decides
     return not isinstance(value, contextlib.nullcontext)
 
 
