@@ -415,5 +415,5 @@ class ScalerGuard:
             self._tally.add(batch)
         for (key, cls, site), count, first, last, factor in (self._tally.read() if force else ()):
             f = scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, first)
-            self._drift.set(f.where, count, factor)
+            self._drift.set(f.where, count, factor, (key, cls))
             self._ledger.set_span(f, count, last)
