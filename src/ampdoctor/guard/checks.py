@@ -25,6 +25,7 @@ from ampdoctor.explanations.naming import with_scaler
 from ampdoctor.guard.history import Call, Iteration, grads_reset
 
 _Pending = tuple[Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
+_GRAPH_NODES = 20_000   # autograd nodes walked from a scaled loss (AMP412's suspicious path, once per optimizer)
 
 # AMP409 is info for a few calibration skips. Each scheduler step on a skipped optimizer step puts the schedule one
 # step ahead of the weights, so the harm is the drift against the schedule's length:
@@ -90,6 +91,40 @@ def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list
     return [get_rule("AMP401").finding(
         label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no backward in between: an "
         "explicit unscale_ plus a helper that unscales again (e.g. accelerator.clip_grad_norm_)", cur.index)]
+
+
+def autocast_on(device_type: str) -> bool:
+    """Return whether autocast is enabled now for ``device_type`` (False for a type autocast does not know)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def loss_reaches(roots: list[Any], optimizer: Any) -> bool | None:
+    """Return whether the autograd graph under one of ``roots`` (the ``grad_fn`` of the losses given to ``scale()``)
+    ends in a parameter of ``optimizer``; None when there is no graph, or it is too large to walk.
+
+    The graph's nodes outlive its backward (only their saved tensors are freed), so this works after backward.
+    """
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    stack = list(roots)
+    if not stack:
+        return None
+    kept, seen = [], set()   # nodes are kept alive while walking, so their ids stay theirs
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if len(kept) >= _GRAPH_NODES:
+            return None
+        kept.append(node)
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)   # an AccumulateGrad node: the leaf it accumulates into
+        if variable is not None and id(variable) in params:
+            return True
+        stack.extend(fn for fn, _ in node.next_functions)
+    return False
 
 
 def keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
