@@ -473,6 +473,7 @@ def test_a_direct_optimizer_step_on_scaled_gradients_is_amp412():
     assert found[0].severity.value == "error"
     assert "optimizer[0] (SGD).step() at test_scaler_guard.py:" in found[0].detail
     assert "scaler.step(optimizer) then scaler.update()" in found[0].detail
+    assert "the update is that many times too large" in found[0].detail   # SGD; Adam's eps acts smaller instead
 
 
 def test_a_direct_step_before_update_is_amp412_next_to_the_update_crash():

@@ -368,7 +368,8 @@ RULES: tuple[Rule, ...] = (
         "AMP412", "optimizer-step-bypasses-scaler", "optimizer.step() ran directly on gradients the GradScaler scaled",
         "scaler.scale(loss).backward() multiplies every gradient by the loss scale (65536 at first); only "
         "scaler.step(optimizer) divides it back out and skips a step with inf/NaN gradients. A direct "
-        "optimizer.step() applies an update that many times too large, and never checks for overflow.",
+        "optimizer.step() applies inf/NaN gradients, and its update is that many times too large (SGD) or its eps "
+        "that many times too small (Adam).",
         "scaler.scale(loss).backward()\nscaler.step(optimizer)   # not optimizer.step()\nscaler.update()",
         ERROR, "runtime", (), (),
     ),

@@ -468,10 +468,13 @@ class ScalerGuard:
         if not self._scaled_by_loss(optimizer):
             return
         label = self._label(optimizer)
+        # Adam-style steps divide the scale out of m / sqrt(v), all but eps; an SGD-style step is multiplied by it
+        harm = ("its eps acts that many times smaller" if "eps" in getattr(optimizer, "defaults", {})
+                else "the update is that many times too large")
         self._once("AMP412", label, f"{label}.step() at {started[1]} ran directly, not through scaler.step(): its "
-                   f"gradients came from scaler.scale(loss).backward() ({self._cur.scale_calls} scale() call(s) "
-                   "this iteration) and still carry the loss scale, so the update is that many times too large "
-                   "and inf/NaN gradients are not skipped; call scaler.step(optimizer) then scaler.update()")
+                   "gradients came from scaler.scale(loss).backward() and are still multiplied by the loss scale "
+                   f"(scaler.get_scale()), so {harm}, and inf/NaN gradients are applied instead of skipped; call "
+                   "scaler.step(optimizer) then scaler.update()")
 
     def _scaled_by_loss(self, optimizer: Any) -> bool:
         """Return whether a loss given to scale() in this iteration back-propagates into ``optimizer``'s parameters
