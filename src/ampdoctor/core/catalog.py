@@ -364,6 +364,24 @@ RULES: tuple[Rule, ...] = (
         "# own sharding: dist.all_reduce(found_inf, op=dist.ReduceOp.MAX) before deciding to skip",
         ERROR, "runtime", (), (),
     ),
+    Rule(
+        "AMP412", "optimizer-step-bypasses-scaler", "optimizer.step() ran directly on gradients the GradScaler scaled",
+        "scaler.scale(loss).backward() multiplies every gradient by the loss scale (65536 at first); only "
+        "scaler.step(optimizer) divides it back out and skips a step with inf/NaN gradients. A direct "
+        "optimizer.step() applies inf/NaN gradients, and its update is that many times too large (SGD) or its eps "
+        "that many times too small (Adam).",
+        "scaler.scale(loss).backward()\nscaler.step(optimizer)   # not optimizer.step()\nscaler.update()",
+        ERROR, "runtime", (), (),
+    ),
+    Rule(
+        "AMP413", "backward-inside-autocast", "backward() or optimizer.step() ran inside an autocast region",
+        "Autocast should wrap only the forward pass and the loss computation (PyTorch AMP docs): backward ops "
+        "already run in the dtype autocast chose for their forward ops, and the fp16 copies of the weights that "
+        "autocast caches for the region go stale once the optimizer updates them inside it.",
+        "with torch.autocast(device_type, dtype=torch.float16):\n    loss = loss_fn(model(x), y)\n"
+        "scaler.scale(loss).backward()   # outside the with block\nscaler.step(optimizer); scaler.update()",
+        WARNING, "runtime", (), (),
+    ),
     # ---- AMP5xx: dtype mismatches --------------------------------------------------------------------------------
     Rule(
         "AMP501", "dtype-mismatch", "Tensors of two dtypes meet in one op (half parameters, float inputs)",
