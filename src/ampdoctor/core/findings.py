@@ -37,6 +37,8 @@ class Finding:
         ranks: the ranks of a distributed run (torchrun) that saw this very finding, e.g. ``(0, 1)``, or ``None``
             outside a distributed run. Ranks that saw one finding at the same place and step share it
             (``ampdoctor.ranks.merge.merge_rank_reports``); another place or step stays apart.
+        fix: the fix that fits what this finding saw (the setup, the cause its detail names), as code, or ``None``
+            for the rule's own fix. The report and the views show it in the rule's place.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'
@@ -50,6 +52,7 @@ class Finding:
     process: str | None = None
     cause: str | None = None
     ranks: tuple[int, ...] | None = None
+    fix: str | None = None
 
     @property
     def place(self) -> tuple[str, str, str | None]:
@@ -73,7 +76,7 @@ class Finding:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)
         data["severity"] = self.severity.value
-        for optional in ("process", "cause", "ranks"):
+        for optional in ("process", "cause", "ranks", "fix"):
             if data[optional] is None:
                 del data[optional]
         if self.ranks is not None:
@@ -90,10 +93,11 @@ class Finding:
         (<Severity.ERROR: 'error'>, None)
         """
         try:
-            step, process, cause = data.get("step"), data.get("process"), data.get("cause")
+            step, process, cause, fix = data.get("step"), data.get("process"), data.get("cause"), data.get("fix")
             return cls(str(data["code"]), Severity(data["severity"]), str(data["where"]), str(data["detail"]),
                        step if isinstance(step, int) else None, process if isinstance(process, str) else None,
-                       cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")))
+                       cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")),
+                       fix if isinstance(fix, str) and fix else None)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed finding {data!r:.200}: {exc!r:.200}") from None
 
