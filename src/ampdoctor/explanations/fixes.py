@@ -34,7 +34,7 @@ def nonfinite_weights_fix(weight_dtypes: Iterable[str]) -> str:
     (True, False)
     """
     dtypes = set(weight_dtypes)
-    lines = ["# its weights were already inf/NaN: an optimizer step (or a loaded checkpoint)",
+    lines = ["# its weights were inf/NaN already: an optimizer step (or a checkpoint)",
              "# wrote them; no overflow, so upcasting the module does not help. Fix the",
              "# step, then restart from a checkpoint whose weights are finite:"]
     if "float16" in dtypes:   # fp16's smallest subnormal is 2**-24 ≈ 6e-8: eps=1e-8 rounds to 0
