@@ -107,7 +107,7 @@ def _own_fix(code: str, fix: object) -> str | None:
     writes the rule's fix for every finding without one: ``core.records.report_to_dict``)."""
     if not isinstance(fix, str) or not fix:
         return None
-    from ampdoctor.core.catalog import get_rule   # here: the catalog imports this module
+    from ampdoctor.core.catalog import get_rule  # here: the catalog imports this module
 
     try:
         return None if fix == get_rule(code).fix else fix
