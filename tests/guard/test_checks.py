@@ -14,7 +14,14 @@ from torch import nn
 
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.guard.checks import escalated_finding, lr_change, lr_values, scheduler_finding, scheduler_severity
+from ampdoctor.guard.checks import (
+    escalated_finding,
+    lr_change,
+    lr_values,
+    schedule_length,
+    scheduler_finding,
+    scheduler_severity,
+)
 from ampdoctor.guard.scaler_guard import ScalerGuard
 
 HUGE = 1e36   # times a scale of 65536 overflows fp32 (max 3.4e38): the scaler finds inf and skips the step
@@ -103,3 +110,72 @@ def test_lr_values_skip_what_would_need_a_device_read() -> None:
     assert lr_values(torch.optim.Adam(model.parameters(), lr=torch.tensor(0.5))) == [0.5]  # a CPU tensor: no sync
     assert lr_values(object()) is None
     assert lr_change([0.1, 0.2], [0.1, 0.8]) == 4.0 and lr_change([0.1], [0.1, 0.2]) == 1.0
+
+
+# ---- AMP409 against the schedule's length ------------------------------------------------------------------------
+
+def linear_warmup(steps: int):
+    return lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, s / steps))
+
+
+def test_a_correct_linear_warmup_with_three_calibration_skips_is_info() -> None:
+    # Was a warning: the warmup's LR moved from 0 to 0.03 over the skipped steps 0-2 (x2 then x1.5 after the first).
+    # The schedule only runs 3 steps ahead of the weights; after the warmup the LR is what it would have been.
+    findings, skipped, _, lr = run(60, {0, 1, 2}, linear_warmup(10))
+    assert skipped == 3 and lr == 0.1
+    amp409 = next(f for f in findings if f.code == "AMP409")
+    assert amp409.severity is Severity.INFO
+
+
+def test_transformers_linear_schedule_a_few_skips_of_its_length_is_info() -> None:
+    from transformers import get_linear_schedule_with_warmup
+
+    findings, skipped, _, _ = run(60, {0, 1, 2}, lambda o: get_linear_schedule_with_warmup(o, 10, 60))
+    assert skipped == 3   # 5% of the 60-step schedule
+    assert next(f for f in findings if f.code == "AMP409").severity is Severity.INFO
+
+
+def test_transformers_linear_schedule_skipping_a_tenth_of_its_length_is_a_warning() -> None:
+    from transformers import get_linear_schedule_with_warmup
+
+    findings, skipped, _, _ = run(60, set(range(8)), lambda o: get_linear_schedule_with_warmup(o, 10, 60))
+    assert skipped == 8
+    amp409 = next(f for f in findings if f.code == "AMP409")
+    assert amp409.severity is Severity.WARNING
+    assert "8 skipped optimizer steps, 13% of its 60 steps" in amp409.detail
+
+
+def test_a_plain_warmup_lambda_whose_length_is_unknown_warns_when_most_steps_were_skipped() -> None:
+    findings, skipped, _, _ = run(40, set(range(24)), linear_warmup(10))
+    assert skipped == 24
+    amp409 = next(f for f in findings if f.code == "AMP409")
+    assert amp409.severity is Severity.WARNING and "24 of 40 iterations" in amp409.detail
+
+
+def test_a_short_cosine_schedule_warns_when_the_skips_are_a_tenth_of_t_max() -> None:
+    findings, _, _, _ = run(40, {0, 1, 2, 3}, lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=40))
+    assert next(f for f in findings if f.code == "AMP409").severity is Severity.WARNING
+
+
+def test_schedule_length() -> None:
+    from diffusers.optimization import get_scheduler
+    from transformers import get_cosine_schedule_with_warmup
+
+    sched = torch.optim.lr_scheduler
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    assert schedule_length(sched.CosineAnnealingLR(opt, T_max=60)) == 60
+    assert schedule_length(sched.OneCycleLR(opt, max_lr=0.1, total_steps=80)) == 80
+    assert schedule_length(sched.PolynomialLR(opt, total_iters=30)) == 30
+    assert schedule_length(sched.LinearLR(opt, start_factor=1.0, end_factor=0.0, total_iters=50)) == 50
+    assert schedule_length(sched.LinearLR(opt, start_factor=0.1, total_iters=10)) is None   # a warmup that holds
+    assert schedule_length(sched.StepLR(opt, 5)) is None
+    assert schedule_length(sched.LambdaLR(opt, lambda s: min(1.0, s / 10))) is None
+    assert schedule_length(get_cosine_schedule_with_warmup(opt, 10, 70)) == 70                   # functools.partial
+    assert schedule_length(get_scheduler("linear", opt, num_warmup_steps=10, num_training_steps=90)) == 90  # closure
+
+
+def test_severity_against_the_length() -> None:
+    assert scheduler_severity(3, 60, 4.0, length=60) is Severity.INFO      # the LR drift of a warmup is transient
+    assert scheduler_severity(6, 60, length=60) is Severity.WARNING        # 10%
+    assert scheduler_severity(5, 60, length=60) is Severity.INFO
+    assert scheduler_severity(2, 4, length=10_000) is Severity.INFO        # most iterations, but 0.02% of the schedule

@@ -457,3 +457,173 @@ def test_the_guard_with_a_scheduler_adds_no_host_sync_on_cuda():
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert "AMP001" not in [f.code for f in guard.findings()]
+
+
+# ---- AMP412: optimizer.step() around the scaler; AMP413: backward or step inside autocast --------------------------
+
+def test_a_direct_optimizer_step_on_scaled_gradients_is_amp412():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(3):
+            scaler.scale(loss_of(model, i)).backward()
+            opt.step()                                       # the update is 65536x too large
+            opt.zero_grad()
+    found = [f for f in guard.findings() if f.code == "AMP412"]
+    assert len(found) == 1 and found[0].where == "optimizer[0] (SGD)"
+    assert found[0].severity.value == "error"
+    assert "optimizer[0] (SGD).step() at test_scaler_guard.py:" in found[0].detail
+    assert "scaler.step(optimizer) then scaler.update()" in found[0].detail
+    assert "the update is that many times too large" in found[0].detail   # SGD; Adam's eps acts smaller instead
+
+
+def test_a_direct_step_before_update_is_amp412_next_to_the_update_crash():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard, pytest.raises(AssertionError, match="No inf checks"):
+        scaler.scale(loss_of(model, 0)).backward()
+        opt.step()
+        scaler.update()
+    assert codes(guard.findings()) == ["AMP407", "AMP412"]   # AMP412 says why update() had nothing to read
+
+
+def test_a_second_optimizer_of_the_scaled_loss_stepped_directly_is_amp412():
+    torch.manual_seed(0)
+    body, head = nn.Linear(8, 8), nn.Linear(8, 1)
+    opt_body, opt_head = torch.optim.SGD(body.parameters(), lr=0.01), torch.optim.SGD(head.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    model = nn.Sequential(body, head)
+    with ScalerGuard(scaler, TrainingSetup(model, [opt_body, opt_head], scaler)) as guard:
+        for i in range(2):
+            scaler.scale(loss_of(model, i)).backward()
+            scaler.step(opt_body)
+            opt_head.step()                                  # forgot: scaler.step(opt_head)
+            scaler.update()
+            opt_body.zero_grad(), opt_head.zero_grad()
+    assert [(f.code, f.where) for f in guard.findings()] == [("AMP412", "optimizer[1] (SGD)")]
+
+
+def test_an_optimizer_outside_the_scaled_loss_stepped_directly_is_not_amp412():
+    # A GAN-like loop: the discriminator trains through the scaler (on a detached fake), the generator in plain
+    # fp32 with its own backward and step, in the same iteration.
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerGuard(scaler, TrainingSetup([disc, gen], [opt_d, opt_g], scaler)) as guard:
+        for _ in range(3):
+            fake = gen(torch.randn(4, 4))
+            with torch.autocast("cpu", dtype=torch.float16):
+                d_loss = disc(fake.detach()).float().pow(2).mean()
+            scaler.scale(d_loss).backward()
+            g_loss = fake.pow(2).mean()                      # fp32, unscaled
+            g_loss.backward()
+            opt_g.step()
+            scaler.step(opt_d)
+            scaler.update()
+            opt_g.zero_grad(), opt_d.zero_grad()
+    assert guard.findings() == []
+
+
+def test_a_disabled_scaler_with_direct_steps_is_quiet():
+    model, opt, _, _ = parts()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)      # scale() returns the loss itself
+    with ScalerGuard(scaler, TrainingSetup(model, opt, scaler)) as guard:
+        for i in range(2):
+            scaler.scale(loss_of(model, i)).backward()
+            opt.step()
+            opt.zero_grad()
+    assert guard.findings() == []
+
+
+class ScalerSteppedSGD(torch.optim.SGD):
+    """An optimizer whose own step goes through the scaler, as accelerate's AcceleratedOptimizer does."""
+
+    def __init__(self, params, scaler: torch.amp.GradScaler, **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.scaler = scaler
+        self.stepping = False
+
+    def step(self, closure=None):
+        if self.stepping:                                    # the inner call, made by scaler.step(self)
+            return super().step(closure)
+        self.stepping = True
+        try:
+            return self.scaler.step(self)
+        finally:
+            self.stepping = False
+
+
+def test_a_step_that_calls_scaler_step_itself_is_not_amp412():
+    model = mlp()
+    scaler = torch.amp.GradScaler("cpu")
+    opt = ScalerSteppedSGD(model.parameters(), scaler, lr=0.01)
+    with ScalerGuard(scaler, TrainingSetup(model, opt, scaler)) as guard:
+        for i in range(3):
+            scaler.scale(loss_of(model, i)).backward()
+            opt.step()                                       # its step is scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert guard.findings() == []
+
+
+def test_backward_inside_autocast_is_amp413():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(2):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+                scaler.scale(loss).backward()                # inside the with block
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    found = guard.findings()
+    assert [(f.code, f.where) for f in found] == [("AMP413", "loss.backward()")]
+    assert found[0].severity.value == "warning"
+    assert "scaler.scale(loss).backward() at test_scaler_guard.py:" in found[0].detail
+    assert "torch.autocast('cpu')" in found[0].detail
+
+
+def test_step_inside_autocast_is_amp413_on_the_optimizer():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        x = torch.randn(4, 8)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        with torch.autocast("cpu", dtype=torch.float16):
+            scaler.step(opt)                                 # the optimizer's step runs inside autocast
+            scaler.update()
+    assert [(f.code, f.where) for f in guard.findings()] == [("AMP413", "optimizer[0] (SGD)")]
+
+
+def test_backward_in_a_disabled_autocast_region_is_not_amp413():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        x = torch.randn(4, 8)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+            with torch.autocast("cpu", enabled=False):
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+        with torch.autocast("cpu", enabled=False):
+            scaler.scale(loss_of(model, 1)).backward()
+            scaler.step(opt)
+            scaler.update()
+    assert guard.findings() == []
+
+
+def test_the_canonical_loop_has_no_amp412_or_amp413():
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(4):
+            canonical_step(model, opt, scaler, i)
+    assert guard.findings() == []
+
+
+def test_detach_removes_the_optimizer_step_hooks():
+    model, opt, scaler, setup = parts()
+    pre, post = dict(opt._optimizer_step_pre_hooks), dict(opt._optimizer_step_post_hooks)
+    with ScalerGuard(scaler, setup):
+        assert len(opt._optimizer_step_pre_hooks) == len(pre) + 1
+    assert dict(opt._optimizer_step_pre_hooks) == pre and dict(opt._optimizer_step_post_hooks) == post

@@ -51,13 +51,15 @@ class Rule:
         return any(p.search(text) for p in self._compiled)
 
     def finding(self, where: str, detail: str, step: int | None = None, *, severity: Severity | None = None,
-                cause: str | None = None) -> Finding:
-        """Return a finding of this rule at ``where``: with the rule's severity unless the check escalates it.
+                cause: str | None = None, fix: str | None = None) -> Finding:
+        """Return a finding of this rule at ``where``: with the rule's severity unless the check escalates it, and
+        the rule's fix unless ``fix`` gives the one that fits what was seen.
 
         >>> get_rule("AMP101").finding("head", "head.weight is trainable float16").severity.value
         'error'
         """
-        return Finding(self.code, severity or self.severity, where, detail, step, cause=cause)
+        return Finding(self.code, severity or self.severity, where, detail, step, cause=cause,
+                       fix=None if fix == self.fix else fix)
 
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -160,9 +162,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP203", "accelerate-fp16-ignored", "accelerate's mixed_precision='fp16' is not in effect",
-        "Accelerator(mixed_precision='fp16') on a CPU keeps reporting 'fp16' but creates no GradScaler and no "
-        "autocast: training silently runs in fp32, so what you test is not what you will run on GPU.",
-        "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs",
+        "Accelerator(mixed_precision='fp16') on a CPU (also the one a transformers Trainer builds for fp16=True) "
+        "keeps reporting 'fp16' but creates no GradScaler and no autocast: each layer silently computes in its own "
+        "parameters' dtype (fp32 for an fp32 model) with no loss scaling, so what you test is not what you will run "
+        "on GPU.",
+        "accelerator = Accelerator(mixed_precision='bf16')   # on CPU; keep 'fp16' for CUDA runs\n"
+        "# transformers Trainer: TrainingArguments(..., bf16=True)   # fp16=True on CUDA",
         WARNING, "preflight", (r"fp16 mixed precision requires a GPU",), (7,),
     ),
     Rule(
@@ -364,6 +369,24 @@ RULES: tuple[Rule, ...] = (
         "# own sharding: dist.all_reduce(found_inf, op=dist.ReduceOp.MAX) before deciding to skip",
         ERROR, "runtime", (), (),
     ),
+    Rule(
+        "AMP412", "optimizer-step-bypasses-scaler", "optimizer.step() ran directly on gradients the GradScaler scaled",
+        "scaler.scale(loss).backward() multiplies every gradient by the loss scale (65536 at first); only "
+        "scaler.step(optimizer) divides it back out and skips a step with inf/NaN gradients. A direct "
+        "optimizer.step() applies inf/NaN gradients, and its update is that many times too large (SGD) or its eps "
+        "that many times too small (Adam).",
+        "scaler.scale(loss).backward()\nscaler.step(optimizer)   # not optimizer.step()\nscaler.update()",
+        ERROR, "runtime", (), (),
+    ),
+    Rule(
+        "AMP413", "backward-inside-autocast", "backward() or optimizer.step() ran inside an autocast region",
+        "Autocast should wrap only the forward pass and the loss computation (PyTorch AMP docs): backward ops "
+        "already run in the dtype autocast chose for their forward ops, and the fp16 copies of the weights that "
+        "autocast caches for the region go stale once the optimizer updates them inside it.",
+        "with torch.autocast(device_type, dtype=torch.float16):\n    loss = loss_fn(model(x), y)\n"
+        "scaler.scale(loss).backward()   # outside the with block\nscaler.step(optimizer); scaler.update()",
+        WARNING, "runtime", (), (),
+    ),
     # ---- AMP5xx: dtype mismatches --------------------------------------------------------------------------------
     Rule(
         "AMP501", "dtype-mismatch", "Tensors of two dtypes meet in one op (half parameters, float inputs)",
@@ -401,7 +424,9 @@ RULES: tuple[Rule, ...] = (
     # ---- AMP6xx: numerics while training (watch) ------------------------------------------------------------
     Rule(
         "AMP601", "nonfinite-forward", "A module produced inf/NaN in the forward pass",
-        "fp16 overflows above 65504. Once an activation is inf, the loss is NaN and every step is skipped.",
+        "fp16 overflows above 65504. Once an activation is inf, the loss is NaN and every step is skipped. A module "
+        "whose weights already hold inf/NaN (written by an optimizer step) outputs NaN whatever its input; its "
+        "finding then says so and gives that fix instead.",
         "# upcast the module that overflows, e.g. run it outside autocast:\n"
         "with torch.autocast(device_type, enabled=False):\n    y = module(x.float())\n"
         "# or train in bf16, clamp activations, softmax(..., dtype=torch.float32)",
@@ -450,8 +475,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP608", "nonfinite-grad-norm", "The gradient norm is not finite",
-        "clip_grad_norm_ on inf gradients zeroes or NaNs them; under fp16 let the GradScaler skip the step "
-        "instead of raising before it.",
+        "clip_grad_norm_ on inf gradients zeroes or NaNs them, and a step taken on them writes NaN into the "
+        "weights. An enabled GradScaler skips such steps (let it, instead of raising before it); with no GradScaler "
+        "nothing does, and the finding's fix fits that setup.",
         "scaler.unscale_(opt)\n"
         "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # no error_if_nonfinite\n"
         "scaler.step(opt); scaler.update()",

@@ -37,6 +37,8 @@ class Finding:
         ranks: the ranks of a distributed run (torchrun) that saw this very finding, e.g. ``(0, 1)``, or ``None``
             outside a distributed run. Ranks that saw one finding at the same place and step share it
             (``ampdoctor.ranks.merge.merge_rank_reports``); another place or step stays apart.
+        fix: the fix that fits what this finding saw (the setup, the cause its detail names), as code, or ``None``
+            for the rule's own fix. The report and the views show it in the rule's place.
 
     >>> Finding("AMP101", Severity.ERROR, "fc.weight", "float16, requires_grad").code
     'AMP101'
@@ -50,6 +52,7 @@ class Finding:
     process: str | None = None
     cause: str | None = None
     ranks: tuple[int, ...] | None = None
+    fix: str | None = None
 
     @property
     def place(self) -> tuple[str, str, str | None]:
@@ -73,7 +76,7 @@ class Finding:
         """Return a JSON-ready dict; the catalog's title and fix are added by the report."""
         data = asdict(self)
         data["severity"] = self.severity.value
-        for optional in ("process", "cause", "ranks"):
+        for optional in ("process", "cause", "ranks", "fix"):
             if data[optional] is None:
                 del data[optional]
         if self.ranks is not None:
@@ -90,12 +93,26 @@ class Finding:
         (<Severity.ERROR: 'error'>, None)
         """
         try:
-            step, process, cause = data.get("step"), data.get("process"), data.get("cause")
+            step, process, cause, fix = data.get("step"), data.get("process"), data.get("cause"), data.get("fix")
             return cls(str(data["code"]), Severity(data["severity"]), str(data["where"]), str(data["detail"]),
                        step if isinstance(step, int) else None, process if isinstance(process, str) else None,
-                       cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")))
+                       cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")),
+                       _own_fix(str(data["code"]), fix))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed finding {data!r:.200}: {exc!r:.200}") from None
+
+
+def _own_fix(code: str, fix: object) -> str | None:
+    """Return ``fix`` read back from JSON when it is the finding's own, None when it is its rule's (a report
+    writes the rule's fix for every finding without one: ``core.records.report_to_dict``)."""
+    if not isinstance(fix, str) or not fix:
+        return None
+    from ampdoctor.core.catalog import get_rule  # here: the catalog imports this module
+
+    try:
+        return None if fix == get_rule(code).fix else fix
+    except KeyError:
+        return fix
 
 
 def read_ranks(value: object) -> tuple[int, ...] | None:

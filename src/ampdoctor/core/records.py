@@ -609,7 +609,7 @@ def report_to_dict(report: Any, why_not_ok: str | None) -> dict[str, Any]:
         data = f.to_dict()
         try:
             rule = get_rule(f.code)
-            data.update(title=rule.title, fix=rule.fix)
+            data.update(title=rule.title, fix=f.fix or rule.fix)   # the fix that fits this finding, if it has one
         except KeyError:
             data.update(title="", fix="")
         findings.append(data)

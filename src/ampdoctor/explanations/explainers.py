@@ -21,6 +21,7 @@ from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, user_name
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
+from ampdoctor.explanations.fixes import UNKNOWN, nonfinite_grads_fix
 from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 from ampdoctor.explanations.reader import _Crash
 
@@ -174,8 +175,14 @@ def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         return []
     where = modules[0] if len(modules) == 1 else f"{len(modules)} modules ({', '.join(modules[:3])}" + (
         ", …)" if len(modules) > 3 else ")")
-    return [rule.finding(where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}; under fp16 "
-                    "let scaler.step() skip the step instead of raising", step)]
+    trainable = [dtype_name(p.dtype) for p in setup.trainable()]
+    autocast = dtype_name(setup.autocast_dtype) if setup.autocast_dtype is not None else UNKNOWN
+    if setup.scaler_enabled:
+        tell = "; let scaler.step() skip the step instead of raising (no error_if_nonfinite)"
+    else:
+        tell = "; no enabled GradScaler skips a step on them: skip it when the norm is not finite"
+    return [rule.finding(where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}{tell}", step,
+                         fix=nonfinite_grads_fix(setup.scaler_enabled, trainable, autocast))]
 
 
 _EXPLAINERS = {

@@ -25,12 +25,23 @@ from ampdoctor.explanations.naming import with_scaler
 from ampdoctor.guard.history import Call, Iteration, grads_reset
 
 _Pending = tuple[Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
+_GRAPH_NODES = 20_000   # autograd nodes walked from a scaled loss (AMP412's suspicious path, once per optimizer)
 
-# AMP409 is info for a few calibration skips; a warning when the schedule advanced on skipped optimizer steps in at
-# least half of the iterations (and at least 2), or when those scheduler steps moved the learning rate by a factor of
-# 2 or more either way (StepLR(gamma=0.5) on one skipped step already halves every later LR).
+# AMP409 is info for a few calibration skips. Each scheduler step on a skipped optimizer step puts the schedule one
+# step ahead of the weights, so the harm is the drift against the schedule's length:
+# - length known (CosineAnnealingLR T_max, OneCycleLR total_steps, PolynomialLR / decaying LinearLR total_iters,
+#   transformers' and diffusers' LambdaLR schedules num_training_steps): a warning when the skipped steps are at least
+#   10% of it (3 calibration skips of a 60-step schedule, 5%, stay info; the warmup inside it only ends 3 steps early);
+# - length unknown (a plain LambdaLR, StepLR, ExponentialLR, ...): a warning when the schedule advanced on skipped steps
+#   in at least half of the iterations (and at least 2), or, for a multiplicative schedule (StepLR, MultiStepLR,
+#   ExponentialLR, MultiplicativeLR), when those steps moved the learning rate by a factor of 2 or more either way:
+#   StepLR(gamma=0.5) on one skipped step halves every later LR. Elsewhere the LR moved during the skips (a warmup's
+#   x4 between its steps 0 and 3) is transient: the schedule reaches the same values, a few steps early.
+SCHEDULE_LENGTH_SHARE = 0.1
 SCHEDULE_SKIPPED_SHARE = 0.5
 SCHEDULE_LR_DRIFT = 2.0
+# the schedulers whose LR is a product of per-step factors: the factors applied on skipped steps stay in every later LR
+_MULTIPLICATIVE = ("StepLR", "MultiStepLR", "ExponentialLR", "MultiplicativeLR")
 
 
 def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int) -> list[Finding]:
@@ -80,6 +91,40 @@ def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list
     return [get_rule("AMP401").finding(
         label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no backward in between: an "
         "explicit unscale_ plus a helper that unscales again (e.g. accelerator.clip_grad_norm_)", cur.index)]
+
+
+def autocast_on(device_type: str) -> bool:
+    """Return whether autocast is enabled now for ``device_type`` (False for a type autocast does not know)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def loss_reaches(roots: list[Any], optimizer: Any) -> bool | None:
+    """Return whether the autograd graph under one of ``roots`` (the ``grad_fn`` of the losses given to ``scale()``)
+    ends in a parameter of ``optimizer``; None when there is no graph, or it is too large to walk.
+
+    The graph's nodes outlive its backward (only their saved tensors are freed), so this works after backward.
+    """
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    stack = list(roots)
+    if not stack:
+        return None
+    kept, seen = [], set()   # nodes are kept alive while walking, so their ids stay theirs
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        if len(kept) >= _GRAPH_NODES:
+            return None
+        kept.append(node)
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)   # an AccumulateGrad node: the leaf it accumulates into
+        if variable is not None and id(variable) in params:
+            return True
+        stack.extend(fn for fn, _ in node.next_functions)
+    return False
 
 
 def keep_found_inf(found: dict[int, list[torch.Tensor]], scale: torch.Tensor) -> dict[int, list[torch.Tensor]]:
@@ -150,40 +195,89 @@ def split_pending(pending: list[_Pending], cur: Iteration, scaler: Any,
 
 
 def scheduler_finding(cls: str, label: str, site: str, index: int, *, skipped: int = 1,
-                       iterations: int | None = None, lr_factor: float = 1.0) -> Finding:
+                       iterations: int | None = None, lr_factor: float = 1.0, length: int | None = None) -> Finding:
     """Return AMP409: a scheduler stepped after iteration ``index``, whose optimizer step was skipped.
 
     Args:
         skipped: iterations so far in which this scheduler advanced on a skipped optimizer step (this one included).
         iterations: iterations so far (``index + 1`` when not given).
-        lr_factor: the product of the learning-rate changes those scheduler steps made (see ``lr_change``).
+        lr_factor: the product of the learning-rate changes those scheduler steps made (see ``lr_change``), for a
+            multiplicative schedule; 1 elsewhere.
+        length: the schedule's length in steps (``schedule_length``), None when it does not say.
     """
     f = get_rule("AMP409").finding(f"{cls} on {label}", f"scheduler.step() at {site} advanced the learning rate after "
                 f"iteration {index}, whose optimizer step was skipped (inf/NaN gradients)", index)
-    return escalated_finding(f, skipped, index + 1 if iterations is None else iterations, lr_factor)
+    return escalated_finding(f, skipped, index + 1 if iterations is None else iterations, lr_factor, length)
 
 
-def scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0) -> Severity:
-    """Return AMP409's severity: a warning when most iterations were skipped with the schedule advancing, or when
-    those scheduler steps moved the learning rate by ``SCHEDULE_LR_DRIFT`` or more; else info.
+def scheduler_severity(skipped: int, iterations: int, lr_factor: float = 1.0, length: int | None = None) -> Severity:
+    """Return AMP409's severity: with the schedule's ``length`` known, a warning when the skipped steps are
+    ``SCHEDULE_LENGTH_SHARE`` of it or more; without, when most iterations were skipped with the schedule advancing,
+    or when those scheduler steps moved the learning rate by ``SCHEDULE_LR_DRIFT`` or more; else info.
 
     >>> scheduler_severity(2, 60).value, scheduler_severity(6, 6).value, scheduler_severity(1, 60, 0.5).value
     ('info', 'warning', 'warning')
+    >>> scheduler_severity(3, 60, 4.0, length=60).value, scheduler_severity(6, 60, length=60).value
+    ('info', 'warning')
     """
+    if length:
+        return Severity.WARNING if skipped >= SCHEDULE_LENGTH_SHARE * length else Severity.INFO
     drift = lr_factor if lr_factor >= 1 else (1 / lr_factor if lr_factor > 0 else float("inf"))
     if (skipped >= 2 and skipped >= SCHEDULE_SKIPPED_SHARE * iterations) or drift >= SCHEDULE_LR_DRIFT:
         return Severity.WARNING
     return Severity.INFO
 
 
-def escalated_finding(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0) -> Finding:
+def escalated_finding(f: Finding, skipped: int, iterations: int, lr_factor: float = 1.0,
+                      length: int | None = None) -> Finding:
     """Return the AMP409 finding ``f`` with the severity its counts earn, and the counts in its detail when they
     make it a warning (for the guard to apply to its counted finding when it reports)."""
-    severity = scheduler_severity(skipped, iterations, lr_factor)
+    severity = scheduler_severity(skipped, iterations, lr_factor, length)
     if severity is f.severity or f.code != "AMP409":
         return f
-    return replace(f, severity=severity, detail=f"{f.detail}; the schedule advanced on skipped optimizer steps in "
-                   f"{skipped} of {iterations} iterations, changing the learning rate by x{lr_factor:.3g}")
+    if length:
+        drift = (f"{skipped} skipped optimizer steps, {skipped / length:.0%} of its {length} steps: it ends "
+                 f"{skipped} steps ahead of the weights")
+    else:
+        drift = f"skipped optimizer steps in {skipped} of {iterations} iterations"
+        if lr_factor != 1.0:
+            drift += f", changing the learning rate by x{lr_factor:.3g}"
+    return replace(f, severity=severity, detail=f"{f.detail}; the schedule advanced on {drift}")
+
+
+def schedule_length(scheduler: Any) -> int | None:
+    """Return how many steps ``scheduler``'s schedule spans, None when it does not say (or is a warmup that holds).
+
+    >>> model = torch.nn.Linear(2, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> schedule_length(lr_scheduler.CosineAnnealingLR(opt, T_max=60)), schedule_length(lr_scheduler.StepLR(opt, 5))
+    (60, None)
+    """
+    if isinstance(scheduler, lr_scheduler.LinearLR) and scheduler.end_factor >= scheduler.start_factor:
+        return None   # a warmup: the LR holds after total_iters, so the run's length is not the schedule's
+    if isinstance(scheduler, (lr_scheduler.CosineAnnealingLR, lr_scheduler.OneCycleLR, lr_scheduler.LinearLR,
+                              lr_scheduler.PolynomialLR)):
+        for attr in ("T_max", "total_steps", "total_iters"):
+            n = getattr(scheduler, attr, None)
+            if isinstance(n, int) and n > 0:
+                return n
+    if isinstance(scheduler, lr_scheduler.LambdaLR):
+        lengths = [_training_steps(fn) for fn in scheduler.lr_lambdas]
+        return max((n for n in lengths if n), default=None)
+    return None
+
+
+def _training_steps(fn: Any) -> int | None:
+    """Return the ``num_training_steps`` a schedule function was made with: transformers' ``get_*_schedule*`` bind it
+    with ``functools.partial``, diffusers' ``get_scheduler`` in a closure."""
+    bound = dict(getattr(fn, "keywords", None) or {})
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    for name, cell in zip(getattr(code, "co_freevars", ()), cells):
+        try:
+            bound.setdefault(name, cell.cell_contents)
+        except ValueError:   # an empty cell
+            continue
+    n = bound.get("num_training_steps")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def lr_values(optimizer: Any) -> list[float] | None:
@@ -311,12 +405,16 @@ class ScheduleDrift:
 
     def __init__(self) -> None:
         self._open: dict[int, list[Any]] = {}
-        self._places: dict[str, tuple[int, float]] = {}
+        self._places: dict[str, tuple[int, float, int | None]] = {}
+        self._shapes: dict[tuple[int, str], tuple[int | None, bool]] = {}   # (length, multiplicative)
 
     def before(self, scheduler: Any) -> list[Any]:
         """Return ``[lr values before, factor]`` for this scheduler step (the factor is set by ``after``)."""
         lr = [lr_values(getattr(scheduler, "optimizer", None)), 1.0]
         self._open[id(scheduler)] = lr
+        key = (id(getattr(scheduler, "optimizer", None)), type(scheduler).__name__)
+        if key not in self._shapes:   # once per scheduler class and optimizer
+            self._shapes[key] = (schedule_length(scheduler), type(scheduler).__name__ in _MULTIPLICATIVE)
         return lr
 
     def after(self, scheduler: Any) -> None:
@@ -324,13 +422,15 @@ class ScheduleDrift:
         if lr is not None:
             lr[1] = lr_change(lr[0], lr_values(getattr(scheduler, "optimizer", None)))
 
-    def set(self, where: str, count: int, factor: float) -> None:
-        """Record that the schedule advanced on ``count`` skipped steps at ``where``, moving the LR by ``factor``."""
-        self._places[where] = (count, factor)
+    def set(self, where: str, count: int, factor: float, key: tuple[int, str] | None = None) -> None:
+        """Record that the schedule of ``key`` (id(optimizer), scheduler class) advanced on ``count`` skipped steps
+        at ``where``, moving the LR by ``factor``; the factor counts for a multiplicative schedule only."""
+        length, multiplicative = self._shapes.get(key, (None, True)) if key is not None else (None, True)
+        self._places[where] = (count, factor if multiplicative else 1.0, length)
 
     def escalate(self, findings: list[Finding], iterations: int) -> list[Finding]:
         """Return ``findings`` with each AMP409 at the severity its counts earn."""
-        return [escalated_finding(f, self._places[f.where][0], iterations, self._places[f.where][1])
+        return [escalated_finding(f, self._places[f.where][0], iterations, *self._places[f.where][1:])
                 if f.code == "AMP409" and f.where in self._places else f for f in findings]
 
 

@@ -31,6 +31,7 @@ class Call:
     predicted: list[Finding] = field(default_factory=list)
     implicit: bool = False
     seq: int = 0                     # order among unscale_/step/clip calls
+    autocast: tuple[str, str] | None = None   # scale() under autocast: (device type, site)
 
 
 @dataclass(eq=False)
@@ -140,6 +141,14 @@ def first_grad(optimizer: Any) -> tuple[weakref.ref, weakref.ref] | None:
             n += 1
             if n >= 16:
                 return None
+    return None
+
+
+def first_param_device(optimizer: Any) -> str | None:
+    """Return the device type of the optimizer's first parameter, None when it has none."""
+    for group in getattr(optimizer, "param_groups", None) or ():
+        for p in group["params"]:
+            return p.device.type
     return None
 
 

@@ -1,8 +1,10 @@
 """Runtime guards for the GradScaler state machine: what the loop did, in which order, and why it failed.
 
-``ScalerGuard`` observes ``scale``, ``unscale_``, ``step`` and ``update`` on one GradScaler, ``clip_grad_norm_`` and
-LR scheduler steps, with pass-through wrappers that detach exactly. Each call costs O(1) Python and no host sync
-(found-inf flags stay on the device, read in one batch). Records: `.history`; decisions: `.checks`; clips: `.clipping`.
+``ScalerGuard`` observes ``scale``, ``unscale_``, ``step`` and ``update`` on one GradScaler, ``clip_grad_norm_``, LR
+scheduler steps and the steps of the training's optimizers (hooks on each optimizer, to see a direct
+``optimizer.step()`` and a step inside autocast), with pass-through wrappers that detach exactly. Each call costs
+O(1) Python and no host sync (found-inf flags stay on the device, read in one batch). Records: `.history`;
+decisions: `.checks`; clips: `.clipping`.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from ampdoctor.explanations.culprits import no_grad_findings
 from ampdoctor.guard.checks import (
     ScheduleDrift,
     SkipTally,
+    autocast_on,
     infer_failure,
     keep_found_inf,
+    loss_reaches,
     no_scale,
     resume_finding,
     scheduler_classes,
@@ -48,12 +52,13 @@ from ampdoctor.guard.checks import (
     unscale_twice,
 )
 from ampdoctor.guard.clipping import CLIP_FUNCTIONS, ClipOwners, clip_call
-from ampdoctor.guard.history import Call, Iteration, Ledger, Optimizers, first_grad
+from ampdoctor.guard.history import Call, Iteration, Ledger, Optimizers, first_grad, first_param_device
 
 __all__ = ["ScalerGuard"]
 
 _HISTORY = 64          # closed iterations kept for explanations
 _RESOLVE_EVERY = 32    # scheduler checks batched into one host sync
+_ROOTS = 4             # scaled losses' graph roots kept per iteration (gradient accumulation: the last few)
 
 
 class ScalerGuard:
@@ -82,6 +87,7 @@ class ScalerGuard:
         self.restore_facts = restore_facts
         self.setup = setup if setup is not None else TrainingSetup(scaler=scaler)
         self._handles: list[PatchHandle] = []
+        self._step_hooks: dict[int, list[Any]] = {}   # id(optimizer) -> its step pre/post hook handles
         self._broken = False
         self._cur = Iteration(0)
         self._history: deque[Iteration] = deque(maxlen=_HISTORY)
@@ -98,6 +104,11 @@ class ScalerGuard:
         self._calls = 0
         self._window_complete = False
         self._resume_checked = False
+        self._scaler_steps = 0                              # scaler.step() calls, to tell a wrapper's step
+        self._direct: dict[int, tuple[int, str]] = {}       # AMP412 candidates: id(opt) -> (scaler steps, site)
+        self._reached: dict[int, bool] = {}                 # AMP412: does a scaled loss reach this optimizer
+        self._roots: list[Any] = []   # the graph roots of this iteration's last scaled losses (nodes; saved tensors
+        #                               are freed by their backward), until update()
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def attach(self) -> "ScalerGuard":
@@ -106,7 +117,7 @@ class ScalerGuard:
             return self
         s, err = self.scaler, self._on_error
         self._handles = [
-            observe(s, "scale", before=self._before_scale, after=self._after_call, on_error=err),
+            observe(s, "scale", before=self._before_scale, after=self._after_scale, on_error=err),
             observe(s, "unscale_", before=self._before_unscale, after=self._after_call, on_error=err),
             observe(s, "step", before=self._before_step, after=self._after_step, on_error=err),
             observe(s, "update", before=self._before_update, after=self._after_update, on_error=err),
@@ -119,6 +130,8 @@ class ScalerGuard:
                                          after=lambda _, sched, *a, **k: self._live() and self._drift.after(sched)))
         self._window_complete = live_scale(s) is None   # a fresh scaler: this iteration is whole
         self._on = is_enabled(s)   # a disabled scaler's methods are no-ops
+        if self._on:
+            self._hook_optimizers()
         return self
 
     def detach(self) -> None:
@@ -136,11 +149,30 @@ class ScalerGuard:
         self._settle()
         self._resolve(force=True)
 
-    def _release(self) -> None:
+    def _release(self, step_hooks: bool = True) -> None:
         self._on = False
+        self._roots = []
         for handle in reversed(self._handles):
             handle.remove()
         self._handles = []
+        if not step_hooks:
+            return   # an error inside an optimizer's step hook: torch is iterating them; inert now, removed at detach
+        for handles in self._step_hooks.values():
+            for handle in handles:
+                handle.remove()
+        self._step_hooks = {}
+
+    def _hook_optimizers(self) -> None:
+        """Hook the step of each optimizer of the setup not hooked yet (instance hooks: a global one registered
+        from inside another optimizer hook would change the dict torch is iterating)."""
+        for opt in self.setup.optimizers:
+            if id(opt) in self._step_hooks:
+                continue
+            try:
+                self._step_hooks[id(opt)] = [opt.register_step_pre_hook(self._before_optimizer_step),
+                                             opt.register_step_post_hook(self._after_optimizer_step)]
+            except (AttributeError, TypeError, RuntimeError):   # a wrapper that is no complete torch Optimizer
+                self._step_hooks[id(opt)] = []
 
     def __enter__(self) -> "ScalerGuard":
         return self.attach()
@@ -217,17 +249,18 @@ class ScalerGuard:
     def _record(self, f: Finding) -> None:
         self._ledger.record(f)
 
-    def _once(self, code: str, where: str, detail: str) -> None:
-        """Record a silent finding at most once per iteration."""
-        if code not in self._cur.flagged:
-            self._cur.flagged.add(code)
+    def _once(self, code: str, where: str, detail: str, flag: str | None = None) -> None:
+        """Record a silent finding at most once per iteration (per ``flag``, the code when not given)."""
+        flag = flag or code
+        if flag not in self._cur.flagged:
+            self._cur.flagged.add(flag)
             self._record(get_rule(code).finding(where, detail, self._cur.index))
 
     def _on_error(self, exc: BaseException) -> None:
         if self._broken:
             return
         self._broken = True
-        self._release()
+        self._release(step_hooks=False)
         self._stack.clear()
         step = getattr(self._cur, "index", None)   # the guard's own state may be what broke
         self._ledger.replace(internal_error_finding(
@@ -269,7 +302,35 @@ class ScalerGuard:
                 self._record(resumed)
         self._resume_checked = True
         self._cur.scale_calls += 1
+        if isinstance(outputs, torch.Tensor):
+            if outputs.grad_fn is not None:
+                self._roots = [*self._roots[-(_ROOTS - 1):], outputs.grad_fn]
+            if autocast_on(outputs.device.type):   # suspicious: is the backward inside autocast too?
+                call.autocast = (outputs.device.type, user_call_site())
+        self._hook_optimizers()
         self._stack.append(call)
+
+    def _after_scale(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        if not self._live() or not self._stack:
+            return
+        call = self._stack.pop()
+        if call.autocast is not None and isinstance(result, torch.Tensor) and result.requires_grad:
+            # runs as backward starts, where the caller's autocast state is seen (the engine carries it)
+            result.register_hook(functools.partial(self._scaled_backward, *call.autocast))
+
+    def _scaled_backward(self, device: str, scale_site: str, grad: Any) -> None:
+        self._forward(self._check_backward_autocast, device, scale_site)
+
+    def _check_backward_autocast(self, device: str, scale_site: str) -> None:
+        """AMP413: the backward of a scaled loss started while autocast was enabled for its device."""
+        if not autocast_on(device):
+            return
+        site = user_call_site()
+        site = scale_site if site == "<unknown>" else site   # a device thread runs the backward: no user frame
+        self._once("AMP413", "loss.backward()", f"scaler.scale(loss).backward() at {site} ran inside an enabled "
+                   f"torch.autocast({device!r}) region: move the backward (and the optimizer step) out of the "
+                   "with torch.autocast(...) block, which should hold only the forward and the loss",
+                   flag="AMP413 backward")
 
     def _before_unscale(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if not self._live():
@@ -312,6 +373,7 @@ class ScalerGuard:
         self._settle()
         self._optimizers.see(optimizer)
         self._calls += 1
+        self._scaler_steps += 1
         cur, site, stage, label = self._cur, user_call_site(), self._stage(optimizer), self._label(optimizer)
         call = Call("step", optimizer, site, cur.scale_calls)
         fused = unscales_itself(optimizer)
@@ -370,9 +432,60 @@ class ScalerGuard:
             self._stack.pop()
         self._history.append(self._cur)
         self._cur = Iteration(self._cur.index + 1)
+        self._roots = []
         self._window_complete = True
         if len(self._pending) >= _RESOLVE_EVERY:
             self._resolve()
+
+    # ---- observers: the optimizers' own steps ----------------------------------------------------------------
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._forward(self._optimizer_step_started, optimizer)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._forward(self._optimizer_step_finished, optimizer)
+
+    def _optimizer_step_started(self, optimizer: Any) -> None:
+        if not self._live():
+            return
+        device = first_param_device(optimizer)
+        if device is not None and autocast_on(device):
+            label = self._label(optimizer)
+            self._once("AMP413", label, f"{label}.step() at {user_call_site()} ran inside an enabled "
+                       f"torch.autocast({device!r}) region: the fp16 weight copies autocast cached for the region "
+                       "are stale after the update; move scaler.step()/optimizer.step() and the backward out of "
+                       "the with torch.autocast(...) block", flag="AMP413 step")
+        if any(c.kind == "step" for c in self._stack):
+            return   # scaler.step(optimizer) calling it: the right way
+        if self._cur.scale_calls and self._stage(optimizer) is OptState.READY:
+            self._direct[id(optimizer)] = (self._scaler_steps, user_call_site())
+
+    def _optimizer_step_finished(self, optimizer: Any) -> None:
+        """AMP412: a step outside scaler.step() on gradients a scaled loss produced (no scaler.step() inside it:
+        a wrapper whose step calls scaler.step() is the right way)."""
+        started = self._direct.pop(id(optimizer), None)
+        if not self._live() or started is None or started[0] != self._scaler_steps:
+            return
+        if not self._scaled_by_loss(optimizer):
+            return
+        label = self._label(optimizer)
+        # Adam-style steps divide the scale out of m / sqrt(v), all but eps; an SGD-style step is multiplied by it
+        harm = ("its eps acts that many times smaller" if "eps" in getattr(optimizer, "defaults", {})
+                else "the update is that many times too large")
+        self._once("AMP412", label, f"{label}.step() at {started[1]} ran directly, not through scaler.step(): its "
+                   "gradients came from scaler.scale(loss).backward() and are still multiplied by the loss scale "
+                   f"(scaler.get_scale()), so {harm}, and inf/NaN gradients are applied instead of skipped; call "
+                   "scaler.step(optimizer) then scaler.update()")
+
+    def _scaled_by_loss(self, optimizer: Any) -> bool:
+        """Return whether a loss given to scale() in this iteration back-propagates into ``optimizer``'s parameters
+        (its autograd graph walked once per optimizer); when no graph is left, whether the scaler stepped it before."""
+        known = self._reached.get(id(optimizer))
+        if known is None:
+            reached = loss_reaches(self._roots, optimizer)
+            if reached is None:
+                return id(optimizer) in self._optimizers.seen
+            known = self._reached[id(optimizer)] = reached
+        return known
 
     # ---- observers: clipping and schedulers -----------------------------------------------------------------
     def _before_clip(self, name: str, parameters: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -415,5 +528,5 @@ class ScalerGuard:
             self._tally.add(batch)
         for (key, cls, site), count, first, last, factor in (self._tally.read() if force else ()):
             f = scheduler_finding(cls, self._optimizers.label_of(key, self.setup), site, first)
-            self._drift.set(f.where, count, factor)
+            self._drift.set(f.where, count, factor, (key, cls))
             self._ledger.set_span(f, count, last)

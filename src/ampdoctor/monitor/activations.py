@@ -29,8 +29,18 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.training import user_name
+from ampdoctor.explanations.fixes import nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, scale_note
-from ampdoctor.monitor.replay import Frame, NonfiniteOp, Replay, explain, nonfinite_weights_lines, replay_blocked, rerun
+from ampdoctor.monitor.replay import (
+    WEIGHTS_WRITTEN,
+    Frame,
+    NonfiniteOp,
+    Replay,
+    explain,
+    nonfinite_weights_lines,
+    replay_blocked,
+    rerun,
+)
 
 __all__ = ["ActivationMonitor", "HEADROOM_FACTOR"]
 
@@ -317,22 +327,26 @@ class ActivationMonitor:
                  "call order, whose output is not finite; the modules after it only carry it along."]
         where, blocked = self._label(i), rec.replay is not None and replay_blocked(self._require_model())
         lines += [blocked] if blocked else []
+        weights: list[str] = []   # said when no re-run gave frames and its own weights are non-finite
         if not blocked and rec.replay is not None and self._replays < MAX_REPLAYS:
             self._replays += 1
             try:
                 frames, op = self._diagnose(rec.replay)
             except Exception as exc:  # a failed re-run costs the frames, not the monitor
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
-                lines += nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
+                weights = nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
         else:  # no frames: say at least whether its own weights are already non-finite
-            lines += nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
+            weights = nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
+        lines += weights
+        written = bool(weights) or WEIGHTS_WRITTEN in lines   # an optimizer step wrote inf/NaN into its weights
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))
         self._first["forward"] = first if earlier is not None else self._first["forward"] or first
-        finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where)
+        fix = nonfinite_weights_fix(self._weight_dtypes(i)) if written else None   # not the overflow fix
+        finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where, fix=fix)
         if rec.replay is None and finding is not None:
             self._unexplained[i] = finding
 
@@ -392,12 +406,19 @@ class ActivationMonitor:
         return f"{self._names[i]} ({self._classes[i]})"
 
     def _report(self, code: str, i: int, severity: Severity, step: int, detail: str,
-                where: str | None = None) -> Finding | None:
+                where: str | None = None, fix: str | None = None) -> Finding | None:
         if (code, i) in self._reported:
             return None
         self._reported.add((code, i))
-        self._findings.append(get_rule(code).finding(where or self._label(i), detail, step, severity=severity))
+        self._findings.append(get_rule(code).finding(where or self._label(i), detail, step, severity=severity,
+                                                     fix=fix))
         return self._findings[-1]
+
+    def _weight_dtypes(self, i: int) -> list[str]:
+        """Return the dtypes of module ``i``'s own parameters, by name."""
+        name, model = self._names[i], self._require_model()
+        module = model if name == "(root)" else model.get_submodule(name)
+        return [dtype_name(p.dtype) for p in module.parameters(recurse=False)]
 
     def _require_model(self) -> nn.Module:
         if (model := self._model()) is None:

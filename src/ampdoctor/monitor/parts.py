@@ -49,9 +49,10 @@ class WatchParts:
         """Switch ``part`` off and report ``exc`` as AMP001; return False if it was off already (nothing done)."""
         return self._aside.fail(part, exc, step)
 
-    def report(self, code: str, severity: Severity, where: str, step: int, detail: str) -> None:
-        """Add a finding of rule ``code``, once per place."""
-        finding = get_rule(code).finding(where, detail, step, severity=severity)
+    def report(self, code: str, severity: Severity, where: str, step: int, detail: str,
+               fix: str | None = None) -> None:
+        """Add a finding of rule ``code``, once per place (with ``fix`` in place of the rule's, if given)."""
+        finding = get_rule(code).finding(where, detail, step, severity=severity, fix=fix)
         if finding.place not in self._reported:
             self._reported.add(finding.place)
             self.findings.append(finding)

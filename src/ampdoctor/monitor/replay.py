@@ -211,6 +211,9 @@ def replay_blocked(model: nn.Module) -> str | None:
             "that never join it.")
 
 
+WEIGHTS_WRITTEN = "Its weights are already non-finite: an earlier optimizer step wrote inf/NaN into them."
+
+
 def explain(name: str, label: str, frames: list[Frame], op: NonfiniteOp | str | None, first: dict[str, Any],
             lines: list[str]) -> str | None:
     """Add what the re-runs showed to ``first`` and ``lines``; return a better ``where`` if the op names one.
@@ -235,7 +238,7 @@ def explain(name: str, label: str, frames: list[Frame], op: NonfiniteOp | str | 
     elif isinstance(op, str):
         lines.append(f"The op-level re-run failed: {op}")
     elif culprit is not None and culprit.weights_finite is False:
-        lines.append("Its weights are already non-finite: an earlier optimizer step wrote inf/NaN into them.")
+        lines.append(WEIGHTS_WRITTEN)
     elif culprit is not None and culprit.inputs_finite is False:
         lines.append("Its input was already non-finite and no op in the model made it so: the inputs given "
                      "to the model hold inf/NaN.")

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
-from ampdoctor._torch.scaler import OptState, live_scale, stage
+from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import HostReads
@@ -47,6 +47,7 @@ from ampdoctor.core.patch import observe
 from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Drawn
+from ampdoctor.explanations.fixes import nonfinite_grads_fix
 from ampdoctor.monitor.backward import BackwardMonitor
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
 from ampdoctor.monitor.host_sync import HostCopy
@@ -420,7 +421,9 @@ class Watch:
         skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
         for alarm in gradient_alarms(record, self.last_grads, scaler=self._scaler is not None, stats=self.stats,
                                      skips_known=skips):
-            self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3])
+            # AMP608's own fix unscales with a GradScaler; this run may have none: the fix that fits it
+            fix = nonfinite_grads_fix(is_enabled(self._scaler), self.param_dtypes) if alarm[0] == "AMP608" else None
+            self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3], fix=fix)
 
     def _guard(self, part: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
         return self._parts.guard(part, fn, on_fail=self._fail, **kwargs)

@@ -127,4 +127,6 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
         where = "above, unchanged" if end.traceback == "above" else "follows"
         say(f"ampdoctor: the script failed with {own.exception['type']}, which is not a known mixed-precision "
             f"failure; its traceback is {where}.")
+        if own.exception.get("facts"):   # what the run held at the crash (explanations.facts)
+            say(f"ampdoctor: at the crash: {'; '.join(map(str, own.exception['facts']))}.")
 

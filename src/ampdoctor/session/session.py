@@ -306,6 +306,8 @@ class Session:
         }
         found = call_safely(self._explain, exc, setup or self.setup, on_error=self.internal_error) or []
         self.report.extra["explained_by"] = list(dict.fromkeys(f.code for f in found))   # []: not a known failure
+        if not found:   # no rule knows it: keep what the run held at the crash, for the report to say
+            self.report.exception["facts"] = call_safely(self._facts, exc, setup or self.setup) or []
         for finding in found:
             self.report.add(finding)
         return found
@@ -314,6 +316,11 @@ class Session:
         from ampdoctor.explanations.crash import explain_exception  # looked up at call time (fault injection)
 
         return explain_exception(exc, setup, self.guard)
+
+    def _facts(self, exc: BaseException, setup: TrainingSetup | None) -> list[str]:
+        from ampdoctor.explanations.facts import crash_facts
+
+        return crash_facts(exc, setup, getattr(self.guard, "scaler", None))
 
     # ---- 4. the end -------------------------------------------------------------------------------------------
     def finish(self, checks: Callable[[], list[Finding]] | None = None) -> Report:

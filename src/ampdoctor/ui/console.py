@@ -8,6 +8,7 @@ numbers are never cut: lines break between words only.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
 from rich import box
@@ -183,14 +184,15 @@ class RuleView(PlainLines):
 
 
 def fixes_panel(findings: Iterable[Finding]) -> RenderableType | None:
-    """Return one panel per distinct rule with why it hurts and the fix as code."""
+    """Return one panel per distinct rule and fix with why it hurts and the fix as code: a finding's own fix (the
+    one that fits what it saw) in place of its rule's."""
     parts: list[RenderableType] = []
-    for code in dict.fromkeys(f.code for f in findings):
+    for code, fix in dict.fromkeys((f.code, f.fix) for f in findings):
         try:
             rule = get_rule(code)
         except KeyError:
             continue
-        parts.append(rule_panel(rule))
+        parts.append(rule_panel(rule if fix is None else replace(rule, fix=fix)))
     return Group(_FixesHeading(), *parts) if parts else None
 
 

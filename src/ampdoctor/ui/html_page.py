@@ -140,7 +140,8 @@ def _findings(findings: list[Any]) -> str:
 def _finding_row(group: FindingGroup) -> str:
     try:
         rule = get_rule(group.code)
-        name, title, why, fix = rule.name, rule.title, rule.why, rule.fix
+        name, title, why = rule.name, rule.title, rule.why
+        fix = next((f.fix for f in group.findings if f.fix), rule.fix)   # the fix that fits, if one has it
     except KeyError:
         name = title = why = fix = ""
     places = group.places

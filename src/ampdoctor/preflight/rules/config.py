@@ -8,6 +8,7 @@ a class whose module is already imported, so the rules look the class up in ``sy
 
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
 from typing import Any, Iterator
@@ -17,6 +18,7 @@ import torch
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp16, scaler_device
 from ampdoctor.core.catalog import Rule
+from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.preflight.rules import check, listing
@@ -171,13 +173,61 @@ def accelerate_fp16_not_in_effect(setup: TrainingSetup, rule: Rule) -> Iterator[
     else:
         how = (f"on device {str(device)!r} with native_amp={native_amp} and accelerator.scaler="
                f"{'None' if scaler is None else scaler_label(scaler)} (accelerate {version})")
+    framework, asked = _framework(setup)
     yield rule.finding(
         "Accelerator",
-        f"Accelerator(mixed_precision='fp16') reports mixed_precision='fp16' {how}. prepare() therefore does not "
-        "wrap forward in torch.autocast, accelerator.autocast() is a no-op and accelerator.backward() does not "
-        "scale the loss: the model trains in its own parameter dtype (float32 for a float32 model), not fp16 "
-        "mixed precision.",
+        f"{asked} reports mixed_precision='fp16' {how}. prepare() therefore does not wrap forward in "
+        "torch.autocast, accelerator.autocast() is a no-op and accelerator.backward() does not scale the loss: "
+        f"{_what_runs(setup)}",
+        fix=_PRECISION_FIX[framework] + ("   # on CPU; keep fp16 for CUDA runs" if device_type == "cpu" else ""),
     )
+
+
+# the line that asks each framework for bf16 mixed precision, which accelerate sets up on CPU too
+_PRECISION_FIX = {"transformers": "args = TrainingArguments(..., bf16=True)",
+                  "lightning": 'trainer = Trainer(precision="bf16-mixed")',
+                  "accelerate": "accelerator = Accelerator(mixed_precision='bf16')"}
+
+
+def _framework(setup: TrainingSetup) -> tuple[str, str]:
+    """Return which framework built the run's Accelerator, and how fp16 was asked of it: ``"transformers"`` (a
+    Trainer holds it), ``"lightning"`` (a LightningModule is trained), else ``"accelerate"`` (the script's own)."""
+    trainer = loaded_class("transformers.trainer", "Trainer")
+    owner = next((o for o in _holders(setup.accelerator) if isinstance(o, trainer)), None) if trainer else None
+    if owner is not None:
+        flag = "TrainingArguments(fp16=True)" if getattr(getattr(owner, "args", None), "fp16", False) else \
+            "ACCELERATE_MIXED_PRECISION=fp16"
+        return "transformers", f"The Accelerator that transformers' Trainer built for {flag}"
+    asked = "Accelerator(mixed_precision='fp16')"
+    lightning = tuple(c for c in (loaded_class("lightning.pytorch.core.module", "LightningModule"),
+                                  loaded_class("pytorch_lightning.core.module", "LightningModule")) if c is not None)
+    if lightning and any(isinstance(m, lightning) for m in setup.models):
+        return "lightning", asked
+    return "accelerate", asked
+
+
+def _holders(obj: Any) -> list[Any]:
+    """Return the objects that refer to ``obj``, an instance ``__dict__`` standing for its owner (one gc query
+    each, only on this rule's rare path)."""
+    out = []
+    for ref in gc.get_referrers(obj):
+        out += gc.get_referrers(ref) if isinstance(ref, dict) else [ref]
+    return out
+
+
+def _what_runs(setup: TrainingSetup) -> str:
+    """Say in which dtypes the model computes with neither autocast nor loss scaling: its parameters' own."""
+    trainable = sorted({dtype_name(p.dtype) for p in setup.trainable()})
+    frozen = sorted({dtype_name(p.dtype) for p in setup.params if not p.param.requires_grad})
+    dtypes = sorted(set(trainable + frozen))
+    if len(dtypes) <= 1:
+        shown = dtypes[0] if dtypes else "its parameters' dtype"
+        return f"the model trains in {shown}, not fp16 mixed precision."
+    said = f"the trainable parameters are {'/'.join(trainable) or '(none)'}"
+    said += f" and the frozen ones {'/'.join(frozen)}" if frozen else ""
+    each = " and ".join(f"those with {d} weights in {d}" for d in dtypes)
+    return (f"{said}. With no autocast each layer computes in its weights' dtype ({each}), with no loss "
+            "scaling: not the fp16 mixed precision asked for.")
 
 
 def _requires_closure(opt: torch.optim.Optimizer) -> bool:

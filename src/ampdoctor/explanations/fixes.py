@@ -1,0 +1,86 @@
+"""Write the fix that fits what a finding saw, where the rule's own fix assumes another setup.
+
+A rule's fix in the catalog is written for its commonest cause. Two findings need another one when what they saw
+says otherwise: AMP601 (a module's output is inf/NaN) when the module's own weights were already non-finite, so
+an optimizer step wrote them and no upcast of the forward helps; and AMP608 (a non-finite gradient norm) in a run
+with no enabled GradScaler, where ``scaler.unscale_(opt)`` is no advice. Dtypes are given by name (``"float16"``),
+as the watch keeps them.
+
+>>> print(nonfinite_grads_fix(False, ["bfloat16"], "bfloat16").splitlines()[0])
+# no GradScaler (bf16 autocast needs none): skip the step yourself
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+__all__ = ["UNKNOWN", "nonfinite_grads_fix", "nonfinite_weights_fix"]
+
+UNKNOWN = "unknown"   # the autocast dtype of a run whose forward the caller did not see
+
+_SKIP_STEP = ("norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+              "if torch.isfinite(norm):   # no step on inf/NaN gradients\n"
+              "    opt.step()\n"
+              "opt.zero_grad()")
+
+
+def nonfinite_weights_fix(weight_dtypes: Iterable[str]) -> str:
+    """Return the fix for a module whose output is inf/NaN because an optimizer step left its weights so.
+
+    fp16 weights point at AMP104's fix (Adam's eps=1e-8 is 0 in fp16) and fp32 master weights; any weights at a
+    step taken on inf/NaN gradients (AMP608). The weights are lost: the run restarts from a finite checkpoint.
+
+    >>> "eps=1e-4" in nonfinite_weights_fix(["float16"]), "eps=1e-4" in nonfinite_weights_fix(["float32"])
+    (True, False)
+    """
+    dtypes = set(weight_dtypes)
+    lines = ["# its weights were inf/NaN already: an optimizer step (or a checkpoint)",
+             "# wrote them; no overflow, so upcasting the module does not help. Fix the",
+             "# step, then restart from a checkpoint whose weights are finite:"]
+    if "float16" in dtypes:   # fp16's smallest subnormal is 2**-24 ≈ 6e-8: eps=1e-8 rounds to 0
+        lines += ["# Adam/AdamW eps=1e-8 is 0 in fp16 (AMP104): a zero gradient gives 0/0",
+                  "opt = torch.optim.AdamW(params, eps=1e-4)  # or fused=True: eps in fp32",
+                  "# better: keep fp32 master weights: opt = ampdoctor.MasterWeights(opt)"]
+    lines += ["# a step on inf/NaN gradients (AMP608) writes NaN too: skip such steps", _SKIP_STEP]
+    return "\n".join(lines)
+
+
+def nonfinite_grads_fix(scaler_enabled: bool, param_dtypes: Iterable[str], autocast: str | None = UNKNOWN
+                        ) -> str | None:
+    """Return the fix for inf/NaN gradients that fits the run, or None where the rule's own (an enabled
+    GradScaler: unscale_, clip, step, update) does.
+
+    Args:
+        scaler_enabled: whether an enabled GradScaler scales the loss.
+        param_dtypes: the dtypes of the trainable parameters.
+        autocast: the forward's autocast dtype (``"float16"``, ``"bfloat16"``), None for none, `UNKNOWN` when the
+            caller did not see the forward.
+
+    >>> nonfinite_grads_fix(True, ["float32"], "float16") is None
+    True
+    >>> "GradScaler" in nonfinite_grads_fix(False, ["float32"], "float16")
+    True
+    """
+    if scaler_enabled:
+        return None
+    dtypes = set(param_dtypes)
+    if "float16" in dtypes:   # a GradScaler refuses fp16 gradients: "Attempting to unscale FP16 gradients"
+        return ("# no GradScaler skips a step on inf/NaN gradients, and with fp16 parameters\n"
+                "# none can (it refuses fp16 gradients): keep fp32 master weights, then scale\n"
+                "opt = ampdoctor.MasterWeights(opt)\n"
+                "scaler = torch.amp.GradScaler(device)   # skips steps on inf/NaN gradients\n"
+                "scaler.scale(loss).backward()\n"
+                "scaler.step(opt); scaler.update()")
+    if autocast == "float16":
+        return ("# fp16 autocast with no GradScaler (AMP208): add one; it scales the loss and\n"
+                "# skips the steps whose gradients are inf/NaN\n"
+                "scaler = torch.amp.GradScaler(device)\n"
+                "scaler.scale(loss).backward()\n"
+                "scaler.unscale_(opt)\n"
+                "norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+                "scaler.step(opt); scaler.update()")
+    why = {"bfloat16": "bf16 autocast needs none", None: "no autocast"}.get(autocast, "")
+    head = f"# no GradScaler{f' ({why})' if why else ''}: skip the step yourself"
+    tail = ("\n# under fp16 autocast, add torch.amp.GradScaler(device) instead (AMP208)"
+            if autocast == UNKNOWN else "")
+    return (f"{head}\n{_SKIP_STEP}\n# find where they start: ampdoctor run --activations{tail}")
