@@ -97,22 +97,9 @@ class Finding:
             return cls(str(data["code"]), Severity(data["severity"]), str(data["where"]), str(data["detail"]),
                        step if isinstance(step, int) else None, process if isinstance(process, str) else None,
                        cause if isinstance(cause, str) else None, read_ranks(data.get("ranks")),
-                       _own_fix(str(data["code"]), fix))
+                       fix if isinstance(fix, str) and fix else None)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed finding {data!r:.200}: {exc!r:.200}") from None
-
-
-def _own_fix(code: str, fix: object) -> str | None:
-    """Return ``fix`` read back from JSON when it is the finding's own, None when it is its rule's (a report
-    writes the rule's fix for every finding without one: ``core.records.report_to_dict``)."""
-    if not isinstance(fix, str) or not fix:
-        return None
-    from ampdoctor.core.catalog import get_rule  # here: the catalog imports this module
-
-    try:
-        return None if fix == get_rule(code).fix else fix
-    except KeyError:
-        return fix
 
 
 def read_ranks(value: object) -> tuple[int, ...] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ampdoctor.core.catalog import get_rule
@@ -588,7 +588,7 @@ def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str
             recording.report = line["report"]
         for item in _list(line.get("findings")):
             try:
-                recording.findings.append(Finding.from_dict(item))
+                recording.findings.append(read_finding(item))
             except ValueError:
                 pass  # a malformed finding in a log is left out; a report line is read whole
     if view is not None and view.lacks and any(s.lost is not None for s in recording.steps):
@@ -635,7 +635,7 @@ def report_fields(data: Any) -> dict[str, Any]:
     exception = _typed(data, "exception", dict, None)
     observed = _typed(data, "observed", dict, None)
     return {
-        "findings": [Finding.from_dict(item) for item in _typed(data, "findings", list, [])],
+        "findings": [read_finding(item) for item in _typed(data, "findings", list, [])],
         "exception": None if exception is None else {str(k): str(v) for k, v in exception.items()},
         "environment": _typed(data, "environment", dict, {}),
         "changes": [str(c) for c in _typed(data, "changes", list, [])],
@@ -653,3 +653,16 @@ def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:
         raise ValueError(f"not an ampdoctor report: {key!r} should be a JSON {kind.__name__}, got "
                          f"{type(value).__name__}: {value!r:.80}")
     return value
+
+
+def read_finding(data: Any) -> Finding:
+    """``Finding.from_dict``, with a ``fix`` equal to its rule's read as the rule's (None): a report writes the
+    rule's fix for every finding without one of its own (`report_to_dict`)."""
+    finding = Finding.from_dict(data)
+    if finding.fix is None:
+        return finding
+    try:
+        own = finding.fix != get_rule(finding.code).fix
+    except KeyError:
+        own = True
+    return finding if own else replace(finding, fix=None)
