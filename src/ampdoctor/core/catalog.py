@@ -564,6 +564,16 @@ RULES: tuple[Rule, ...] = (
         "opt = torch.optim.AdamW(params); torch.nn.utils.clip_grad_norm_(params, 1.0)",
         WARNING, "watch",
     ),
+    Rule(
+        "AMP619", "average-updates-lost", "Updates of an averaged (EMA/SWA) copy round away",
+        "An averaged copy kept in fp16/bf16 moves each entry by (1 - decay) * (w - average) per update: with decay "
+        "0.999 that is 0.1% of the gap, below half an ulp of most entries, so the average stays where an early step "
+        "left it. The optimizer's weights may be fine; the weights you evaluate and save are not.",
+        "# keep the average in fp32 (it is never trained, so fp32 costs memory only):\n"
+        "ema = EMAModel(model.parameters())            # diffusers: no .to(dtype=torch.float16)\n"
+        "averaged = AveragedModel(model).float()       # torch.optim.swa_utils",
+        WARNING, "watch",
+    ),
 )
 
 _BY_CODE = {r.code: r for r in RULES}

@@ -48,6 +48,7 @@ from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Drawn
 from ampdoctor.explanations.fixes import nonfinite_grads_fix
+from ampdoctor.monitor.averages import AverageMonitor, average_findings
 from ampdoctor.monitor.backward import BackwardMonitor
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
 from ampdoctor.monitor.host_sync import HostCopy
@@ -168,6 +169,7 @@ class Watch:
         self._scale_monitor: ScaleMonitor | None = None
         self._lost: UpdateMonitor | None = None
         self._backward: BackwardMonitor | None = None
+        self._averages: AverageMonitor | None = None
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
         self._recorder: FlightRecorder | None = None
@@ -202,6 +204,7 @@ class Watch:
                 end = opt.register_step_post_hook(self._step_done) if self._stepper is None else \
                     observe(self._stepper, "step", after=self._step_done, on_error=lambda e: self._fail("watch", e))
                 self._handles += [opt.register_step_pre_hook(self._optimizer_pre_hook), end]
+            self._guard("averages", self._attach_averages)
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
@@ -213,6 +216,10 @@ class Watch:
             self.detach()
             raise
         return self
+
+    def _attach_averages(self) -> None:
+        self._averages = AverageMonitor(self.every, sample=self.sample, reads=self.reads,
+                                        on_error=lambda e: self._fail("averages", e)).attach()
 
     def _attach_activations(self) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
@@ -246,12 +253,9 @@ class Watch:
         handles, self._handles = self._handles, []
         for handle in reversed(handles):  # last installed first: restores the scaler exactly
             call_safely(handle.remove)
-        if self._scale_monitor is not None:
-            call_safely(self._scale_monitor.detach)
-        if self._lost is not None:
-            call_safely(self._lost.detach)
-        if self._backward is not None:
-            call_safely(self._backward.detach)
+        for monitor in (self._scale_monitor, self._lost, self._backward, self._averages):
+            if monitor is not None:
+                call_safely(monitor.detach)
         if self._activations is not None:
             activations = self._activations
             if "activations" not in self._parts.off:
@@ -442,6 +446,7 @@ class Watch:
             "scale": (self._scale_monitor, lambda m: setattr(m, "disabled", True)),
             "lost_updates": (self._lost, lambda m: m.disable()),
             "loss": (self._backward, lambda m: setattr(m, "disabled", True)),
+            "averages": (self._averages, lambda m: setattr(m, "disabled", True)),
             "activations": (self._activations, lambda m: m.set_sampling(False)),
             "recorder": (self._recorder, lambda m: m.close()),
         }
@@ -471,8 +476,14 @@ class Watch:
             "activations": activations,
             "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
             "loss": None if self._backward is None else self._backward.summary(),
+            "averages": self._averages_summary(),
             "off": sorted(self._parts.off),
         }
+
+    def _averages_summary(self) -> list[dict[str, Any]] | None:
+        if self._averages is None or "averages" in self._parts.off:
+            return None
+        return call_safely(self._averages.summary, on_error=lambda e: self._fail("averages", e)) or None
 
     @property
     def host_syncs(self) -> int:
@@ -504,6 +515,7 @@ class Watch:
             out += self._scale_monitor.findings()
         if self._lost is not None:
             out += self._lost.findings()
+        out += average_findings(self._averages_summary() or [])
         invariants = call_safely(lambda: invariant_findings(self._measured()), on_error=lambda e: self._fail(
             "invariants", e)) or []
         if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
