@@ -88,7 +88,8 @@ def start() -> None:
     def say(line: str) -> None:   # a rank other than 0 is quiet: rank 0 reports for the job (see merge_ranks)
         if doctor.rank_info is None or doctor.rank_info.rank == 0:
             with clear_of_bars(sys.stderr):   # at column 0, not after an open tqdm bar
-                print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(), file=sys.stderr)
+                rest = line.removeprefix("ampdoctor")   # "ampdoctor --fix: ..." -> "ampdoctor[pid N] --fix: ..."
+                print(f"{prefix}{rest}" if rest != line else f"{prefix} {line}".rstrip(), file=sys.stderr)
 
     def on_rank(info: Any) -> None:   # a rank of the parent's job: the parent waits for its report, by rank
         write_child(directory, rank_name(os.getpid()), {"rank": info.rank, "world": info.world_size})
