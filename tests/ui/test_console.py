@@ -226,13 +226,28 @@ def test_a_child_process_and_a_step_are_named():
 
 def test_a_name_longer_than_the_line_starts_its_own_line_and_stays_whole():
     """Names up to the width stay whole (an indent gives way first); a longer one is printed whole on a line of
-    its own, past the width. It was folded at the 80th column, in the middle of the name, which no grep finds."""
+    its own under the finding's indent, past the width. It was folded at the 80th column, in the middle of the
+    name, which no grep finds, and then put at column 0, where it read as a record of its own."""
     name = "base_model.model.transformer.h.11.mlp.c_fc.lora_dropout.default.very_long_adapter_module_name_here"
     text = render(findings_table([Finding("AMP101", Severity.ERROR, name, "float16.")]), 80, False)
     lines = text.splitlines()
     assert lines[1] == "AMP101 error"
-    assert lines[2] == f"{name}:"
+    assert lines[2] == f"    {name}:"
     assert lines[3:] == ["    Trainable float16 parameters under an fp16 GradScaler", "    float16."]
+
+
+def test_wrapped_names_stay_under_their_findings_indent_at_80_columns():
+    """A line at column 0 begins a finding (or the list): a long name wrapped out of a finding's line or detail
+    starts under the finding's indent. It was put at column 0, where it read as a record of its own."""
+    lora = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0.lora_A.default.weight"   # 80 columns
+    bert = "bert.encoder.layer.0.attention.output.LayerNorm.weight"
+    findings = [Finding("AMP607", Severity.WARNING, lora, "89% of the sampled updates round away.", step=1),
+                Finding("AMP101", Severity.ERROR, bert, f"{lora} and {bert} are trainable float16 tensors."),
+                Finding("AMP101", Severity.ERROR, f"{bert}.{bert}", "float16.")]   # longer than the line
+    lines = render(findings_table(findings), 80, False).splitlines()
+    assert f"    {lora}:" in lines and f"    {bert}.{bert}:" in lines
+    at_0 = [line for line in lines[1:] if line and not line.startswith(" ")]
+    assert at_0 and all(re.match(r"AMP\d{3} (error|warning|info)", line) for line in at_0), at_0
 
 
 def test_a_name_that_fits_only_without_the_indent_loses_the_indent():

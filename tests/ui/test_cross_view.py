@@ -136,7 +136,7 @@ def f32(value: float) -> float:
 # ---- reading the printed text ----------------------------------------------------------------------------------
 def summary_numbers(text: str) -> dict[str, Any]:
     """Return what the printed watch summary says: step, global norm, loss scale, skips, modules, lost updates."""
-    head = re.search(r"gradients at step (\d+) \([^;]*; global norm (\S+?)\)", text)
+    head = re.search(r"gradients at step (\d+) \([^;]*; global norm (\S+?)[ )]", text)
     scale = re.search(r"loss scale (\S+?)[ ;].*?skipped (\d+) of (\d+)\s+steps", text, re.S)
     lines = text.splitlines()
     top = next(i for i, line in enumerate(lines) if line.startswith("module "))

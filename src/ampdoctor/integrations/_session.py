@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ampdoctor._compat.tqdm import clear_of_bars
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
@@ -192,10 +193,11 @@ class CallbackSession:
             from rich.console import Console
 
             self._console = Console(stderr=True, highlight=False)
-        if isinstance(renderable, str):
-            self._console.print(renderable, markup=False, soft_wrap=True)
-        else:   # a Report or a ReportView: drawn by ampdoctor.ui
-            self._console.print(renderable)
+        with clear_of_bars(self._console.file):   # the Trainer's and Lightning's tqdm bars: start at column 0
+            if isinstance(renderable, str):
+                self._console.print(renderable, markup=False, soft_wrap=True)
+            else:   # a Report or a ReportView: drawn by ampdoctor.ui
+                self._console.print(renderable)
 
     def _event(self, line: str) -> None:
         if self.show:

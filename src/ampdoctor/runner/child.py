@@ -73,6 +73,7 @@ def start() -> None:
     directory = os.environ.get(ENV_DIR)
     if not directory:
         return
+    from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.core.callsite import without_own_frames
     from ampdoctor.core.isolation import call_safely
     from ampdoctor.ranks.children import rank_name, write_child
@@ -86,7 +87,9 @@ def start() -> None:
 
     def say(line: str) -> None:   # a rank other than 0 is quiet: rank 0 reports for the job (see merge_ranks)
         if doctor.rank_info is None or doctor.rank_info.rank == 0:
-            print(f"{prefix} {line.removeprefix('ampdoctor')}".rstrip(), file=sys.stderr)
+            with clear_of_bars(sys.stderr):   # at column 0, not after an open tqdm bar
+                rest = line.removeprefix("ampdoctor")   # "ampdoctor --fix: ..." -> "ampdoctor[pid N] --fix: ..."
+                print(f"{prefix}{rest}" if rest != line else f"{prefix} {line}".rstrip(), file=sys.stderr)
 
     def on_rank(info: Any) -> None:   # a rank of the parent's job: the parent waits for its report, by rank
         write_child(directory, rank_name(os.getpid()), {"rank": info.rank, "world": info.world_size})

@@ -243,9 +243,11 @@ def _show(console: Console, item: Any) -> None:
         # a line built around a path stays whole, to copy
         _say(console, item, wrap="report written to" not in item)
         return
+    from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.ui.views import render_view
 
-    console.print(render_view(item))
+    with clear_of_bars(console.file):   # a bar left open by the script: the report starts on a line of its own
+        console.print(render_view(item))
 
 
 def _append_to_log(report: object, err: Console) -> None:
@@ -374,11 +376,14 @@ def _env(args: argparse.Namespace) -> int:
 
 def _say(console: Console, text: str, wrap: bool = True) -> None:
     """Print ``text`` wrapped between words to the console's width, with a hanging indent (names stay whole);
-    ``wrap=False`` keeps it on one line (a message built around a path, to copy whole)."""
+    ``wrap=False`` keeps it on one line (a message built around a path, to copy whole). An open tqdm bar is
+    cleared first and redrawn after, so the line starts at column 0 (``grep '^ampdoctor'`` finds it in a log)."""
+    from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.ui.plain import wrap as wrapped
 
-    console.print("\n".join(wrapped(text, console.width)) if wrap else text, markup=False, soft_wrap=True,
-                  highlight=False)
+    with clear_of_bars(console.file):
+        console.print("\n".join(wrapped(text, console.width)) if wrap else text, markup=False, soft_wrap=True,
+                      highlight=False)
 
 
 if __name__ == "__main__":

@@ -30,21 +30,29 @@ def wrap(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str
     """Return ``text`` as lines of at most ``width`` columns: ``first`` starts it, ``rest`` starts every later line.
 
     Its own line breaks and leading spaces are kept. A word is never broken: a module name or a number too long
-    for an indented line loses as much of the indent as it needs, and one longer than the line stays whole on a
-    line of its own.
+    for an indented line gives up as much of the indent as it needs to fit, never all of it, and one that fits
+    only at column 0 or not at all stays whole under the full indent, past ``width``: a line at column 0 always
+    begins a record (a finding, a section).
 
     >>> wrap("fc1.weight is trainable float16 while the GradScaler is on", 30, "AMP101 ")
     ['AMP101 fc1.weight is trainable', '    float16 while the', '    GradScaler is on']
     >>> wrap("tensors (a.long.module.name.weight, b)", 30)
     ['tensors', '   (a.long.module.name.weight,', '    b)']
+    >>> wrap("in bert.encoder.layer.0.attention.output.LayerNorm.weight", 30)
+    ['in', '    bert.encoder.layer.0.attention.output.LayerNorm.weight']
     """
     lines: list[str] = []
     for paragraph in text.split("\n"):
         lead = rest if lines else first
         lines += textwrap.wrap(paragraph, max(width, len(lead) + 1), initial_indent=lead, subsequent_indent=rest,
                                break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]
-    return [line[min(len(line) - width, len(line) - len(line.lstrip(" "))):] if len(line) > width else line
-            for line in lines]
+    return [_fit(line, width) for line in lines]
+
+
+def _fit(line: str, width: int) -> str:
+    """Return ``line`` moved left by what it is over ``width``, if its indent has more than that to give."""
+    over, indent = len(line) - width, len(line) - len(line.lstrip(" "))
+    return line[over:] if 0 < over < indent else line
 
 
 def wrap_code(line: str, width: int, indent: str = INDENT) -> list[str]:

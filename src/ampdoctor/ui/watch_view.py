@@ -80,8 +80,12 @@ def _gradient_table(grads: dict[str, Any], formats: list[Any]) -> ColumnTable:
            if len(grads["modules"]) > len(rows) else "")
     state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
         else "unscaled"
+    norm = f"global norm {_num(grads.get('global_norm'))}"
+    if grads.get("pre_clip_norm") is not None:   # read at the optimizer's step: after clip_grad_norm_ of that step
+        norm += f" after clipping; {_num(grads['pre_clip_norm'])} before" + (
+            ", still scaled" if grads.get("clipped_scaled") else "")
     return ColumnTable(
-        f"gradients at step {grads.get('step')} ({state}; global norm {_num(grads.get('global_norm'))}){top}",
+        f"gradients at step {grads.get('step')} ({state}; {norm}){top}",
         "module", columns, rows, keep=2, whole=4,
         notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"})
 

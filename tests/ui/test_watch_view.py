@@ -1,0 +1,57 @@
+"""The watch summary's gradient table read from real watched runs: what its header says about clipping, and which
+columns it keeps at 80 columns."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import torch
+from rich.console import Console
+from torch import nn
+
+from ampdoctor.monitor.watcher import watch
+from ampdoctor.ui.watch_view import render_watch
+
+
+def _render(data: dict, width: int = 80) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.soft_wrap = True   # piped, as ampdoctor's own console
+    console.print(render_watch(data, []))
+    return console.file.getvalue()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def test_the_header_says_the_global_norm_is_after_clipping_and_gives_the_norm_before():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    with watch(model, optimizer, every=1) as w:
+        for _ in range(3):
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3)
+            w.note_clip(norm)   # what `ampdoctor run` and the callbacks do for the script's clip_grad_norm_
+            before = float(norm)
+            optimizer.step()
+    data = w.summary_data()
+    head = " ".join(_render(data).split())   # the header wraps at 80 columns
+    match = re.search(r"global norm (\S+) after clipping; (\S+) before\)", head)
+    assert match, head
+    assert float(match[1]) <= 1.01e-3 and float(match[2]) == float(f"{before:.3g}")   # the summary's numbers
+    assert data["gradients"]["pre_clip_norm"] == before
+
+
+def test_without_a_clip_the_header_gives_the_global_norm_alone():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with watch(model, optimizer, every=1) as w:
+        nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 1)).backward()
+        optimizer.step()
+    head = " ".join(_render(w.summary_data()).split())
+    assert re.search(r"\(unscaled; global norm \S+\)", head) and "clipping" not in head, head
