@@ -55,3 +55,23 @@ def test_without_a_clip_the_header_gives_the_global_norm_alone():
         optimizer.step()
     head = " ".join(_render(w.summary_data()).split())
     assert re.search(r"\(unscaled; global norm \S+\)", head) and "clipping" not in head, head
+
+
+def test_a_bf16_autocast_run_keeps_its_bf16_column_at_80_columns():
+    # fp32 weights, bf16 autocast, no scaler: the forward's autocast dtype names the format (it used to be "either",
+    # and the bf16 column, listed last, was the first dropped at 80 columns)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, optimizer, every=1) as w:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(torch.randn(8, 16)).float(), torch.randn(8, 1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    data = w.summary_data()
+    assert data["formats"] == ["bf16"]
+    text = _render(data)
+    header = next(line for line in text.splitlines() if line.startswith("module"))
+    assert "bf16 u/o" in header and "fp16 u/o" not in header, text
+    assert max(map(len, text.splitlines())) <= 80

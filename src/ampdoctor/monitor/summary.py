@@ -53,18 +53,23 @@ def _setting(scaler: Any, getter: str) -> Any:
     return call_safely(method) if callable(method) else None
 
 
-def run_formats(scaler: Any, param_dtypes: Sequence[str]) -> list[str]:
+def run_formats(scaler: Any, param_dtypes: Sequence[str], autocast: str | None = None) -> list[str]:
     """Return the simulated formats that describe this run, for the summary's columns.
 
-    An fp16 GradScaler means fp16; bf16 parameters mean bf16; fp16 parameters fp16; fp32 parameters without a
-    scaler could be either (autocast is not known here). fp8 columns (per-tensor amax scaling, TransformerEngine's
-    and torchao's tensorwise recipe) only when parameters are fp8; the JSON and the flight recorder have them always.
+    An fp16 GradScaler means fp16; bf16 parameters, or fp32 ones under bf16 autocast (``autocast``: the dtype name
+    the model's forward ran under), mean bf16; fp16 parameters or fp16 autocast fp16; fp32 parameters with neither
+    known could be either. fp8 columns (per-tensor amax scaling, TransformerEngine's and torchao's tensorwise recipe)
+    only when parameters are fp8; the JSON and the flight recorder have them always.
 
     >>> run_formats(None, ["float32"]), run_formats(None, ["bfloat16"]), run_formats(None, ["float8_e4m3fn"])
     (['fp16', 'bf16'], ['bf16'], ['fp16', 'bf16', 'e4m3', 'e5m2'])
+    >>> run_formats(None, ["float32"], autocast="bfloat16")
+    ['bf16']
     """
     if scaler is not None:
         chosen = ["fp16"]
+    elif autocast in ("bfloat16", "float16"):
+        chosen = ["bf16" if autocast == "bfloat16" else "fp16"]
     elif "bfloat16" in param_dtypes:
         chosen = ["bf16"]
     elif "float16" in param_dtypes:

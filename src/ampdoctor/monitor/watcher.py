@@ -39,6 +39,7 @@ from torch import nn
 
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
 from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
+from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import HostReads
@@ -170,6 +171,7 @@ class Watch:
         self._lost: UpdateMonitor | None = None
         self._backward: BackwardMonitor | None = None
         self._averages: AverageMonitor | None = None
+        self._autocast: str | None = None   # the autocast dtype of the model's first forward after attach, if any
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
         self._recorder: FlightRecorder | None = None
@@ -205,6 +207,9 @@ class Watch:
                     observe(self._stepper, "step", after=self._step_done, on_error=lambda e: self._fail("watch", e))
                 self._handles += [opt.register_step_pre_hook(self._optimizer_pre_hook), end]
             self._guard("averages", self._attach_averages)
+            if self._model is not None:   # once: the forward's autocast dtype names the run's format
+                self._autocast_hook = self._model.register_forward_pre_hook(self._note_autocast)
+                self._handles.append(self._autocast_hook)
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
@@ -216,6 +221,15 @@ class Watch:
             self.detach()
             raise
         return self
+
+    def _note_autocast(self, module: nn.Module, args: Any) -> None:
+        self._guard("watch", self._read_autocast)
+
+    def _read_autocast(self) -> None:
+        self._autocast_hook.remove()   # safe in a hook: torch calls a copy of the hook list
+        device = next((p.device.type for p in self._params), "cpu")
+        if torch.is_autocast_enabled(device):
+            self._autocast = dtype_name(torch.get_autocast_dtype(device))
 
     def _attach_averages(self) -> None:
         self._averages = AverageMonitor(self.every, sample=self.sample, reads=self.reads,
@@ -468,7 +482,8 @@ class Watch:
         return {
             "steps": self.steps, "sampled_steps": self.sampled_steps, "every": self.every, "stats": self.stats,
             "sample": self.sample, "host_syncs": self.host_syncs, "log_path": self.log_path,
-            "seconds_inside": round(self.seconds_inside, 6), "formats": run_formats(self._scaler, self.param_dtypes),
+            "seconds_inside": round(self.seconds_inside, 6), "formats": run_formats(self._scaler, self.param_dtypes,
+                                                                          self._autocast),
             "scale": None if self._scale_monitor is None else self._scale_monitor.summary(),
             "gradients": grads,
             "lost_updates": None if self._lost is None or not self._lost.summary()["watched"] else
