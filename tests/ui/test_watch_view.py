@@ -75,3 +75,16 @@ def test_a_bf16_autocast_run_keeps_its_bf16_column_at_80_columns():
     header = next(line for line in text.splitlines() if line.startswith("module"))
     assert "bf16 u/o" in header and "fp16 u/o" not in header, text
     assert max(map(len, text.splitlines())) <= 80
+
+
+def test_a_clip_that_shrank_nothing_is_not_called_clipping():
+    # max_norm above the norm, and a clip over a consumed filter (it returns 0): the gradients are the unclipped ones
+    for clip in ("above", "nothing"):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        with watch(model, optimizer, every=1) as w:
+            nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 1)).backward()
+            w.note_clip(torch.nn.utils.clip_grad_norm_(model.parameters() if clip == "above" else [], 1e6))
+            optimizer.step()
+        head = " ".join(_render(w.summary_data()).split())
+        assert "clipping" not in head and re.search(r"\(unscaled; global norm \S+\)", head), head

@@ -81,7 +81,10 @@ def _gradient_table(grads: dict[str, Any], formats: list[Any]) -> ColumnTable:
     state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
         else "unscaled"
     norm = f"global norm {_num(grads.get('global_norm'))}"
-    if grads.get("pre_clip_norm") is not None:   # read at the optimizer's step: after clip_grad_norm_ of that step
+    before, after = grads.get("pre_clip_norm"), grads.get("global_norm")
+    # read at the optimizer's step: after clip_grad_norm_ of that step, if it shrank them (a clip over nothing
+    # returns 0 and shrinks nothing: AMP618)
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and before > after * (1 + 1e-3):
         norm += f" after clipping; {_num(grads['pre_clip_norm'])} before" + (
             ", still scaled" if grads.get("clipped_scaled") else "")
     return ColumnTable(
