@@ -47,6 +47,18 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
+def fp16_steps(model: nn.Module, opt, scaler, steps: int, factor: float = 1.0) -> None:
+    """The fp16 AMP loop: autocast forward, ``scale(loss).backward()``, ``step``, ``update``; the loss times
+    ``factor`` (NaN: every step is skipped)."""
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = (model(torch.randn(8, 16)).float() * factor).pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+
 # ---- progress ------------------------------------------------------------------------------------------------
 def test_a_hand_written_scaler_skipping_most_iterations_is_an_error_naming_the_count(tmp_path):
     report, text = run_cli(tmp_path, "hand_loss_scaler.py", "broken")
@@ -66,13 +78,7 @@ def test_a_run_whose_every_step_was_skipped_is_an_error_and_no_all_clear():
     model, scaler = mlp(), torch.amp.GradScaler("cpu")
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     with watch(model, opt, scaler, every=1) as w:
-        for _ in range(6):
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = (model(torch.randn(8, 16)).float() * float("nan")).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
+        fp16_steps(model, opt, scaler, 6, factor=float("nan"))
     codes = w.report().codes()
     assert "AMP612" in codes and "AMP604" not in codes   # said once, as the error it is
     [f] = [f for f in w.findings() if f.code == "AMP612"]
@@ -212,13 +218,7 @@ def test_the_all_clear_says_what_was_verified_and_the_json_carries_it():
     model, scaler = mlp(), torch.amp.GradScaler("cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     with watch(model, opt, scaler, every=5) as w:
-        for _ in range(20):
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(torch.randn(8, 16)).float().pow(2).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad()
+        fp16_steps(model, opt, scaler, 20)
     text = text_of(w)
     assert ("ampdoctor: no mixed-precision problems found in 20 steps: 20 updated, 0 skipped by the GradScaler; "
             "weights moved on 12 of 12 sampled steps and stayed finite; loss finite and changing on 12 sampled "
