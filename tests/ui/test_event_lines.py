@@ -108,3 +108,16 @@ def test_a_bar_that_cannot_be_cleared_does_not_stop_the_line():
     with clear_of_bars(out):
         pass
     bar.disable = True   # closing would write to the closed stream
+
+
+def test_a_line_said_into_a_log_left_mid_line_without_tqdm_starts_its_own_line(tmp_path):
+    # another progress display ("step 3/10\r" with no newline), stderr redirected to a file: `> log 2>&1`
+    log = tmp_path / "train.log"
+    with open(log, "w") as stream:
+        stream.write("step 3/10 loss 0.52")
+        console = Console(file=stream, width=80, highlight=False)
+        _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)")
+        _say(console, "  0.weight: upcast torch.float16 -> torch.float32")   # at a line start: no blank line
+    assert log.read_text().split("\n") == ["step 3/10 loss 0.52",
+                                           "ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)",
+                                           "  0.weight: upcast torch.float16 -> torch.float32", ""]

@@ -9,12 +9,15 @@ there the bar's line is ended with a ``'\\n'`` instead, once: the bar draws its 
 
 Which bars are open is tqdm's private ``tqdm._instances`` (a WeakSet of the bars not yet closed; disabled ones are
 left out). Without tqdm imported, or a tqdm without ``_instances``/``external_write_mode``, nothing is cleared and
-the lines are written as they are. Tested with tqdm 4.70.
+the lines are written as they are. Tested with tqdm 4.70. A log file left mid-line by something else (another
+progress display, ``print(..., end="")``) gets a ``'\\n'`` first too: its last byte is read back (`_log_mid_line`).
 """
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -60,6 +63,30 @@ def _state(bars: list[Any]) -> tuple[Any, ...]:
     return tuple((id(bar), getattr(bar, "n", None), getattr(bar, "last_print_t", None)) for bar in bars)
 
 
+def _log_mid_line(file: Any) -> bool:
+    """Tell whether ``file`` writes to a regular file (a log) whose last byte is not ``'\\n'``.
+
+    A pipe or a terminal cannot be read back, so only a log file is looked at: its last byte is read through
+    ``/proc/self/fd`` (the stream itself is open for writing only), after flushing what the stream holds. Anything
+    that fails (no ``fileno``, no ``/proc``, another OS) reads as "not mid-line".
+    """
+    try:
+        fd = file.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        file.flush()
+        reader = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY)
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return False
+    try:
+        size = os.fstat(reader).st_size
+        return size > 0 and os.pread(reader, 1, size - 1) != b"\n"
+    except OSError:
+        return False
+    finally:
+        os.close(reader)
+
+
 @contextmanager
 def clear_of_bars(file: Any) -> Iterator[None]:
     """Let the caller write whole lines to ``file`` at column 0 while a tqdm bar is open on the same stream.
@@ -78,6 +105,11 @@ def clear_of_bars(file: Any) -> Iterator[None]:
     bar_class, bars = _open_bars()
     bars = [bar for bar in bars if _same_stream(bar.fp, file)]
     if not bars:
+        if _log_mid_line(file):   # another progress display (or print(..., end="")) left a log file mid-line
+            try:
+                file.write("\n")
+            except (OSError, ValueError):
+                pass
         yield
         return
     if not _is_terminal(file):
