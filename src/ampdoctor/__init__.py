@@ -35,10 +35,16 @@ _LAZY = {
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
+# What `%load_ext ampdoctor` / `%unload_ext ampdoctor` call on this package: the extension module is imported only then.
+_IPYTHON_EXTENSION = {
+    "load_ipython_extension": "ampdoctor.integrations.ipython",
+    "unload_ipython_extension": "ampdoctor.integrations.ipython",
+}
+
 
 def __getattr__(name: str) -> Any:
     # Lazy so that `import ampdoctor` stays cheap and integrations load only when used.
-    module = _LAZY.get(name)
+    module = _LAZY.get(name) or _IPYTHON_EXTENSION.get(name)
     if module is None:
         raise AttributeError(f"module 'ampdoctor' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

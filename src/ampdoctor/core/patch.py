@@ -73,6 +73,7 @@ def observe(
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True   # IPython leaves this frame out: a cell's traceback reads as without ampdoctor
         if getattr(wrapper, "__ampdoctor_disabled__", False):
             return original(*args, **kwargs)
         if before is not None:
