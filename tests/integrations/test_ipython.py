@@ -1,0 +1,141 @@
+"""``%load_ext ampdoctor`` in real notebooks, executed in a real ipykernel by nbclient (no browser)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+nbclient = pytest.importorskip("nbclient")
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("ipykernel")
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+MODEL = """\
+import collections, hashlib, torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(collections.OrderedDict(
+    encoder=nn.Linear(8, 16), act=nn.ReLU(), head=nn.Linear(16, 2)))
+x, y = torch.randn(32, 8), torch.randn(32, 2)
+"""
+
+SEED_ERROR = MODEL + """\
+model = model.half()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+with torch.autocast("cpu", dtype=torch.float16):
+    loss = (model(x.half()).float() - y).pow(2).mean()
+scaler.scale(loss).backward()
+scaler.step(opt)
+"""
+
+FIXED = """\
+model.float()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = (model(x).float() - y).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+print("trained", torch.isfinite(loss).item())
+"""
+
+FP32_TRAINING = MODEL + """\
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+for _ in range(20):
+    opt.zero_grad()
+    (model(x) - y).pow(2).mean().backward()
+    opt.step()
+weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
+print("weights", hashlib.sha256(weights).hexdigest())
+"""
+
+HOOKS = """\
+import torch.optim.optimizer as o
+from torch.nn.modules import module as m
+print("hooks", len(m._global_forward_pre_hooks), len(m._global_forward_hooks), len(m._global_backward_hooks),
+      len(o._global_optimizer_pre_hooks), len(o._global_optimizer_post_hooks),
+      any("__ampdoctor_observer__" in dir(v) for v in vars(torch.amp.GradScaler).values()))
+"""
+
+
+def run_notebook(*cells: str, tmp_path: Path) -> list[list[dict]]:
+    """Execute ``cells`` in a fresh python3 kernel that imports ampdoctor from this checkout; return each cell's
+    outputs (a cell may raise: the next cells still run, as in a notebook)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=240, allow_errors=True,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = SRC + (os.pathsep + saved if saved else "")
+    try:
+        client.execute()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    return [cell.outputs for cell in nb.cells]
+
+
+def text(outputs: list[dict]) -> str:
+    """A cell's outputs as one text, in order: streams, results and tracebacks (colours removed)."""
+    import re
+
+    parts = []
+    for out in outputs:
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif out["output_type"] == "error":
+            parts.append("\n".join(out["traceback"]) + "\n")
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(parts))
+
+
+def test_seed_error_in_a_cell_is_explained_under_its_traceback_and_the_fixed_cell_trains(tmp_path):
+    load, crash, fixed = run_notebook("%load_ext ampdoctor", SEED_ERROR, FIXED, tmp_path=tmp_path)
+    assert text(load) == ""
+    kinds = [o["output_type"] for o in crash]
+    assert "error" in kinds and crash[kinds.index("error")]["evalue"] == "Attempting to unscale FP16 gradients."
+    after = text(crash[kinds.index("error") + 1:])   # what follows IPython's own traceback
+    assert "AMP101" in after and "encoder" in after and "head" in after
+    assert "upcast_trainable_params_" in after   # the fix, as code
+    assert [o["output_type"] for o in fixed] == ["stream"] and "trained True" in text(fixed)
+
+
+def test_magic_shows_the_watch_summary_of_the_training_so_far(tmp_path):
+    _, train, magic = run_notebook("%load_ext ampdoctor", FP32_TRAINING, "%ampdoctor", tmp_path=tmp_path)
+    assert "weights" in text(train)
+    shown = text(magic)
+    assert "ampdoctor watch: 20 steps" in shown
+
+
+def test_fp32_notebook_trains_bitwise_the_same_with_the_extension_and_is_not_called_unhealthy(tmp_path):
+    (plain,) = run_notebook(FP32_TRAINING, tmp_path=tmp_path)
+    _, watched, magic = run_notebook("%load_ext ampdoctor", FP32_TRAINING, "%ampdoctor", tmp_path=tmp_path)
+    digest = [line for line in text(plain).splitlines() if line.startswith("weights ")]
+    assert digest and digest == [line for line in text(watched).splitlines() if line.startswith("weights ")]
+    shown = text(magic)
+    assert "ampdoctor watch:" in shown and "AMP" not in shown.replace("ampdoctor", "")   # no finding at all
+    assert "error" not in shown and "warning" not in shown
+
+
+def test_unload_leaves_no_hook_behind(tmp_path):
+    before, _, _, _, during, _, after = run_notebook("import torch\n" + HOOKS, "%load_ext ampdoctor", SEED_ERROR,
+                                                     FIXED, HOOKS, "%unload_ext ampdoctor", HOOKS, tmp_path=tmp_path)
+    assert "hooks 0 0 0 0 0 False" in text(before)
+    assert "hooks 0 0 0 1 0 True" in text(during)   # loaded: the optimizer step hook and GradScaler's observers
+    assert "hooks 0 0 0 0 0 False" in text(after)
+
+
+def test_fix_on_repairs_the_following_cells(tmp_path):
+    _, switched, crash = run_notebook("%load_ext ampdoctor", "%ampdoctor --fix", SEED_ERROR + "print('stepped')",
+                                      tmp_path=tmp_path)
+    assert "--fix is on" in text(switched)
+    assert [o["output_type"] for o in crash] != [] and "error" not in [o["output_type"] for o in crash]
+    assert "stepped" in text(crash)
