@@ -24,7 +24,7 @@ from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
-from ampdoctor.integrations._ranks import CallbackRanks
+from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.session.session import Session
 from ampdoctor.session.termination import Termination
 
@@ -60,7 +60,7 @@ class CallbackSession:
             main one's.
 
     In a job of several processes (found when it starts) every rank diagnoses its own replica and writes its own
-    flight recorder; at the end rank 0 prints and writes the one report of the job (``CallbackRanks``).
+    flight recorder; at the end rank 0 prints and writes the one report of the job (``InProcessRanks``).
     """
 
     def __init__(self, *, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
@@ -72,7 +72,7 @@ class CallbackSession:
                                fixed_in="the training code itself")
         self.report = self.session.report
         self._console = console
-        self.ranks: CallbackRanks | None = None   # None: a single process
+        self.ranks: InProcessRanks | None = None   # None: a single process
         self._termination = Termination(self._terminated)
 
     @property
@@ -131,7 +131,7 @@ class CallbackSession:
 
     def _find_ranks(self) -> None:
         # Before the watch starts: each rank's flight recorder needs its own file.
-        self.ranks = CallbackRanks.detect(self._termination.stopped)
+        self.ranks = InProcessRanks.detect(self._termination.stopped)
         if self.ranks is not None:
             self.session.log_dir = self.ranks.log_dir(self.session.log_dir)
             self.show = self.show and self.ranks.rank == 0

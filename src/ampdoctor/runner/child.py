@@ -1,45 +1,24 @@
 """The child side of `ampdoctor run`: attach a Doctor in a child Python process and leave its report behind.
 
 `install()` runs from the start-up hook (``runner/_startup/sitecustomize.py``). The Doctor attaches right after
-the child imports torch, explains an uncaught exception, and at exit writes ``child-<pid>.json`` into
-``AMPDOCTOR_CHILD_DIR`` for the parent to merge. A child that trained nothing (a DataLoader worker, a helper
-script) writes nothing.
+the child imports torch (``runner.startup.after_torch_import``), explains an uncaught exception, and at exit writes
+``child-<pid>.json`` into ``AMPDOCTOR_CHILD_DIR`` for the parent to merge. A child that trained nothing (a DataLoader
+worker, a helper script) writes nothing.
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib.abc
-import importlib.util
 import json
 import os
 import signal
 import sys
-import traceback
 from typing import Any
+
+from ampdoctor.runner.startup import after_torch_import
 
 ENV_DIR = "AMPDOCTOR_CHILD_DIR"
 ENV_OPTIONS = "AMPDOCTOR_CHILD_OPTIONS"
-
-
-class _AfterTorchImport(importlib.abc.MetaPathFinder):
-    """Call ``start()`` once ``import torch`` has finished executing torch's package."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, exec_module = spec.loader, spec.loader.exec_module
-
-        def exec_then_start(module: Any) -> None:
-            exec_module(module)
-            start()
-
-        loader.exec_module = exec_then_start  # type: ignore[method-assign]
-        return spec
 
 
 _installed = False
@@ -54,10 +33,7 @@ def install() -> None:
     if _installed or not os.environ.get(ENV_DIR):
         return
     _installed = True
-    if "torch" in sys.modules:
-        start()
-    else:
-        sys.meta_path.insert(0, _AfterTorchImport())
+    after_torch_import(start)
 
 
 def label() -> str:
@@ -74,9 +50,9 @@ def start() -> None:
     if not directory:
         return
     from ampdoctor._compat.tqdm import clear_of_bars
-    from ampdoctor.core.callsite import without_own_frames
     from ampdoctor.core.isolation import call_safely
     from ampdoctor.ranks.children import rank_name, write_child
+    from ampdoctor.runner.attach import chain_excepthook, watched_by
     from ampdoctor.runner.doctor import Doctor
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
@@ -98,17 +74,8 @@ def start() -> None:
 
     doctor = Doctor(**options, on_event=say, on_rank=on_rank)
     doctor.attach()
-    previous = sys.excepthook
-
-    def excepthook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        call_safely(doctor.explain, exc)
-        if previous is sys.__excepthook__:   # print as `python script.py` would, without ampdoctor's frames
-            shown = call_safely(without_own_frames, tb, sys.argv[0] if sys.argv else "") or tb
-            traceback.print_exception(kind, exc, shown)
-        else:
-            previous(kind, exc, tb)
-
-    sys.excepthook = excepthook
+    watched_by("ampdoctor run (a child process)").__enter__()   # for the process's life: attach() does nothing
+    chain_excepthook(doctor.explain)
     atexit.register(call_safely, _finish, doctor, directory)
     call_safely(_finish_on_sigterm, doctor, directory)
 

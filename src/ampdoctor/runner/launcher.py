@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ampdoctor.core.callsite import without_own_frames
 from ampdoctor.core.report import Report
+from ampdoctor.runner.attach import watched_by
 from ampdoctor.runner.children import ChildProcesses
 from ampdoctor.runner.doctor import Doctor
 
@@ -84,7 +85,7 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
         with contextlib.ExitStack() as stack:
             if children is not None:
                 stack.enter_context(children)
-            with doctor:
+            with doctor, watched_by("ampdoctor run"):   # the script's own ampdoctor.attach() does nothing
                 try:
                     body()
                 except SystemExit as exc:

@@ -11,11 +11,11 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
+from ampdoctor.core.usage import UsageError as _UsageError
+from ampdoctor.core.usage import check_outputs as _check_outputs
+from ampdoctor.core.usage import check_writable as _check_writable
+from ampdoctor.core.usage import write_text as _write
 from ampdoctor.ui.plain import console as plain_console
-from ampdoctor.ui.usage import UsageError as _UsageError
-from ampdoctor.ui.usage import check_log_dir as _check_log_dir
-from ampdoctor.ui.usage import check_writable as _check_writable
-from ampdoctor.ui.usage import write_text as _write
 
 EXAMPLES = """\
 examples:
@@ -217,10 +217,7 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
     if args.no_watch and (args.log_dir or args.activations):
         given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
-    if args.json:
-        _check_writable(args.json, "--json")
-    if args.log_dir:
-        _check_log_dir(args.log_dir)
+    _check_outputs(args.json, args.log_dir, "--json", "--log-dir")
 
 
 def _finish_run(args: argparse.Namespace, result: Any, doctor: Any, exchange: Any, err: Console) -> int:

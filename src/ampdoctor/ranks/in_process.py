@@ -1,4 +1,5 @@
-"""A framework callback's place in a job of several processes: one report for the job, as ``ampdoctor run`` gives.
+"""The place in a job of several processes of a run attached inside the process: a framework callback, or
+``ampdoctor.attach()`` in a worker function. One report for the job, as ``ampdoctor run`` gives.
 
 Lightning (``strategy="ddp"``, ``"ddp_spawn"``) and the transformers Trainer (under torchrun) run the callback in
 every process. Each rank diagnoses its own replica (pre-flight, watch, crash explanation); at the end it hands its
@@ -9,8 +10,9 @@ collective only some ranks join hangs the job. Rank 0 waits for reports, with a 
 
 The ranks meet in a folder named from what the launcher gives every rank of one launch: torchrun's variables, or
 only ``MASTER_ADDR``/``MASTER_PORT`` (Lightning sets those, and takes the rank from the process group), plus
-``-callback{n}``, the n-th run of a callback in this process: ``ampdoctor run`` around the same script meets in its
-own folder, and a second ``fit`` in the same processes does not read the first one's files. Without any of these
+``-callback{n}`` (``-attach{n}``), the n-th run of a callback (of ``attach()``) in this process: ``ampdoctor run``
+around the same script meets in its own folder, and a second ``fit`` in the same processes does not read the first
+one's files. Without any of these
 (a process group made by hand with an ``init_method`` URL) there is nowhere to meet: each rank writes its own JSON,
 labelled with its rank (``report.rank1.json``), and only rank 0, or a rank that crashed, prints.
 """
@@ -26,13 +28,14 @@ from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo, from_environment, from_process_group, launch_job
 from ampdoctor.ranks.merge import rank_path
 
-__all__ = ["CallbackRanks"]
+__all__ = ["InProcessRanks"]
 
-_RUNS = itertools.count()   # the callback runs of this process; every rank runs the same ones, in the same order
+# the runs of this process, by kind; every rank runs the same ones, in the same order
+_RUNS: dict[str, itertools.count] = {}
 
 
-class CallbackRanks:
-    """This rank's side of one callback run of a distributed job.
+class InProcessRanks:
+    """This rank's side of one run of a distributed job attached inside the process (a callback, ``attach()``).
 
     Args:
         info: this process's rank.
@@ -44,8 +47,8 @@ class CallbackRanks:
         self.rank = info.rank
 
     @classmethod
-    def detect(cls, stopped: Callable[[], bool] = lambda: False) -> "CallbackRanks | None":
-        """Return this process's side of the job, or ``None`` in a single process (the callback works as before).
+    def detect(cls, stopped: Callable[[], bool] = lambda: False, kind: str = "callback") -> "InProcessRanks | None":
+        """Return this process's side of the job, or ``None`` in a single process (the run works as before).
 
         The process group first (Lightning sets no ``RANK``), then torchrun's variables; reading them is local.
         """
@@ -55,7 +58,8 @@ class CallbackRanks:
         job = info.job or launch_job()
         if job is None:
             return cls(info, None)
-        exchange = RankExchange(replace(info, job=f"{job}-callback{next(_RUNS)}"), stopped=stopped)
+        run = next(_RUNS.setdefault(kind, itertools.count()))
+        exchange = RankExchange(replace(info, job=f"{job}-{kind}{run}"), stopped=stopped)
         exchange.start()   # rank 0: clear what a killed earlier launch left in the folder
         return cls(info, exchange)
 
