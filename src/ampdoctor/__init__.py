@@ -14,7 +14,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "attach": "ampdoctor.runner.attach",
+    "attach": "ampdoctor.runner.attached",
     "check": "ampdoctor.preflight.engine",
     "explain": "ampdoctor.explanations.crash",
     "fix": "ampdoctor.repairs.upcast",

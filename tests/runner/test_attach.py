@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ampdoctor.core.usage import UsageError
-from ampdoctor.runner.attach import attach
+from ampdoctor.runner.attached import attach
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"

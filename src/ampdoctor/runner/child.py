@@ -52,7 +52,7 @@ def start() -> None:
     from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.core.isolation import call_safely
     from ampdoctor.ranks.children import rank_name, write_child
-    from ampdoctor.runner.attach import chain_excepthook, watched_by
+    from ampdoctor.runner.attached import chain_excepthook, watched_by
     from ampdoctor.runner.doctor import Doctor
 
     options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ampdoctor.core.callsite import without_own_frames
 from ampdoctor.core.report import Report
-from ampdoctor.runner.attach import watched_by
+from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.children import ChildProcesses
 from ampdoctor.runner.doctor import Doctor
 

@@ -131,7 +131,7 @@ def _attach(options: dict[str, Any]) -> None:
     if "ampdoctor.ui.cli" in sys.modules:
         return   # the ampdoctor command itself (`ampdoctor run` attaches its own Doctor)
     try:
-        from ampdoctor.runner.attach import attach
+        from ampdoctor.runner.attached import attach
 
         attach(**options, announce="environment")
     except Exception as exc:   # never stop the script from starting
