@@ -82,6 +82,28 @@ def test_the_environment_switch_gives_the_same_findings_without_editing_the_scri
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "no training\n", "")   # trains nothing: silent
 
 
+def test_the_environment_switch_under_torchrun_gives_one_report_the_agent_stays_silent(tmp_path):
+    """``AMPDOCTOR=... torchrun ...``: torchrun's agent imports torch too, trains nothing and fails with
+    ChildFailedError after its workers; it says nothing and does not overwrite rank 0's JSON."""
+    from launch_jobs import clean_environment, free_port, run_job
+
+    if not env_switch_installed():
+        pytest.fail(f"{PTH} is not in site-packages: pip install -e .")
+    script = str(SCRIPTS / "torchrun_seed.py")
+    env = clean_environment(OMP_NUM_THREADS="1", PYTHONPATH=SRC)
+
+    def torchrun(*argv: str, **extra: str) -> tuple[int, str]:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                  "--master-port", str(free_port()), *argv]
+        return run_job(launch, tmp_path, {**env, **extra}, timeout=180)
+
+    status, _ = torchrun("-m", "ampdoctor", "run", "--json", "run.json", script)
+    code, output = torchrun(script, AMPDOCTOR="--json env.json")
+    assert (code, findings(tmp_path / "env.json")) == (status, findings(tmp_path / "run.json"))
+    assert status == 1 and output.count("ampdoctor findings") == 1 and "on ranks 0, 1" in output
+    assert "nothing was trained" not in output and "which is not a known mixed-precision failure" not in output
+
+
 def test_a_bad_environment_switch_stops_before_the_script_with_the_reason(tmp_path):
     if not env_switch_installed():
         pytest.fail(f"{PTH} is not in site-packages: pip install -e .")

@@ -201,8 +201,10 @@ class Attached:
         from ampdoctor.ranks.job import JobEnd, end_job
 
         report = self.report
-        if self.quiet_when_idle and report.saw_nothing and not report.findings and report.exception is None:
-            return   # AMPDOCTOR=1 reached a process that trains nothing (torchrun's agent, a DataLoader worker)
+        if self.quiet_when_idle and report.saw_nothing and not report.findings:
+            # AMPDOCTOR=1 reached a process that trains nothing (torchrun's agent, a DataLoader worker): silent, also
+            # when it fails (the agent raises ChildFailedError after its workers' reports) and nothing is written
+            return
         log_path = (report.extra.get("watch") or {}).get("log_path")
         if log_path:   # each rank's own log ends with its own report
             from ampdoctor.monitor.recorder import append_report
