@@ -111,3 +111,13 @@ def test_select_by_prefix():
     assert select(["XYZ"]) == []
     with pytest.raises(KeyError, match="no rule 'AMP999'"):
         get_rule("AMP999")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.code)
+def test_every_rule_prints_in_80_columns_under_its_indent(rule):
+    # `ampdoctor explain CODE` and a report's fixes: code lines are never broken, so the catalog's must fit
+    from ampdoctor.ui.console import RuleView
+
+    lines = [line.plain for line in RuleView(rule).lines(80)]
+    assert lines[0].startswith(f"{rule.code} {rule.name}")
+    assert [line for line in lines if len(line) > 80] == []

@@ -236,8 +236,10 @@ RULES: tuple[Rule, ...] = (
         "inf (a skipped step) and one below 2**-24·sqrt(N) flushes to 0; both grow with N. In bf16 every partial "
         "sum rounds to 8 significant bits, so small contributions of other ranks are lost.",
         "from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy\n"
-        "FSDP(model, mixed_precision=MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32))\n"
-        "fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
+        "FSDP(model, mixed_precision=MixedPrecision(\n"
+        "    param_dtype=torch.float16, reduce_dtype=torch.float32))\n"
+        "fully_shard(model, mp_policy=MixedPrecisionPolicy(\n"
+        "    param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         WARNING, "preflight", (), (),
     ),
     Rule(
@@ -295,7 +297,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "AMP403", "unscale-after-step", "unscale_() was called after scaler.step()",
         "Unscaling and clipping must happen before the step that uses the gradients.",
-        "scaler.unscale_(opt); clip_grad_norm_(...); scaler.step(opt); scaler.update()",
+        "scaler.unscale_(opt)\nclip_grad_norm_(model.parameters(), max_norm)\nscaler.step(opt)\nscaler.update()",
         ERROR, "runtime", (r"unscale_\(\) is being called after step\(\)",), (),
     ),
     Rule(
@@ -322,7 +324,8 @@ RULES: tuple[Rule, ...] = (
         "(a loaded adapter is, by default), unused in forward, cut off by reentrant checkpointing, or are not the "
         "tensors the model trains.",
         "opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])\n"
-        "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})\n"
+        "model.gradient_checkpointing_enable(\n"
+        "    gradient_checkpointing_kwargs={'use_reentrant': False})\n"
         "# peft + reentrant checkpointing: model.enable_input_require_grads()",
         ERROR, "runtime", (r"No inf checks were recorded for this optimizer",), (21, 35),
     ),
@@ -353,7 +356,8 @@ RULES: tuple[Rule, ...] = (
         "AMP410", "scaler-state-not-restored", "A resume restored the optimizer but not the GradScaler",
         "The loss scale is learned state. Without scaler.load_state_dict it restarts at 65536, so the first steps "
         "overflow and are skipped.",
-        "torch.save({'model': ..., 'opt': opt.state_dict(), 'scaler': scaler.state_dict()}, path)\n"
+        "torch.save({'model': model.state_dict(), 'opt': opt.state_dict(),\n"
+        "            'scaler': scaler.state_dict()}, path)\n"
         "scaler.load_state_dict(ckpt['scaler'])",
         WARNING, "runtime",
         (r"The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler",
@@ -488,7 +492,7 @@ RULES: tuple[Rule, ...] = (
         "A batch that arrives with NaN or inf makes every activation, the loss and every gradient non-finite; the "
         "GradScaler then skips the step and lowers the scale, which never helps. No layer is at fault.",
         "# find the bad samples before the forward:\nbad = ~torch.isfinite(x).flatten(1).all(1)\n"
-        "assert not bad.any(), f\"non-finite samples at {bad.nonzero().flatten().tolist()}\"\n"
+        "assert not bad.any(), f\"bad samples: {bad.nonzero().flatten().tolist()}\"\n"
         "# fix the data (or its normalisation: a std of 0 divides by zero), or drop those samples",
         ERROR, "watch", (),
     ),
@@ -514,7 +518,7 @@ RULES: tuple[Rule, ...] = (
         "zeroes the gradients before it steps), or the optimizer stepped and moved none of the weights it was "
         "given: the run spends its compute and learns nothing, whatever the cause.",
         "# step after every backward that should count, and let one scaler decide the skips:\n"
-        "scaler.scale(loss).backward(); scaler.step(opt); scaler.update(); opt.zero_grad()",
+        "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()\nopt.zero_grad()",
         WARNING, "watch",
     ),
     Rule(
