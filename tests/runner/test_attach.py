@@ -104,6 +104,16 @@ def test_the_environment_switch_under_torchrun_gives_one_report_the_agent_stays_
     assert "nothing was trained" not in output and "which is not a known mixed-precision failure" not in output
 
 
+def test_the_environment_switch_with_fix_repairs_the_run_in_80_columns(tmp_path):
+    if not env_switch_installed():
+        pytest.fail(f"{PTH} is not in site-packages: pip install -e .")
+    proc = python(str(SCRIPTS / "seed.py"), "3", env={"AMPDOCTOR": "--fix", "COLUMNS": "80"})
+    assert proc.returncode == 0 and proc.stdout.count("loss ") == 3   # the seed error is gone: it trains
+    assert proc.stderr.startswith("ampdoctor --fix: upcast trainable parameters to float32")
+    assert "ampdoctor --fix resolved AMP101 (2 places), AMP104 (1 place)" in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if len(line) > 80] == []   # its own lines wrapped too
+
+
 def test_a_bad_environment_switch_stops_before_the_script_with_the_reason(tmp_path):
     if not env_switch_installed():
         pytest.fail(f"{PTH} is not in site-packages: pip install -e .")

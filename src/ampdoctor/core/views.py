@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Drawn"]
+__all__ = ["Drawn", "Line"]
 
 _DRAWING = "ampdoctor.ui.views"
 
@@ -21,3 +21,16 @@ class Drawn:
 
     def __rich__(self) -> Any:
         return importlib.import_module(_DRAWING).draw(self)
+
+
+class Line(Drawn):
+    """One line of ampdoctor's own (``ampdoctor --fix: upcast ...``, ``ampdoctor: report written to ...``): it starts
+    at column 0 and is wrapped between words to the width it is drawn at, later lines indented; ``whole`` keeps it
+    on one line (a line built around a path, to copy). Print it with ``soft_wrap=True``, so nothing crops a whole
+    line."""
+
+    def __init__(self, text: str, whole: bool = False) -> None:
+        self.text, self.whole = text, whole
+
+    def __repr__(self) -> str:
+        return f"Line({self.text!r}{', whole=True' if self.whole else ''})"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ampdoctor.core.report import Report, ReportView
+from ampdoctor.core.views import Line
 from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.merge import label_rank
@@ -76,7 +77,7 @@ def end_job(own: Report, end: JobEnd, exchange: RankExchange | None, rank: RankI
     if json_path:
         write(json_path, report.to_json())
         if end.show:
-            say(f"ampdoctor: report written to {json_path}")
+            say(Line(f"ampdoctor: report written to {json_path}", whole=True))   # the path, to copy
     if exchange is not None:
         exchange.announce(report)
     return report
@@ -90,7 +91,7 @@ def _other_rank(own: Report, end: JobEnd, exchange: RankExchange, say: Callable[
         say(ReportView(mine, exception=end.traceback == "follows", watch=False))
         if end.json_path:   # rank 0 may never write it; if it still does, it writes the merge over it
             write(end.json_path, mine.to_json())
-            say(f"ampdoctor: rank {exchange.rank}'s report written to {end.json_path}")
+            say(Line(f"ampdoctor: rank {exchange.rank}'s report written to {end.json_path}", whole=True))
     for line in lines:
         say(f"ampdoctor: {line}")
     return mine or own

@@ -36,6 +36,7 @@ from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
 from ampdoctor.core.usage import UsageError, check_outputs
+from ampdoctor.core.views import Line
 from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.runner.doctor import Doctor
@@ -228,8 +229,8 @@ class Attached:
 
             self._console = Console(stderr=True, highlight=False)
         with clear_of_bars(self._console.file):   # a tqdm bar left open: start at column 0
-            if isinstance(renderable, str):
-                self._console.print(renderable, markup=False, soft_wrap=True)
+            if isinstance(renderable, (str, Line)):   # a line of ampdoctor's, wrapped to the width
+                self._console.print(Line(renderable) if isinstance(renderable, str) else renderable, soft_wrap=True)
             else:   # a ReportView: drawn by ampdoctor.ui
                 self._console.print(renderable)
 

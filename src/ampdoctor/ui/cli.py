@@ -15,6 +15,7 @@ from ampdoctor.core.usage import UsageError as _UsageError
 from ampdoctor.core.usage import check_outputs as _check_outputs
 from ampdoctor.core.usage import check_writable as _check_writable
 from ampdoctor.core.usage import write_text as _write
+from ampdoctor.core.views import Line
 from ampdoctor.ui.plain import console as plain_console
 
 EXAMPLES = """\
@@ -236,9 +237,8 @@ def _finish_run(args: argparse.Namespace, result: Any, doctor: Any, exchange: An
 
 def _show(console: Console, item: Any) -> None:
     """Print what the end of a run shows: a ``ReportView``, or a line (``ampdoctor: ...``)."""
-    if isinstance(item, str):
-        # a line built around a path stays whole, to copy
-        _say(console, item, wrap="report written to" not in item)
+    if isinstance(item, (str, Line)):
+        _say(console, item)
         return
     from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.ui.views import render_view
@@ -371,15 +371,14 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(console: Console, text: str, wrap: bool = True) -> None:
-    """Print ``text`` wrapped between words to the console's width, with a hanging indent (names stay whole);
-    ``wrap=False`` keeps it on one line (a message built around a path, to copy whole). An open tqdm bar is
+def _say(console: Console, text: str | Line, wrap: bool = True) -> None:
+    """Print ``text`` as a `Line`: wrapped between words to the console's width, with a hanging indent (names stay
+    whole); ``wrap=False`` keeps it on one line (a message built around a path, to copy whole). An open tqdm bar is
     cleared first and redrawn after, so the line starts at column 0 (``grep '^ampdoctor'`` finds it in a log)."""
     from ampdoctor._compat.tqdm import clear_of_bars
-    from ampdoctor.ui.plain import wrap as wrapped
 
     with clear_of_bars(console.file):
-        console.print("\n".join(wrapped(text, console.width)) if wrap else text, markup=False, soft_wrap=True,
+        console.print(text if isinstance(text, Line) else Line(text, whole=not wrap), soft_wrap=True,
                       highlight=False)
 
 

@@ -6,12 +6,15 @@ from functools import singledispatch
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.text import Text
 
 from ampdoctor.advice.advisor import Advice
 from ampdoctor.core.report import Report, ReportView
+from ampdoctor.core.views import Line
 from ampdoctor.monitor.watcher import WatchView
 from ampdoctor.ui.advice_view import render_advice
 from ampdoctor.ui.console import render_report
+from ampdoctor.ui.plain import Sentence
 from ampdoctor.ui.watch_view import render_watch
 
 __all__ = ["draw", "render_view"]
@@ -52,3 +55,8 @@ def _(view: WatchView) -> RenderableType:
 @draw.register
 def _(advice: Advice) -> RenderableType:
     return render_advice(advice)
+
+
+@draw.register
+def _(line: Line) -> RenderableType:
+    return Text(line.text) if line.whole else Sentence(line.text)
