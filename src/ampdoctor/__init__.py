@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
@@ -50,6 +51,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'ampdoctor' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
+    startup = sys.modules.get("ampdoctor.runner.startup")   # AMPDOCTOR=1: the import above may have imported torch
+    if startup is not None:
+        startup.run_deferred()
     return value
 
 

@@ -114,6 +114,16 @@ def test_the_environment_switch_with_fix_repairs_the_run_in_80_columns(tmp_path)
     assert [line for line in proc.stderr.splitlines() if len(line) > 80] == []   # its own lines wrapped too
 
 
+def test_a_script_s_own_attach_joins_the_environment_s_run(tmp_path):
+    if not env_switch_installed():
+        pytest.fail(f"{PTH} is not in site-packages: pip install -e .")
+    script = with_attach(tmp_path, "seed.py", f"ampdoctor.attach(json_path={str(tmp_path / 'own.json')!r})")
+    proc = python(str(script), "3", env={"AMPDOCTOR": "--fix", "COLUMNS": "80"})
+    assert proc.returncode == 0 and proc.stdout.count("loss ") == 3   # other options: no UsageError, it trains
+    assert "the script's attach() joins the run AMPDOCTOR='--fix' started" in proc.stderr
+    assert proc.stderr.count("ampdoctor --fix resolved AMP101") == 1
+
+
 def test_a_bad_environment_switch_stops_before_the_script_with_the_reason(tmp_path):
     if not env_switch_installed():
         pytest.fail(f"{PTH} is not in site-packages: pip install -e .")

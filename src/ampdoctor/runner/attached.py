@@ -40,6 +40,7 @@ from ampdoctor.core.views import Line
 from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.runner.doctor import Doctor
+from ampdoctor.runner.startup import ENV
 from ampdoctor.session.termination import Termination
 
 __all__ = ["Attached", "attach", "chain_excepthook", "watched_by"]
@@ -90,6 +91,10 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
     if _watchers:
         return Attached(options, watched_by=_watchers[-1])
     if _active:
+        if _active[0].quiet_when_idle and announce != "environment":   # AMPDOCTOR=... attached first: it holds
+            _active[0]._say(f"ampdoctor: the script's attach() joins the run {ENV}={os.environ.get(ENV)!r} "
+                            "started; the environment's options apply")
+            return _active[0]
         if _active[0].options != options:
             raise UsageError(f"ampdoctor is already attached in this process with {_active[0].options}; call .end() "
                              "on it first, or attach once, at the top of the script")

@@ -48,10 +48,28 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
         def exec_then_start(module: Any) -> None:
             exec_module(module)
-            self.then()
+            if _importing_ampdoctor():   # `ampdoctor.attach` imported torch: attach once that import is done
+                _deferred.append(self.then)
+            else:
+                self.then()
 
         loader.exec_module = exec_then_start  # type: ignore[method-assign]
         return spec
+
+
+_deferred: list[Callable[[], Any]] = []   # a hook that torch's import fired while a module of ampdoctor was importing
+
+
+def _importing_ampdoctor() -> bool:
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for name, module in list(sys.modules.items()) if name.split(".")[0] == "ampdoctor")
+
+
+def run_deferred() -> None:
+    """Run the hooks deferred while ampdoctor's own modules imported torch (``ampdoctor.__getattr__`` calls this
+    after its lazy import: the first line ``import ampdoctor; ampdoctor.attach()`` imports torch)."""
+    while _deferred and not _importing_ampdoctor():
+        _deferred.pop(0)()
 
 
 def after_torch_import(then: Callable[[], Any]) -> None:
