@@ -129,7 +129,9 @@ def test_unload_leaves_no_hook_behind(tmp_path):
     before, _, _, _, during, _, after = run_notebook("import torch\n" + HOOKS, "%load_ext ampdoctor", SEED_ERROR,
                                                      FIXED, HOOKS, "%unload_ext ampdoctor", HOOKS, tmp_path=tmp_path)
     assert "hooks 0 0 0 0 0 False" in text(before)
-    assert "hooks 0 0 0 1 0 True" in text(during)   # loaded: the optimizer step hook and GradScaler's observers
+    # loaded: the optimizer step hook, GradScaler's observers, and (FIXED bound a new optimizer: a new stage) the
+    # forward hooks that find the next stage's model at its first forward
+    assert "hooks 1 1 0 1 0 True" in text(during)
     assert "hooks 0 0 0 0 0 False" in text(after)
 
 
@@ -139,3 +141,50 @@ def test_fix_on_repairs_the_following_cells(tmp_path):
     assert "--fix is on" in text(switched)
     assert [o["output_type"] for o in crash] != [] and "error" not in [o["output_type"] for o in crash]
     assert "stepped" in text(crash)
+
+
+AMP_TRAINING = MODEL + """\
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+NO_SCALER_STEPS = """\
+for _ in range(6):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = (model(x).float() - y).pow(2).mean()
+    loss.backward()
+    opt.step()
+print("loss", round(loss.item(), 4))
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: IPython keeps the crashed cell's traceback (sys.last_traceback), "
+                   "which keeps its optimizer and model alive, and discovery (a gc scan) finds them in the next stage")
+def test_re_running_the_model_cell_is_a_new_stage_with_one_set_of_findings(tmp_path):
+    # what people do: run the model cell and the training cell, change something, run both again
+    cells = run_notebook("%load_ext ampdoctor", SEED_ERROR, SEED_ERROR, AMP_TRAINING, NO_SCALER_STEPS, AMP_TRAINING,
+                         NO_SCALER_STEPS, "%ampdoctor", tmp_path=tmp_path)
+    first, again, magic = text(cells[1]), text(cells[2]), text(cells[-1])
+    assert "AMP101" in first and "AMP101" in again   # each crash is explained under its own traceback
+    assert magic.count("AMP101 error") == 1 and magic.count("AMP208 warning") == 1   # reported once each
+    assert "ampdoctor watch: 5 steps" in magic   # the watch follows the re-run cell's optimizer from its first step
+    assert "not watched" not in magic
+
+
+def test_magic_output_is_rich_html_in_a_kernel_and_html_shows_the_report_inline(tmp_path):
+    _, _, magic, page, bad = run_notebook("%load_ext ampdoctor", SEED_ERROR, "%ampdoctor", "%ampdoctor --html",
+                                          "%ampdoctor --htm", tmp_path=tmp_path)
+    data = [o["data"] for o in magic if o["output_type"] == "display_data"]
+    assert data and all("text/html" in d and "text/plain" in d for d in data)
+    assert "AMP101" in "".join(d["text/html"] for d in data) and "AMP101 error" in text(magic)
+    (frame,) = [o["data"]["text/html"] for o in page if o["output_type"] == "display_data"]
+    assert frame.startswith("<iframe srcdoc=") and "AMP101" in frame and "&lt;html" in frame.lower()
+    assert "usage: %ampdoctor [--html | --fix | fix on]" in text(bad)
+
+
+def test_attach_in_a_cell_does_nothing_while_the_extension_is_loaded(tmp_path):
+    _, attached, crash, magic = run_notebook(
+        "%load_ext ampdoctor", "import ampdoctor\nrun = ampdoctor.attach()\nprint('watched by', run.watched_by)",
+        SEED_ERROR, "%ampdoctor", tmp_path=tmp_path)
+    assert "watched by the notebook extension" in text(attached)
+    assert text(crash).count("AMP101 error") == 1 and text(magic).count("AMP101 error") == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["Drawn", "Line"]
+__all__ = ["Drawn", "Line", "html_page"]
 
 _DRAWING = "ampdoctor.ui.views"
 
@@ -34,3 +34,9 @@ class Line(Drawn):
 
     def __repr__(self) -> str:
         return f"Line({self.text!r}{', whole=True' if self.whole else ''})"
+
+
+def html_page(data: Any) -> str:
+    """Return the self-contained HTML page of ``data`` (a report), as ``ampdoctor report --html`` writes it: drawn
+    by ``ampdoctor.ui.views.html_page``, through this seam."""
+    return importlib.import_module(_DRAWING).html_page(data)

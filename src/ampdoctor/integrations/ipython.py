@@ -5,12 +5,17 @@ In Jupyter, JupyterLab, Colab, Kaggle or a terminal IPython::
     %load_ext ampdoctor      # from now on: pre-flight, guard and watch of whatever the cells train
     ...                      # a cell that raises gets the crash explanation under its traceback
     %ampdoctor               # the findings and the watch's summary so far
+    %ampdoctor --html        # the HTML report of the run so far, inline
     %ampdoctor --fix         # repairs on for the following cells (also: %ampdoctor fix on)
     %unload_ext ampdoctor    # every hook removed, as at the end of ``ampdoctor run``
 
 The kernel is one long process, so a `NotebookDoctor` is ``ampdoctor run``'s ``Doctor`` attached for as long as the
 extension is loaded: it finds models, optimizers and GradScalers through torch's global hooks in whichever cell
-builds them. IPython is imported by nobody here: the shell is what IPython hands ``load_ipython_extension``.
+builds them. Re-running the cell that builds the model and optimizer is a new stage: the watch follows the new
+objects from their first step, and a finding already reported is not reported again. While the extension is loaded
+``ampdoctor.attach()`` in a cell does nothing (one diagnosis per process). In a kernel the output is rich's (HTML
+with a plain-text part); in a terminal IPython, plain text. IPython itself is imported only in a kernel, for
+``--html``'s inline page.
 
 Do no harm: the callbacks and the magic go through ``call_safely``; an error of ampdoctor's is reported once
 (AMP001) and never reaches the user's cell.
@@ -24,12 +29,16 @@ from typing import Any
 
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report, ReportView
+from ampdoctor.core.views import Line, html_page
+from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.doctor import Doctor
 
 __all__ = ["NotebookDoctor", "load_ipython_extension", "unload_ipython_extension"]
 
 MAGIC = "ampdoctor"
-USAGE = "usage: %ampdoctor [--fix | fix on]   (the findings and the watch summary so far; --fix: repairs on)"
+USAGE = ("usage: %ampdoctor [--html | --fix | fix on]   (the findings and the watch summary so far; --html: the "
+         "HTML report inline; --fix: repairs on)")
+WIDTH = 80   # columns of the output in a kernel (rich's default there is 115)
 
 _loaded: dict[int, "NotebookDoctor"] = {}   # by id(shell): the one doctor of each IPython shell
 
@@ -46,12 +55,20 @@ class NotebookDoctor:
 
     def __init__(self, shell: Any, *, fix: bool = False, console: Any = None) -> None:
         self.shell = shell
-        self.doctor = Doctor(fix=fix, on_event=self._say)
+        self.doctor = self._new_doctor(fix)
         self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix ended
         self._console = console
+        self._watched = watched_by("the notebook extension")
+        self._bound: set[int] = set()   # the optimizers bound to the notebook's names after the last cell
+
+    def _new_doctor(self, fix: bool) -> Doctor:
+        doctor = Doctor(fix=fix, on_event=self._say)
+        doctor.session.stage_after = 1   # a re-run cell's new optimizer: the watch follows it from its first step
+        return doctor
 
     # ---- load / unload ----------------------------------------------------------------------------------------
     def load(self) -> "NotebookDoctor":
+        self._watched.__enter__()   # attach() in a cell does nothing while the extension is loaded
         self.doctor.attach()
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self.shell.register_magic_function(self.magic, "line", MAGIC)
@@ -62,6 +79,7 @@ class NotebookDoctor:
         call_safely(self.shell.events.unregister, "post_run_cell", self.post_run_cell)
         call_safely(self._remove_magic)
         self.doctor.detach()
+        call_safely(self._watched.__exit__, None, None, None)
         return self.doctor.report
 
     def _remove_magic(self) -> None:
@@ -71,11 +89,26 @@ class NotebookDoctor:
 
     # ---- a cell ended -----------------------------------------------------------------------------------------
     def post_run_cell(self, result: Any) -> None:
-        """IPython's ``post_run_cell`` event: explain the cell's exception, after IPython printed its traceback."""
+        """IPython's ``post_run_cell`` event: explain the cell's exception, after IPython printed its traceback;
+        then, when the cell crashed or bound new optimizers to the notebook's names, the next cells are a new
+        stage."""
         exc = getattr(result, "error_in_exec", None)
-        if exc is None or isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            return
-        call_safely(self._explain, exc, on_error=self.doctor.session.internal_error)
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            call_safely(self._explain, exc, on_error=self.doctor.session.internal_error)
+        call_safely(self._stage_after_cell, exc is not None, on_error=self.doctor.session.internal_error)
+
+    def _stage_after_cell(self, crashed: bool) -> None:
+        """A notebook re-runs the cell that builds the model and optimizer: the objects of the cells before are
+        gone, so this doctor's run ends (its report is kept, its findings are not repeated) and the next cells get
+        a fresh one, which finds the new objects at their first step. So does a crash (the cell is fixed and re-run)."""
+        import torch
+
+        bound = {id(v) for v in list(self.shell.user_ns.values()) if isinstance(v, torch.optim.Optimizer)}
+        rebound, self._bound = bool(self._bound) and bound != self._bound, bound
+        if (crashed or rebound) and any(self.doctor.session.seen.values()):
+            self.doctor.detach()
+            self.earlier.append(self.doctor.report)
+            self.doctor = self._new_doctor(self.doctor.fix).attach()
 
     def _explain(self, exc: BaseException) -> None:
         report = self.doctor.report
@@ -93,8 +126,12 @@ class NotebookDoctor:
 
     # ---- the magic --------------------------------------------------------------------------------------------
     def magic(self, line: str = "") -> None:
-        """``%ampdoctor``: show the findings and the watch summary so far; ``--fix`` / ``fix on``: repairs on."""
+        """``%ampdoctor``: show the findings and the watch summary so far; ``--html``: the HTML report inline;
+        ``--fix`` / ``fix on``: repairs on."""
         words = shlex.split(line)
+        if words == ["--html"]:
+            call_safely(self.show_html, on_error=self.doctor.session.internal_error)
+            return
         if words in (["--fix"], ["fix", "on"]):
             call_safely(self.fix_on, on_error=self.doctor.session.internal_error)
         elif words:
@@ -110,48 +147,55 @@ class NotebookDoctor:
             return
         self.doctor.detach()
         self.earlier.append(self.doctor.report)
-        self.doctor = Doctor(fix=True, on_event=self._say).attach()
+        self.doctor = self._new_doctor(fix=True).attach()
         self._say("ampdoctor: --fix is on for the following cells: trainable fp16/bf16 parameters are repaired "
                   "before their first update")
 
     def show(self) -> None:
-        self._print(ReportView(self.snapshot(), watch=True))
+        self._print(ReportView(self.snapshot(), exception=False, watch=True))   # a crash is explained in its cell
 
     def snapshot(self) -> Report:
-        """Return the report so far: the findings (pre-flight, crashes, the guard's and the watch's until now) and
-        the watch's summary, without ending anything."""
-        session = self.doctor.session
-        report = Report(exception=session.report.exception, changes=list(session.report.changes),
-                        extra=dict(session.report.extra))
-        for finding in [f for r in self.earlier for f in r.findings] + session.report.findings:
-            report.add(finding)
-        if session.guard is not None:
-            for finding in call_safely(session.guard.findings, on_error=session.internal_error) or []:
-                report.add(finding)
-        if session.watch is not None:
-            for finding in call_safely(session.watch.findings, on_error=session.internal_error) or []:
-                report.add(finding)
-            summary = call_safely(session.watch.summary_data, on_error=session.internal_error)
-            if summary is not None:
-                report.extra["watch"] = summary
-        report.observed = {kind: len(ids) for kind, ids in session.seen.items()}
-        for earlier in self.earlier:
-            for kind, count in (earlier.observed or {}).items():
-                report.observed[kind] = report.observed.get(kind, 0) + count
+        """Return the report so far (`Session.snapshot`), with those of the doctors a switch to ``--fix`` ended."""
+        report = self.doctor.session.snapshot()
+        if self.earlier:
+            merged = Report(exception=report.exception, changes=report.changes, extra=report.extra)
+            for finding in [f for r in self.earlier for f in r.findings] + report.findings:
+                merged.add(finding)
+            merged.observed = dict(report.observed or {})
+            for earlier in self.earlier:
+                for kind, count in (earlier.observed or {}).items():
+                    merged.observed[kind] = merged.observed.get(kind, 0) + count
+            report = merged
         return report
 
+    def show_html(self) -> None:
+        """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of the run so far, inline (in an
+        iframe, so its styles stay out of the notebook's); a terminal IPython gets the plain report."""
+        if not self._in_kernel():
+            self.show()
+            return
+        import html
+
+        from IPython.display import HTML, display
+
+        page = html_page(self.snapshot())
+        display(HTML(f'<iframe srcdoc="{html.escape(page, quote=True)}" title="ampdoctor report" '
+                     'style="width:100%;height:640px;border:1px solid #ddd"></iframe>'))
+
     # ---- output -----------------------------------------------------------------------------------------------
+    def _in_kernel(self) -> bool:
+        return getattr(self.shell, "kernel", None) is not None   # ipykernel's shell has one; a terminal's does not
+
     def _print(self, renderable: Any) -> None:
         console = self._console
         if console is None:
             from rich.console import Console
 
-            # plain text into the cell's output, as the CLI writes off a terminal (no rich HTML inline yet)
-            console = Console(file=sys.stdout, force_jupyter=False, highlight=False, soft_wrap=True)
-        if isinstance(renderable, str):
-            console.print(renderable, markup=False)
-        else:   # a ReportView: drawn by ampdoctor.ui
-            console.print(renderable)
+            if self._in_kernel():   # rich's output: HTML in the notebook, with a text/plain part
+                console = Console(force_jupyter=True, width=WIDTH, highlight=False)
+            else:   # a terminal IPython: what the CLI prints there
+                console = Console(file=sys.stdout, highlight=False)
+        console.print(Line(renderable) if isinstance(renderable, str) else renderable, soft_wrap=True)
 
     def _say(self, line: str) -> None:
         call_safely(self._print, line)

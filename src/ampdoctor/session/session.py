@@ -87,6 +87,7 @@ class Session:
         self._coverage: dict[str, Any] | None = None   # which part of the models the watched optimizer steps
         self._stages: list[dict[str, Any]] = []   # the watch summaries of the stages a later one replaced
         self._others_stepped = 0   # steps of newer optimizers since the watched one last stepped
+        self.stage_after = STAGE_AFTER   # a notebook, where a re-run cell rebuilds them, starts the next stage at 1
         self._stage_optimizers: set[int] = set()   # the optimizers there were when the watch's stage began
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
@@ -207,7 +208,7 @@ class Session:
                 not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
             return   # one the watch's stage already had (a GAN's other optimizer, one optimizer per parameter)
         self._others_stepped += 1
-        if self._others_stepped >= STAGE_AFTER:
+        if self._others_stepped >= self.stage_after:
             self._others_stepped = 0
             self.parts.guard("run", self._next_stage, optimizer)
 
@@ -323,6 +324,27 @@ class Session:
         return crash_facts(exc, setup, getattr(self.guard, "scaler", None))
 
     # ---- 4. the end -------------------------------------------------------------------------------------------
+    def snapshot(self) -> Report:
+        """Return the report so far without ending anything: the findings (pre-flight, crashes, the guard's and the
+        watch's until now) and the watch's summary (what ``%ampdoctor`` shows in a notebook)."""
+        report = Report(exception=self.report.exception, changes=list(self.report.changes),
+                        extra=dict(self.report.extra))
+        for finding in self.report.findings:
+            report.add(finding)
+        if self.guard is not None:
+            for finding in call_safely(self.guard.findings, on_error=self.internal_error) or []:
+                report.add(finding)
+        if self.watch is not None:
+            for finding in call_safely(self.watch.findings, on_error=self.internal_error) or []:
+                report.add(finding)
+            summary = call_safely(self.watch.summary_data, on_error=self.internal_error)
+            if summary is not None:
+                if self._stages:
+                    summary = {**summary, "stages": list(self._stages)}
+                report.extra["watch"] = summary
+        report.observed = {kind: len(ids) for kind, ids in self.seen.items()}
+        return report
+
     def finish(self, checks: Callable[[], list[Finding]] | None = None) -> Report:
         """End the run: collect the watch's and the guard's findings and numbers (and ``checks()``), remove every
         hook, drop every reference to the user's objects, and return the report. A second call returns it again."""

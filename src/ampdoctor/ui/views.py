@@ -17,7 +17,7 @@ from ampdoctor.ui.console import render_report
 from ampdoctor.ui.plain import Sentence
 from ampdoctor.ui.watch_view import render_watch
 
-__all__ = ["draw", "render_view"]
+__all__ = ["draw", "html_page", "render_view"]
 
 
 def render_view(view: ReportView) -> RenderableType:
@@ -60,3 +60,10 @@ def _(advice: Advice) -> RenderableType:
 @draw.register
 def _(line: Line) -> RenderableType:
     return Text(line.text) if line.whole else Sentence(line.text)
+
+
+def html_page(report: Report) -> str:
+    """Return the HTML page of ``report`` that ``ampdoctor report --html`` would write of its JSON."""
+    from ampdoctor.ui.report_files import Loaded, render_html
+
+    return render_html(Loaded(path="this notebook", report=report))
