@@ -1,5 +1,8 @@
+import inspect
 import os
+import re
 import sys
+import types
 
 import pytest
 
@@ -22,3 +25,52 @@ def _fresh_accelerate_state():
 
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+# ---- two tiers: `python -m pytest -m "not slow"` is the quick loop while developing; the README's command runs both
+# A test is slow by its folder (the corpora, the public scripts, the distributed jobs, the examples, the docs build,
+# the do-no-harm runs of whole scripts)
+# or by what it starts: a Python process, torchrun, a kernel, a browser. The second is read off the test's code: a
+# test (or a fixture or helper of its module it uses, at any depth) that names one of STARTS is slow.
+SLOW_FOLDERS = {"real", "public", "distributed", "examples", "docs", "harm"}   # harm: whole scripts run twice, bitwise
+STARTS = re.compile(r"\b(subprocess|Popen|run_job\w*|sys\.executable|mp\.spawn|multiprocessing|nbclient|chromium"
+                    r"|torch\.distributed\.run|start_processes)\b")
+
+
+def _starters(module: types.ModuleType) -> set[str]:
+    """The names of the module's functions that start a process, directly or through another of them."""
+    sources = {}
+    for name, value in vars(module).items():
+        function = getattr(value, "__wrapped__", value)   # a fixture's function
+        if inspect.isfunction(function):   # the module's own, and the helpers it imports (launch_jobs, ...)
+            try:
+                sources[name] = inspect.getsource(function)
+            except (OSError, TypeError):
+                continue
+    starting = {name for name, text in sources.items() if STARTS.search(text)}
+    while True:
+        more = {name for name, text in sources.items() if name not in starting
+                and any(re.search(rf"\b{re.escape(s)}\b", text) for s in starting)}
+        if not more:
+            return starting
+        starting |= more
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    cache: dict[str, set[str]] = {}
+    for item in items:
+        parts = os.path.relpath(str(item.path), here).split(os.sep)
+        if parts[0] in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
+            continue
+        module = getattr(item, "module", None)
+        function = getattr(item, "function", None)
+        if module is None or function is None:
+            continue
+        if module.__name__ not in cache:
+            cache[module.__name__] = _starters(module)
+        starting = cache[module.__name__]
+        used = set(getattr(item, "fixturenames", ())) | {function.__name__}
+        if used & starting:
+            item.add_marker(pytest.mark.slow)

@@ -10,6 +10,8 @@ import pytest
 
 from ampdoctor.advice import advise
 
+pytestmark = pytest.mark.slow   # builds a Llama-sized model's states on the meta device and a fake step: about a minute
+
 pytest.importorskip("transformers")
 
 LLAMA_2_7B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=11008,
