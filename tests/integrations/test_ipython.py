@@ -115,6 +115,13 @@ def test_magic_shows_the_watch_summary_of_the_training_so_far(tmp_path):
     assert "ampdoctor watch: 20 steps" in shown
 
 
+def test_magic_after_the_fixed_cell_shows_its_training(tmp_path):
+    _, _, fixed, magic = run_notebook("%load_ext ampdoctor", SEED_ERROR, FIXED, "%ampdoctor", tmp_path=tmp_path)
+    assert "trained True" in text(fixed)
+    assert "ampdoctor watch: 5 steps" in text(magic)   # the fixed cell's stage, the crashed one's AMP101 once
+    assert text(magic).count("AMP101 error") == 1
+
+
 def test_fp32_notebook_trains_bitwise_the_same_with_the_extension_and_is_not_called_unhealthy(tmp_path):
     (plain,) = run_notebook(FP32_TRAINING, tmp_path=tmp_path)
     _, watched, magic = run_notebook("%load_ext ampdoctor", FP32_TRAINING, "%ampdoctor", tmp_path=tmp_path)
@@ -129,9 +136,7 @@ def test_unload_leaves_no_hook_behind(tmp_path):
     before, _, _, _, during, _, after = run_notebook("import torch\n" + HOOKS, "%load_ext ampdoctor", SEED_ERROR,
                                                      FIXED, HOOKS, "%unload_ext ampdoctor", HOOKS, tmp_path=tmp_path)
     assert "hooks 0 0 0 0 0 False" in text(before)
-    # loaded: the optimizer step hook, GradScaler's observers, and (FIXED bound a new optimizer: a new stage) the
-    # forward hooks that find the next stage's model at its first forward
-    assert "hooks 1 1 0 1 0 True" in text(during)
+    assert "hooks 0 0 0 1 0 True" in text(during)   # loaded: the optimizer step hook and GradScaler's observers
     assert "hooks 0 0 0 0 0 False" in text(after)
 
 

@@ -104,8 +104,11 @@ class NotebookDoctor:
         import torch
 
         bound = {id(v) for v in list(self.shell.user_ns.values()) if isinstance(v, torch.optim.Optimizer)}
-        rebound, self._bound = bool(self._bound) and bound != self._bound, bound
-        if (crashed or rebound) and any(self.doctor.session.seen.values()):
+        seen = self.doctor.session.seen
+        # new optimizers that have not trained yet (a cell that built and trained them is this stage's own)
+        rebound = bool(self._bound) and bound != self._bound and not bound & seen["optimizers"]
+        self._bound = bound
+        if (crashed or rebound) and any(seen.values()):
             self.doctor.detach()
             self.earlier.append(self.doctor.report)
             self.doctor = self._new_doctor(self.doctor.fix).attach()
