@@ -3,7 +3,7 @@ AMP101 check with a broken one): ampdoctor reports it once and steps aside; the 
 import torch
 from torch import nn
 
-import ampdoctor.preflight.engine  # registers the checks
+import ampdoctor.preflight.engine  # noqa: F401  (registers the checks)
 from ampdoctor.preflight.rules import CHECKS
 
 
