@@ -40,8 +40,9 @@ from ampdoctor.core.views import Line
 from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.runner.doctor import Doctor
-from ampdoctor.runner.startup import ENV
 from ampdoctor.session.termination import Termination
+
+ENV = "AMPDOCTOR"   # runner.startup.ENV; startup imports this module, so it is not imported from there
 
 __all__ = ["Attached", "attach", "chain_excepthook", "watched_by"]
 
