@@ -13,7 +13,14 @@ from typing import Iterable
 
 from ampdoctor.core.findings import Finding, Severity
 
-PHASES = ("preflight", "runtime", "crash", "watch")
+# A rule's phase: what checks it and when (the rule pages and ``ampdoctor rules`` name it)
+CHECKED_BY = {
+    "preflight": "the pre-flight check, at the first optimizer step (or ampdoctor.check())",
+    "runtime": "the GradScaler guard, as scale, unscale_, step and update are called",
+    "crash": "the crash explanation, when training raises",
+    "watch": "the numerics watch, while training runs",
+}
+PHASES = tuple(CHECKED_BY)
 
 
 @dataclass(frozen=True)

@@ -173,14 +173,23 @@ class RuleView(PlainLines):
         rule = self.rule
         yield from _styled(wrap(f"{rule.code} {rule.name}: {rule.title}", width), rule.code, None)
         yield from map(Text, wrap(rule.why, width, INDENT, INDENT))
-        for line in rule.fix.splitlines():  # code stays whole; a long comment goes on in comment lines
-            yield from map(Text, wrap_code(line, width))
+        yield from (Text(INDENT + line) for line in fix_lines(rule.fix, width))
 
     def table(self, width: int) -> RenderableType:
         rule = self.rule
         body = Group(Text(rule.title, style="bold"), Text(rule.why), Text(""),
                      Syntax(rule.fix, "python", theme="ansi_dark", word_wrap=True))
         return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]", title_align="left")
+
+
+def fix_lines(fix: str, width: int) -> list[str]:
+    """Return a fix as ``ampdoctor explain`` prints it in ``width`` columns, less its indent: the code whole, a
+    comment too long for the line going on in comment lines under its ``#`` (the rule pages show these lines).
+
+    >>> fix_lines("opt = AdamW(params)   # or fused=True, which adds eps in fp32", 56)
+    ['opt = AdamW(params)   # or fused=True, which adds', '                      # eps in fp32']
+    """
+    return [line.removeprefix(INDENT) for code in fix.splitlines() for line in wrap_code(code, width)]
 
 
 def fixes_panel(findings: Iterable[Finding]) -> RenderableType | None:
@@ -311,13 +320,21 @@ def rules_markdown(rules: Iterable[Rule] = RULES) -> str:
     lines = ["| code | name | severity | phase | what it catches | torch/library errors it explains |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rules:
-        errors = "<br>".join(f"`{_plain(p)}`" for p in r.errors) or "(silent)"
+        errors = "<br>".join(_cell(error_text(p)) for p in r.errors) or "(silent)"
         lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {r.phase} | {r.title} | {errors} |")
     return "\n".join(lines) + "\n"
 
 
-def _plain(pattern: str) -> str:
-    # Show a regex as the text it matches: drop escapes, keep it readable.
+def error_text(pattern: str) -> str:
+    """Return an ``errors`` pattern of a rule as the text it matches: escapes dropped, ``…`` for a word.
+
+    >>> error_text(r"unscale_\\(\\) is being called after step\\(\\)")
+    'unscale_() is being called after step()'
+    """
     text = pattern.replace("\\(", "(").replace("\\)", ")").replace("\\.", ".").replace("\\S+", "…")
     text = text.replace("\\w*", "").replace("\\w+", "…").replace(" ?", " ").replace('\\"?', "")
-    return text.replace("|", "\\|").replace("`", "'")
+    return text
+
+
+def _cell(text: str) -> str:
+    return "`" + text.replace("|", "\\|").replace("`", "'") + "`"  # code in a Markdown table cell
