@@ -48,7 +48,7 @@ import torch
 from ampdoctor._torch import foreach
 from ampdoctor._torch.distributed import grad_layout
 from ampdoctor.monitor.formats import FORMATS, LOSS_SCALED, FloatFormat
-from ampdoctor.monitor.grad_counts import CODES, Plan, count_sample, limits
+from ampdoctor.monitor.grad_counts import Plan, bins_per_row, count_sample, limits
 
 __all__ = ["FloatFormat", "FORMATS", "LOSS_SCALED", "FLOOR", "KINDS", "COLUMNS", "COL", "GradStats",
            "sample_index", "Begun", "local_tensor"]
@@ -308,7 +308,7 @@ class GradStats:
                     index.append(sample_index(n, self.sample, self._seed * 1_000_003 + i).to(device))
                     lengths.append(self.sample)
             segment = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))
-            nb = len(CODES) + 3 * len(LOSS_SCALED) + 1  # bins per row, the same for both histograms
+            nb = bins_per_row()
             plan = self._gather[key] = Plan(index, segment.to(device), (segment * nb).to(device),
                                              torch.tensor(lengths, dtype=torch.float64).to(device))
         return plan
