@@ -71,8 +71,8 @@ def test_fsdp2_bf16_statistics_merged_over_two_ranks_equal_one_process(fsdp2) ->
         assert rank["gradients"]["pre_clip_norm"] == pytest.approx(one["gradients"]["pre_clip_norm"], rel=1e-6)
     merged = two[0]["gradients"]["merged_over_ranks"]
     assert merged == {"params": 6, "collectives": 4}  # 2 sampled steps x (one MAX + one SUM): not one per tensor
-    # one copy per sampled step, and one read each of the activation monitor armed for the dense start
-    assert two[0]["host_syncs"] == 2 + 2
+    # one copy per sampled step (with the values of the activation monitor armed for the dense start)
+    assert two[0]["host_syncs"] == 2
     assert "merged_over_ranks" not in one["gradients"]  # one rank: nothing to merge, no collective
 
 

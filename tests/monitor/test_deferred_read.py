@@ -101,10 +101,12 @@ def test_the_deferred_copy_is_read_at_the_end_of_the_next_step(tmp_path, monkeyp
         scaler.update()
         opt.zero_grad()
         seen.append(w.sampled_steps)
-    assert seen == [0, 1, 2]  # step k's values are read when step k + 1 ends
+    # step k's values are read when step k + 1 ends; but step 2, looked at by the activation monitor armed after
+    # step 0's skip, is read at once (a non-finite output is re-run before the weights move again)
+    assert seen == [0, 1, 3]
     w.detach()
-    # 3 copies, and one read of the activation monitor armed for the step after the first skip (step 0)
-    assert w.sampled_steps == 3 and w.host_syncs == 3 + 1
+    # 3 copies; the armed activation monitor's values are in step 2's
+    assert w.sampled_steps == 3 and w.host_syncs == 3
 
 
 @pytest.mark.cuda

@@ -44,11 +44,12 @@ def test_a_watched_run_reads_once_per_sampled_step_and_never_on_other_steps():
     assert w.host_syncs == w.summary_data()["host_syncs"] == 3
 
 
-def test_the_activation_monitor_adds_one_read_to_a_sampled_step_and_none_to_others():
+def test_the_activation_monitor_s_values_travel_in_the_sampled_step_s_one_read():
     per_step, by_owner, w = _steps(activations=True)
-    assert per_step == [2, 0, 0, 2, 0, 0, 2]
-    assert by_owner[0] == {"watch": 1, "activations": 1} and by_owner[1] == {}
-    assert w.host_syncs == 6
+    assert per_step == [1, 0, 0, 1, 0, 0, 1]
+    assert by_owner[0] == {"watch": 1} and by_owner[1] == {}
+    assert w.host_syncs == 3
+    assert w.summary_data()["activations"]["sampled_steps"] == 3  # read, from the watch's copy
 
 
 def test_a_copy_counts_one_read_for_its_owner_and_an_empty_one_none():

@@ -16,17 +16,18 @@ from ampdoctor._torch.autograd import version_counter
 from ampdoctor._torch.scaler import live_scale
 from ampdoctor.core.host_reads import HostReads, to_host
 
-__all__ = ["StepRecord", "GradProbe", "abs_max", "output_limit", "scale_note"]
+__all__ = ["StepRecord", "GradProbe", "abs_max", "abs_max_on_device", "split", "output_limit", "scale_note"]
 
 
 class StepRecord:
     """The device-side values of one sampled step; grad probes hold this, never the monitor or the model."""
 
     __slots__ = ("step", "fwd", "fwd_modules", "fwd_limits", "bwd", "bwd_modules", "last", "replay", "errors",
-                 "closed")
+                 "closed", "probes")
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, probes: bool = True) -> None:
         self.step = step
+        self.probes = probes  # probe the outputs' gradients (GradProbe), or look at the forward alone
         self.fwd: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.fwd_modules: list[int] = []
         self.fwd_limits: list[float | None] = []
@@ -46,8 +47,9 @@ class StepRecord:
         else:
             pair = torch.aminmax(t.detach())  # one pass, no copy; NaN and inf propagate into min/max
             probe = None
-            if t.requires_grad and t.grad_fn is not None:  # a leaf (a module returning its own Parameter)
-                probe = GradProbe(self)                    # would keep the hook for good: not probed
+            # a leaf (a module returning its own Parameter) would keep the hook for good: not probed
+            if self.probes and t.requires_grad and t.grad_fn is not None:
+                probe = GradProbe(self)
                 t.register_hook(probe)
             self.last = (t, version, pair, probe)
         self.fwd.append(pair)
@@ -86,16 +88,27 @@ def abs_max(*groups: list[tuple[torch.Tensor, torch.Tensor]],
     >>> abs_max([torch.aminmax(torch.tensor([-3.0, 1.0]))], [], [torch.aminmax(torch.tensor([2.0]))])
     [[3.0], [], [2.0]]
     """
+    device_values = abs_max_on_device(*groups)
+    return split(groups, [] if device_values is None else to_host(device_values, reads))
+
+
+def abs_max_on_device(*groups: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+    """Return max(|min|, |max|) of every (min, max) pair of the groups, in order, as one float32 tensor on a device
+    (None without pairs): what :func:`abs_max` reads, for an owner that copies it with its own values."""
     # DTensor results (DTensor modules): this rank's local values, no communication
     flat = [x.to_local() if hasattr(x, "to_local") else x for pairs in groups for pair in pairs for x in pair]
     if not flat:
-        return [[] for _ in groups]
+        return None
     try:
         stacked = torch.stack(flat)
     except RuntimeError:  # values on several devices (pipeline or model parallel): gathered on one of them first
         device = next((x.device for x in flat if x.device.type != "cpu"), flat[0].device)
         stacked = torch.stack([x.to(device) for x in flat])
-    values = to_host(stacked.float().abs().view(-1, 2).amax(dim=1), reads)
+    return stacked.float().abs().view(-1, 2).amax(dim=1)
+
+
+def split(groups: tuple[list[Any], ...], values: list[float]) -> list[list[float]]:
+    """Cut the host values of :func:`abs_max_on_device` back into one list per group."""
     out, start = [], 0
     for pairs in groups:
         out.append(values[start:start + len(pairs)])

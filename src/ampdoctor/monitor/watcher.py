@@ -106,8 +106,8 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
     >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with watch(model, opt, every=1) as w:
     ...     model(torch.ones(3, 4)).sum().backward(); opt.step()
-    >>> w.steps, w.host_syncs   # the step's copy, and a read of the activation monitor armed for the dense start
-    (1, 2)
+    >>> w.steps, w.host_syncs   # the step's one copy (with the activation monitor's values, armed for the dense start)
+    (1, 1)
     """
     return Watch(model, optimizer, scaler, every=every, log_dir=log_dir, activations=activations, stats=stats,
                  sample=sample, fsync=fsync, dense=dense).attach()
@@ -235,14 +235,16 @@ class Watch:
         self._averages = AverageMonitor(self.every, sample=self.sample, reads=self.reads,
                                         on_error=lambda e: self._fail("averages", e)).attach()
 
-    def _attach_activations(self) -> None:
+    def _attach_activations(self, gradients: bool = True) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
-        self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler))
+        self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
+                                              gradients=gradients)
         self._activations.attach()
 
     def _arm_activations(self, last: int) -> None:
-        """Hook the sampled steps up to ``last``; the record of each is read at its end (or at detach)."""
-        self._attach_activations()
+        """Hook the sampled steps up to ``last``; the record of each is read at its end (or at detach). Armed, the
+        monitor looks at the forward alone: its findings are the first non-finite output or input (ARMED_CODES)."""
+        self._attach_activations(gradients=False)
         self._armed = (self._activations, last)
 
     def _disarm(self) -> None:
@@ -384,12 +386,17 @@ class Watch:
         if partial and not parts.get("gradients") and "counts" not in parts.get("lost_updates", {}) \
                 and "steps" not in parts.get("scale", {}) and not parts.get("loss"):
             return  # detached right after a sampled step: nothing new
+        looked = self._activations is not None and "activations" not in self._parts.off and not partial
+        if looked:  # the activation monitor's values travel in the same copy
+            parts["activations"] = self._guard("activations", self._activations.pending) or {}
         copy = HostCopy(parts, self.reads)  # started (and counted) here; read now on CPU, after the next step on CUDA
         self._grads.clear()
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
         entries: dict[str, Any] = {}  # the step line's entries, by core.records.step_line's keywords
-        if self._activations is not None and "activations" not in self._parts.off and not partial:
-            self._guard("activations", lambda: entries.update(activations=self._activations.step_record(step)))
+        if looked:  # read at once: a non-finite output is re-run (monitor.replay) before the next step moves weights
+            values = copy.values()["activations"].get("abs_max") if parts["activations"] else None
+            self._guard("activations", lambda: entries.update(activations=self._activations.step_record(
+                step, values)))
         self._deferred = (copy, step, round(time.perf_counter() - self._started, 4), entries, partial)
         # deferred only when the next step is sampled too: escalation needs the values (test_deferred_read.py)
         if not copy.deferred or partial or not self._sampling.sampled(step + 1):
