@@ -149,6 +149,23 @@ def _count_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, floa
     return counts
 
 
+# Bytes a parameter moves: fused AdamW on fp32 reads the weight, gradient and both moments and writes the weight and
+# both moments (7 x 4 bytes); MasterWeights' two phase changes read the half gradient (2) and write the fp32 one
+# (4), read the fp32 master (4) and write the half copy (2). A fused kernel cannot take the half gradient (torch
+# requires one dtype per tensor list), so these 12 bytes are extra passes.
+FUSED_BYTES, PHASE_BYTES = 28, 12
+
+
+def _print_floor(params: float, fused_step: float, phases: float) -> None:
+    """Print the floor the bytes moved put on MasterWeights with fused AdamW, at the fused step's own bandwidth."""
+    bandwidth = FUSED_BYTES * params / fused_step
+    print(f"Floor from the bytes moved: fused AdamW moves {FUSED_BYTES} B/param "
+          f"({bandwidth / 1e9:.1f} GB/s here);\nthe phase changes move {PHASE_BYTES} B/param more, so at that "
+          f"bandwidth MasterWeights\nwith fused AdamW costs at least {1 + PHASE_BYTES / FUSED_BYTES:.2f}x plain "
+          f"fused AdamW. The phase changes\nran at {PHASE_BYTES * params / phases / 1e9:.1f} GB/s "
+          f"({phases * 1e3:.2f} ms).")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default: 1)")
@@ -167,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         total_b, total_w = (statistics.median(s[0] + s[1] for s in samples) for samples in (baseline, wrapped))
         print(f"{variant:<16}{step_b * 1e3:>11.2f} ms{step_w * 1e3:>21.2f} ms{step_w / step_b:>7.2f}x"
               f"{total_w / total_b:>28.2f}x")
+        if variant == "fused=True":
+            fused_step = step_b
     to_update, to_compute = time_phase_changes()
     print(f"MasterWeights' share: half grads -> fp32 grads {to_update * 1e3:.2f} ms (allocation included), "
           f"fp32 masters -> half weights {to_compute * 1e3:.2f} ms")
+    _print_floor(millions * 1e6, fused_step, to_update + to_compute)
 
     print("\nBytes per parameter after backward (the peak around the optimizer step), and between steps")
     columns = ("weights", "masters", "grads", "optimizer state", "total", "between steps")
