@@ -10,10 +10,11 @@ read are measured too). On CPUs with AVX512-FP16/AMX, fp16 and bf16 autocast ste
 Variants, each timed in blocks of ``--steps`` steps (after one warm-up step), each block right after a block of the
 unmonitored baseline, round after round (the order reverses every other round). Two ratios are printed: the median
 over rounds of median(variant block) / median(its baseline block), so that slow drift of a shared machine hits both
-alike, and best variant step / best baseline step, the least disturbed estimate when other processes compete for
-the two cores (the difference between the two says how noisy the run was). For (a), (c) and (d) a third, "inside"
-ratio adds the time measured inside the monitoring code per step (``Watch.seconds_inside``; the print loop's own
-duration) to the baseline's median step: it is not a difference of two noisy numbers, but it misses indirect costs
+alike (for (g), the mean of its 10 steps over its baseline block's mean), and best variant step / best baseline
+step, the least disturbed estimate when other processes compete for the two cores (the difference between the two
+says how noisy the run was). For (a), (c), (d), (f) and (g) a third, "inside" ratio adds the time measured inside
+the monitoring code per step (``Watch.seconds_inside``; the print loop's and the norm's own duration) to the
+baseline's median step: it is not a difference of two noisy numbers, but it misses indirect costs
 (caches, allocator) and ampdoctor's O(1) per-step observers:
 
   (a) the seed's loop: print(name, grad.abs().max().item(), grad.norm().item()) per parameter, to /dev/null
@@ -23,6 +24,9 @@ duration) to the baseline's median step: it is not a difference of two noisy num
       flight recorder. Each block attaches a fresh watch, so its timed steps are the steady state (``dense=0``);
       the dense start is then amortized over a RUN_STEPS-step run, and one sampled step over every 50
   (e) ampdoctor's ActivationMonitor at every step
+  (f) the floor: one torch._foreach_norm over all gradients per step (a pass over every entry, nothing recorded)
+  (g) ampdoctor.watch() at its defaults over its dense start: each block attaches a fresh watch and times its first
+      DENSE_STEPS steps (all sampled, the activation monitor armed for them), step 0 included
 
 Host syncs are counted by ampdoctor itself (``Watch.host_syncs``: one ``.tolist()`` per sampled step); the activation
 monitor's ``step_record`` makes one more ``.tolist()`` per sampled step (its ``_abs_max``).
@@ -44,6 +48,7 @@ from torch import nn
 
 import ampdoctor
 from ampdoctor.monitor.activations import ActivationMonitor
+from ampdoctor.monitor.sampling import DENSE_STEPS
 
 VOCAB, D_MODEL, LAYERS, HEADS, FF, BATCH, SEQ = 8192, 320, 4, 5, 1280, 4, 64
 
@@ -148,6 +153,19 @@ def ampdoctor_watch(every: int, dense: int):
 
 
 @contextlib.contextmanager
+def foreach_floor(loop: Loop, stats: dict[str, Any]):
+    spent = [0.0]
+    params = list(loop.model.parameters())
+
+    def norms() -> None:
+        start = time.perf_counter()
+        torch._foreach_norm([p.grad for p in params])
+        spent[0] += time.perf_counter() - start
+
+    yield norms, lambda: spent[0]
+
+
+@contextlib.contextmanager
 def activation_monitor(loop: Loop, stats: dict[str, Any]):
     monitor = ActivationMonitor(loop.model, every=1)
     with monitor:
@@ -155,12 +173,15 @@ def activation_monitor(loop: Loop, stats: dict[str, Any]):
     stats["sampled"] = stats.get("sampled", 0) + monitor.summary()["sampled_steps"]
 
 
-BASE, SEED, DUO, FULL, DEFAULT, ACTIVATIONS = (
+BASE, SEED, DUO, FULL, DEFAULT, ACTIVATIONS, FLOOR, DENSE = (
     "baseline (no monitoring)", "(a) seed per-param print loop", "(b) transformers DebugUnderflowOverflow",
     "(c) ampdoctor watch, full stats every step", "(d) ampdoctor watch, default every=50",
-    "(e) ampdoctor ActivationMonitor every step")
+    "(e) ampdoctor ActivationMonitor every step", "(f) floor: one torch._foreach_norm",
+    "(g) ampdoctor watch, defaults, dense start")
 VARIANTS = {BASE: baseline, SEED: seed_print_loop, DUO: debug_underflow_overflow, FULL: ampdoctor_watch(1, 0),
-            DEFAULT: ampdoctor_watch(50, 0), ACTIVATIONS: activation_monitor}
+            DEFAULT: ampdoctor_watch(50, 0), ACTIVATIONS: activation_monitor, FLOOR: foreach_floor,
+            DENSE: ampdoctor_watch(50, DENSE_STEPS)}
+FROM_ATTACH = {DENSE}  # variants timed from their first step after attach, for DENSE_STEPS steps
 RUN_STEPS = 1000  # the run length over which (d)'s dense first steps are amortized
 
 
@@ -208,14 +229,17 @@ def _timed_rounds(loop: Loop, rounds: int, steps: int, started: float) -> tuple[
             order.reverse()
         for name in order:
             blocks = []
+            dense = name in FROM_ATTACH  # the watch's first DENSE_STEPS steps, step 0 included
             for current in (BASE, name):
                 with VARIANTS[current](loop, extra[current]) as (hook, spent):
-                    loop.step(hook)  # warm-up step of this block (step 0 is sampled: not timed)
+                    if not dense:
+                        loop.step(hook)  # warm-up step of this block (step 0 is sampled: not timed)
                     before = spent() if spent else 0.0
-                    block = [loop.step(hook) for _ in range(steps)]
+                    block = [loop.step(hook) for _ in range(DENSE_STEPS if dense else steps)]
                     inside[current] += (spent() - before) if spent else 0.0
                 times[current] += block
-                blocks.append(statistics.median(block))
+                # the dense start is the run's first steps as a whole: their mean, not a typical one of them
+                blocks.append(statistics.fmean(block) if dense else statistics.median(block))
             paired[name].append(blocks[1] / blocks[0])
         print(f"  round {r + 1}/{rounds} done after {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return times, paired, inside, extra
@@ -228,15 +252,13 @@ def _print_results(loop: Loop, times: dict[str, list[float]], paired: dict[str, 
     per_step = {name: inside[name] / max(len(times[name]), 1) for name in VARIANTS}
     # (d)'s timed steps are never sampled: amortize one sampled step, as measured in (c), over 50, and the dense
     # start (DENSE_STEPS sampled steps) over a RUN_STEPS-step run
-    from ampdoctor.monitor.sampling import DENSE_STEPS
-
     per_step[DEFAULT] += per_step[FULL] / 50 + per_step[FULL] * DENSE_STEPS / RUN_STEPS
     print(f"\n{'variant':46s} {'median':>9s} {'best':>9s} {'ratio':>6s} {'best':>6s} {'inside':>7s}  notes")
     print(f"{'':46s} {'step':>9s} {'step':>9s} {'paired':>6s} {'ratio':>6s} {'ratio':>7s}")
     for name, ts in times.items():
         med, best = statistics.median(ts), min(ts)
         ratio = statistics.median(paired[name]) if paired[name] else 1.0
-        measured = name in (SEED, FULL, DEFAULT)
+        measured = name in (SEED, FULL, DEFAULT, FLOOR, DENSE)
         inside_ratio = f"{1 + per_step[name] / median_base:6.3f}x" if measured else f"{'-':>7s}"
         note = _note(name, extra[name], per_step[name], len(list(loop.model.parameters())), DENSE_STEPS)
         print(f"{name:46s} {med * 1000:6.1f} ms {best * 1000:6.1f} ms {ratio:5.2f}x {best / best_base:5.2f}x "
@@ -250,6 +272,8 @@ def _note(name: str, info: dict[str, Any], per_step: float, tensors: int, dense_
                 f"{info['syncs'] - info['sampled']} detach flushes; {per_step * 1000:.2f} ms inside/step")
         if name == DEFAULT:
             note += f" (1 sampled step in 50 and the first {dense_steps} of {RUN_STEPS}, amortized)"
+        if name == DENSE:
+            note += f" (the first {dense_steps} steps of each watch, all sampled, step 0 included)"
         if info.get("off"):
             note += f"; parts off: {info['off']}"
         return note
@@ -257,6 +281,8 @@ def _note(name: str, info: dict[str, Any], per_step: float, tensors: int, dense_
         return f"{info.get('sampled', 0)} sampled steps, 1 host sync each (its step_record)"
     if name == SEED:
         return f"{2 * tensors} .item() syncs per step; {per_step * 1000:.2f} ms inside/step"
+    if name == FLOOR:
+        return f"one pass over every gradient entry, no sync; {per_step * 1000:.2f} ms inside/step"
     return ""
 
 
