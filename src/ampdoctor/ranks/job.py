@@ -111,9 +111,15 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
     if left or end.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
         say(ReportView(exchange.shown(report) if exchange else report, exception=exception, watch=False))
     elif report.changes:
-        say(f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}; what it repaired "
-            f"({', '.join(sorted(c for c in repaired if c))}) is still in {end.code}"
-            + (f", and listed as info in {end.json_path}" if end.json_path else ""))
+        codes = sorted(c for c in repaired if c)   # none where it repaired before a finding (a downcast mid-run)
+        if codes:
+            say(f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}; what it "
+                f"repaired ({', '.join(codes)}) is still in {end.code}"
+                + (f", and listed as info in {end.json_path}" if end.json_path else ""))
+        else:
+            say(f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}, made before "
+                f"a finding arose; {end.code} still needs them"
+                + (f" (each change is in {end.json_path})" if end.json_path else ""))
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         say(ReportView(report, exception=False, watch=False))
     for line in exchange.summary_lines(report, own) if exchange is not None else []:
