@@ -184,6 +184,16 @@ def test_re_running_the_model_cell_is_a_new_stage_with_one_set_of_findings(tmp_p
     assert "not watched" not in magic
 
 
+def test_a_re_run_cell_that_repeats_its_crash_says_so_in_one_line(tmp_path):
+    _, crash, again, magic = run_notebook("%load_ext ampdoctor", SEED_ERROR, SEED_ERROR, "%ampdoctor",
+                                          tmp_path=tmp_path)
+    assert finding_rows(text(crash), "AMP101") == 1 and "upcast_trainable_params_" in text(crash)
+    assert any(o["output_type"] == "error" for o in again)   # IPython's traceback, as the first time
+    assert "ampdoctor: AMP101 again, as explained above" in text(again)
+    assert finding_rows(text(again), "AMP101") == 0 and "upcast_trainable_params_" not in text(again)
+    assert finding_rows(text(magic), "AMP101") == 1 and "[1]" not in text(magic)
+
+
 TRAINER = """\
 import collections, torch
 from torch import nn
@@ -221,7 +231,7 @@ def test_a_trainer_built_again_in_its_cell_is_a_new_stage_and_the_old_one_is_not
                          "trainer.fit(2)", "trainer = Trainer(half=False)", "trainer.fit(5)",
                          "trainer = Trainer(half=False)", "trainer.fit(3)", "%ampdoctor", tmp_path=tmp_path)
     crash, again, trained, magic = text(cells[3]), text(cells[5]), text(cells[9]), text(cells[-1])
-    assert finding_rows(crash, "AMP101") == 1 and "AMP101" in again
+    assert finding_rows(crash, "AMP101") == 1 and "AMP101 again, as explained above" in again
     assert "trained True" in trained
     assert finding_rows(magic, "AMP101") == 1 and "    encoder" in magic
     assert ".encoder" not in magic and "[1]" not in magic   # the earlier Trainers' models are not named

@@ -65,6 +65,7 @@ class NotebookDoctor:
         self._console = console
         self._watched = watched_by("the notebook extension")
         self._built: weakref.WeakSet = weakref.WeakSet()   # the optimizers built since the last cell ended
+        self._shown: set[tuple[str, str, str | None]] = set()   # the places of the findings explained under a cell
         self._handles: list[Any] = []
 
     def _new_doctor(self, fix: bool) -> Doctor:
@@ -144,7 +145,13 @@ class NotebookDoctor:
             if earlier[1] is None:
                 report.extra.pop("explained_by")
             return
-        self._print(ReportView(Report(findings=found), exception=False))
+        new = [f for f in found if f.place not in self._shown]
+        again = list(dict.fromkeys(f.code for f in found if f.place in self._shown))
+        self._shown.update(f.place for f in new)
+        if new:
+            self._print(ReportView(Report(findings=new), exception=False))
+        if again:   # a re-run cell raised the same: explained in full once, under the first traceback
+            self._say(f"ampdoctor: {', '.join(again)} again, as explained above (%ampdoctor shows every finding)")
 
     # ---- the magic --------------------------------------------------------------------------------------------
     def magic(self, line: str = "") -> None:
