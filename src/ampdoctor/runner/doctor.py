@@ -282,6 +282,7 @@ class Doctor:
             # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
             for handle in self._forward_handles:
                 handle.remove()
+            self._depth = 0   # this forward's post-hook is gone with them: the count would stay at 1
 
     def stage_objects(self) -> list[Any]:
         """Return the optimizers and GradScalers this doctor handed to its session: what a notebook's next stage
