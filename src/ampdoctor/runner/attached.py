@@ -178,6 +178,10 @@ class Attached:
             call_safely(self.doctor.explain, exc)
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1 if failed else _exit_status(exc)
         self._end(status, "follows")   # the exception goes on, and its traceback is printed after the report
+        if exc is not None and tb is not None:   # it goes on with the user's frames and torch's, not ours
+            shown = call_safely(without_own_frames, tb, tb.tb_frame.f_code.co_filename)
+            if shown is not None:
+                exc.with_traceback(shown)
 
     def _at_exit(self) -> None:
         exc = self._uncaught
