@@ -14,7 +14,7 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.ranks import exchange as rank_exchange
 from ampdoctor.ranks.exchange import RankExchange
-from ampdoctor.ranks.info import RankInfo, from_environment
+from ampdoctor.ranks.info import RankInfo
 
 HALF = "2.weight (float16, [4, 16]) is trainable float16"
 
@@ -24,17 +24,6 @@ def _report(*findings: Finding, exception: str | None = None) -> Report:
     if exception:
         report.exception = {"type": exception, "message": "boom", "traceback": ""}
     return report
-
-
-def test_rank_from_the_launchers_environment() -> None:
-    info = from_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                             "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                             "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"})
-    assert (info.rank, info.world_size, info.local_rank, info.node) == (1, 2, 1, 0)
-    assert info.job == "127.0.0.1-29500-abc-2"   # a restart meets in a new folder
-    assert from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
-    assert from_environment({"RANK": "2", "WORLD_SIZE": "2"}) is None
-    assert from_environment({"RANK": "1", "WORLD_SIZE": "2"}).job is None   # no launcher: no folder to meet in
 
 
 def _pair(tmp_path: Path, world: int = 2) -> list[RankExchange]:
