@@ -54,6 +54,7 @@ class Doctor:
         activations: also run the activation monitor (first non-finite module, headroom).
         on_event: called with each human-readable event line (fixes applied, internal errors).
         on_rank: told once, when this process's rank is first read.
+        on_first_look: told once, at the first look at what the process trains (before its pre-flight).
 
     The lifecycle itself (pre-flight, fix, guard, watch, explanation, the end) is the `Session`'s; the Doctor finds
     what the process trains and hands it over.
@@ -66,9 +67,11 @@ class Doctor:
 
     def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
                  activations: bool = False, on_event: Callable[[str], None] | None = None,
-                 on_rank: Callable[[RankInfo], None] | None = None) -> None:
+                 on_rank: Callable[[RankInfo], None] | None = None,
+                 on_first_look: Callable[[], None] | None = None) -> None:
         self.fix = fix
         self.on_rank = on_rank or (lambda info: None)
+        self.on_first_look = on_first_look
         self.session = Session(fix=fix, watch=watch, every=every, log_dir=log_dir, activations=activations,
                                on_event=on_event)
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
@@ -261,6 +264,9 @@ class Doctor:
             return
         first = self.setup is None
         self._read_rank()
+        if self.on_first_look is not None:
+            call_safely(self.on_first_look)
+            self.on_first_look = None   # once
         setup = self._build_setup(scaler)
         self._diagnosed.update(setup.optimizers)
         self._internal.update(internal_optimizers(setup.optimizers))
