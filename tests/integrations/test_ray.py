@@ -69,6 +69,7 @@ def test_the_seed_error_on_both_workers_is_one_report_from_rank_0_naming_the_mod
     assert "AMP101 error 2 modules: Trainable float16 parameters under an fp16 GradScaler\n    fc1\n    head\n" \
            "    on ranks 0, 1\n" in zero, zero
     assert "ValueError: Attempting to unscale FP16 gradients." in zero
+    assert "ampdoctor: ranks 0, 1 failed with ValueError: Attempting to unscale FP16" in zero   # one line, both
     assert "scaler.step(opt)" in one and "ampdoctor/core/patch.py" not in output   # Ray's traceback: the user's
     assert output.count("ampdoctor findings") == 1   # rank 0 alone, once: the job's report
     assert "AMP101" not in one and "ampdoctor: rank 1's failure is in rank 0's report" in one, one
