@@ -114,7 +114,7 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
         say(_repaired_line(report, end, sorted(c for c in repaired if c)))
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         say(ReportView(report, exception=False, watch=False))
-    for line in exchange.summary_lines(report, own) if exchange is not None else []:
+    for line in exchange.summary_lines(report) if exchange is not None else []:
         say(f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
     if end.fix and not report.changes and left and not report.extra.get("fix_refused"):   # nothing it could do
         codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))

@@ -57,6 +57,7 @@ class Doctor:
         ended: the optimizers and GradScalers of ended stages (a notebook's earlier cells; see `stage_objects`),
             which discovery leaves out until they train again: something may still hold them (IPython keeps a
             crashed cell's traceback), but they are not what the process trains now. Shared, not copied.
+        on_first_look: told once, at the first look at what the process trains (before its pre-flight).
 
     The lifecycle itself (pre-flight, fix, guard, watch, explanation, the end) is the `Session`'s; the Doctor finds
     what the process trains and hands it over.
@@ -69,10 +70,12 @@ class Doctor:
 
     def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
                  activations: bool = False, on_event: Callable[[str], None] | None = None,
-                 on_rank: Callable[[RankInfo], None] | None = None, ended: weakref.WeakSet | None = None) -> None:
+                 on_rank: Callable[[RankInfo], None] | None = None, ended: weakref.WeakSet | None = None,
+                 on_first_look: Callable[[], None] | None = None) -> None:
         self.fix = fix
         self.ended = ended if ended is not None else weakref.WeakSet()
         self.on_rank = on_rank or (lambda info: None)
+        self.on_first_look = on_first_look
         self.session = Session(fix=fix, watch=watch, every=every, log_dir=log_dir, activations=activations,
                                on_event=on_event)
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
@@ -271,6 +274,9 @@ class Doctor:
             return
         first = self.setup is None
         self._read_rank()
+        if self.on_first_look is not None:
+            call_safely(self.on_first_look)
+            self.on_first_look = None   # once
         setup = self._build_setup(scaler)
         self._diagnosed.update(setup.optimizers)
         if setup.scaler is not None:
