@@ -36,7 +36,7 @@ def _fresh_accelerate_state():
 SLOW_FOLDERS = {"real", "public", "distributed", "examples", "docs", "harm"}   # harm: whole scripts run twice, bitwise
 STARTS = re.compile(r"\b(subprocess|Popen|run_job\w*|sys\.executable|mp\.spawn|multiprocessing|nbclient|chromium"
                     r"|torch\.distributed\.run|start_processes"
-                    r"|run_script|main\(\s*\[\s*[\"'](?:run|demo)[\"'])")   # a whole script run in-process, as `ampdoctor run`
+                    r"|run_script|main\(\s*\[\s*[\"'](?:run|demo)[\"'])")   # a whole script run in-process
 
 
 def _starters(module: types.ModuleType) -> set[str]:
