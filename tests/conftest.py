@@ -30,11 +30,13 @@ def _fresh_accelerate_state():
 # ---- two tiers: `python -m pytest -m "not slow"` is the quick loop while developing; the README's command runs both
 # A test is slow by its folder (the corpora, the public scripts, the distributed jobs, the examples, the docs build,
 # the do-no-harm runs of whole scripts)
-# or by what it starts: a Python process, torchrun, a kernel, a browser. The second is read off the test's code: a
+# or by what it starts: a Python process, torchrun, a kernel, a browser, or a whole script run in-process as
+# `ampdoctor run` runs it (cli main(['run', ...]), run_script). The second is read off the test's code: a
 # test (or a fixture or helper of its module it uses, at any depth) that names one of STARTS is slow.
 SLOW_FOLDERS = {"real", "public", "distributed", "examples", "docs", "harm"}   # harm: whole scripts run twice, bitwise
 STARTS = re.compile(r"\b(subprocess|Popen|run_job\w*|sys\.executable|mp\.spawn|multiprocessing|nbclient|chromium"
-                    r"|torch\.distributed\.run|start_processes)\b")
+                    r"|torch\.distributed\.run|start_processes"
+                    r"|run_script|main\(\s*\[\s*[\"'](?:run|demo)[\"'])")   # a whole script run in-process
 
 
 def _starters(module: types.ModuleType) -> set[str]:

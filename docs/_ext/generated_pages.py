@@ -78,7 +78,7 @@ def rule_page(rule: Rule, examples: Path, record: ModuleType) -> str:
         f"# {rule.code} {text(rule.name)}\n",
         f"## What it means\n\n{text(rule.title)}\n",
         f"Severity: **{rule.severity.value}** ([severities](../cli.md#severity)). "
-        f"Checked by {text(CHECKED_BY[rule.phase])} (phase `{rule.phase}`).\n",
+        f"Phase `{rule.phase}`: checked by {text(CHECKED_BY[rule.phase])}.\n",
         f"## Why it breaks training\n\n{text(rule.why)}\n",
         "## Example\n\n" + example(rule, examples, record),
         "## Fix\n\n" + fence("\n".join(fix_lines(rule.fix, WIDTH)), "python"),

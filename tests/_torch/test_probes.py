@@ -21,11 +21,12 @@ from torch import nn
 from ampdoctor._compat import accelerate as compat_accelerate
 from ampdoctor._compat import engines as compat_engines
 from ampdoctor._compat import lightning as compat_lightning
+from ampdoctor._compat import ray as compat_ray
 from ampdoctor._compat import transformers as compat_transformers
 from ampdoctor._torch import autograd, dispatch, distributed, engines, foreach, frames, modules, optim, scaler
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ampdoctor"
-LIBRARIES = ("accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed", "peft", "diffusers")
+LIBRARIES = ("accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed", "peft", "diffusers", "ray")
 
 
 @pytest.mark.parametrize("module", sorted(
@@ -38,7 +39,7 @@ def test_every_probe_module_imports_on_the_installed_versions(module):
 def test_importing_ampdoctor_and_its_rooms_imports_no_library():
     code = ("import sys, ampdoctor, ampdoctor.runner.doctor, ampdoctor.monitor.watcher, ampdoctor.explanations.crash\n"
             "import ampdoctor._compat.accelerate, ampdoctor._compat.transformers, ampdoctor._compat.lightning\n"
-            "import ampdoctor._compat.engines\n"
+            "import ampdoctor._compat.engines, ampdoctor._compat.ray\n"
             f"print(sorted(m for m in {LIBRARIES!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "[]"
@@ -181,6 +182,14 @@ def test_lightning_probes_on_real_fabric_and_trainer_objects():
     assert not compat_lightning.spawned_worker(plain) and compat_lightning.spawned_worker(spawn)
     assert compat_lightning.stage_method(plain) == "_run_stage" and compat_lightning.stage_method(object()) is None
     assert compat_lightning.fabric_module_of(model) is None and not compat_lightning.spawned_worker(object())
+
+
+def test_ray_probe_reads_no_worker_in_this_process_with_or_without_ray(monkeypatch):
+    pytest.importorskip("ray.train")
+    assert compat_ray.in_train_worker() is False   # get_context() raises outside a training function
+    monkeypatch.delitem(sys.modules, "ray.train")
+    assert compat_ray.in_train_worker() is False
+    # inside a TorchTrainer worker it is True: tests/integrations/test_ray.py
 
 
 def test_engine_recognition_by_the_module_of_a_class():

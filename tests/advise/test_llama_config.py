@@ -1,10 +1,9 @@
-"""A Llama-2-7B config is advised from config.json alone, on the meta device, in seconds."""
+"""A Llama-2-7B config is advised from config.json alone, on the meta device, without allocating its weights."""
 
 from __future__ import annotations
 
 import json
 import resource
-import time
 
 import pytest
 
@@ -24,18 +23,15 @@ def llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-2-7b")
     (folder / "config.json").write_text(json.dumps(LLAMA_2_7B))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    start = time.perf_counter()
     advice = advise(folder, batch_size=1, seq_len=256, budget="24GiB", devices=8)
-    seconds = time.perf_counter() - start
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before
-    return advice, seconds, grown
+    return advice, grown
 
 
 def test_exact_parameter_count_without_allocating(llama):
-    advice, seconds, grown = llama
+    advice, grown = llama
     assert advice.parameters == advice.trainable == 6_738_415_616
     assert grown < 2 * 2**30  # its fp32 weights alone would be 25 GiB
-    assert seconds < 120  # about 25 s on 2 busy CPU cores: the fake runs, not the model size
 
 
 def test_model_states_follow_the_bytes_per_parameter(llama):

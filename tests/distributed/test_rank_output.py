@@ -130,7 +130,8 @@ def test_a_killed_rank_is_named_in_rank_0s_report_and_json(tmp_path: Path) -> No
     assert ranks["died"] == [1] and ranks["failed_first"] == 1
     assert "c10d store" in ranks["via"]
     text = " ".join(output.split())
-    assert "ampdoctor: rank 1 failed first: it died without a report (its process is gone)" in text
+    # (red once in a fresh-clone CI run, not reproduced in 9 runs here under load: the output says why next time)
+    assert "ampdoctor: rank 1 failed first: it died without a report (its process is gone)" in text, output[-6000:]
     assert "ampdoctor: report written to r.json" in output
 
 

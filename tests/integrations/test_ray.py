@@ -1,7 +1,8 @@
 """``ampdoctor.attach()`` in Ray Train's workers: a real ``TorchTrainer`` with two CPU workers on gloo.
 
-One run of ``scripts/ray_train_seed.py`` (one local Ray session, whose start-up is most of its 40-60 s) trains the
-seed error, then correct AMP, each fit with two workers, the loop inside ``with ampdoctor.attach(...)``. Ray gives
+One run of ``scripts/ray_train_seed.py`` (one local Ray session for all the tests, whose start-up is most of its
+60-90 s) trains the seed error, then correct AMP, each fit with two workers, the loop inside
+``with ampdoctor.attach(...)``; then correct AMP again under a bare ``ampdoctor.attach(...)``. Ray gives
 each worker's lines on the driver's output, prefixed with ``(RayTrainWorker pid=N)``; each worker names its run and
 rank first, so the tests read what each rank printed. Rank 0 prints the job's one report, as under torchrun.
 """
@@ -18,12 +19,14 @@ from pathlib import Path
 import pytest
 from launch_jobs import clean_environment, run_job
 
+from ampdoctor.runner.attached import RAY_WORKER_LINE
+
 pytest.importorskip("ray.train.torch")
 
 SCRIPT = Path(__file__).parent / "scripts" / "ray_train_seed.py"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-RUNS = ("seed", "amp")
-TIMEOUT = 300   # Ray's start-up and two fits take 40-60 s on two cores; a hang must fail, not stall the suite
+RUNS = ("seed", "amp", "amp:bare")
+TIMEOUT = 400   # Ray's start-up and three fits take 60-90 s on two cores; a hang must fail, not stall the suite
 WORKER_LINE = re.compile(r"^\(RayTrainWorker pid=(\d+)\) ?(.*)$")
 
 
@@ -66,6 +69,8 @@ def test_the_seed_error_on_both_workers_is_one_report_from_rank_0_naming_the_mod
     assert "AMP101 error 2 modules: Trainable float16 parameters under an fp16 GradScaler\n    fc1\n    head\n" \
            "    on ranks 0, 1\n" in zero, zero
     assert "ValueError: Attempting to unscale FP16 gradients." in zero
+    assert "ampdoctor: ranks 0, 1 failed with ValueError: Attempting to unscale FP16" in zero   # one line, both
+    assert "scaler.step(opt)" in one and "ampdoctor/core/patch.py" not in output   # Ray's traceback: the user's
     assert output.count("ampdoctor findings") == 1   # rank 0 alone, once: the job's report
     assert "AMP101" not in one and "ampdoctor: rank 1's failure is in rank 0's report" in one, one
     report = ray_job.report("seed")
@@ -85,3 +90,15 @@ def test_correct_amp_trains_on_both_workers_and_is_reported_healthy(ray_job):
     report = ray_job.report("amp")
     assert report["ok"] is True and report["findings"] == [] and report["exception"] is None
     assert report["ranks"]["reported"] == [0, 1] and report["watch"]["steps"] == 4
+
+
+def test_a_bare_attach_in_a_worker_says_once_that_ray_kills_it_before_its_report(ray_job):
+    output, zero, one = ray_job.output, ray_job.text("amp-bare", 0), ray_job.text("amp-bare", 1)
+    assert "ray_train_seed: amp-bare ok" in output, output[-5000:]
+    assert RAY_WORKER_LINE in zero.splitlines() and len(RAY_WORKER_LINE) <= 80, zero
+    assert output.count(RAY_WORKER_LINE) == 1 and RAY_WORKER_LINE not in one   # rank 0, once; not in a with block
+    # what it warns of: Ray kills the worker after the fit, so the report due at exit never comes
+    assert "no mixed-precision problems found" not in zero
+    assert not (ray_job.folder / "amp-bare" / "report.json").exists()
+    exchange = list((ray_job.folder / "amp-bare" / "exchange").iterdir())   # the ranks' hand-over is left behind
+    assert sorted(p.name for p in exchange[0].iterdir()) == ["started0", "started1"], exchange

@@ -3,6 +3,7 @@ job's c10d store, a rank that died, and SIGTERM while rank 0 waits."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -10,11 +11,18 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+from rich.console import Console
+from torch import nn
+
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
+from ampdoctor.core.views import Line
 from ampdoctor.ranks import exchange as rank_exchange
 from ampdoctor.ranks.exchange import RankExchange
-from ampdoctor.ranks.info import RankInfo, from_environment
+from ampdoctor.ranks.info import RankInfo
+from ampdoctor.ranks.job import JobEnd, end_job
+from ampdoctor.runner.doctor import Doctor
 
 HALF = "2.weight (float16, [4, 16]) is trainable float16"
 
@@ -24,17 +32,6 @@ def _report(*findings: Finding, exception: str | None = None) -> Report:
     if exception:
         report.exception = {"type": exception, "message": "boom", "traceback": ""}
     return report
-
-
-def test_rank_from_the_launchers_environment() -> None:
-    info = from_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                             "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                             "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "2"})
-    assert (info.rank, info.world_size, info.local_rank, info.node) == (1, 2, 1, 0)
-    assert info.job == "127.0.0.1-29500-abc-2"   # a restart meets in a new folder
-    assert from_environment({"RANK": "0", "WORLD_SIZE": "1"}) is None
-    assert from_environment({"RANK": "2", "WORLD_SIZE": "2"}) is None
-    assert from_environment({"RANK": "1", "WORLD_SIZE": "2"}).job is None   # no launcher: no folder to meet in
 
 
 def _pair(tmp_path: Path, world: int = 2) -> list[RankExchange]:
@@ -185,5 +182,53 @@ def test_a_rank_whose_process_is_gone_died_and_failed_first(tmp_path: Path, monk
     merged = zero.collect(crashed, 1, False, time.time())
     ranks = merged.extra["ranks"]
     assert ranks["missing"] == [1] and ranks["died"] == [1] and ranks["failed_first"] == 1
-    lines = zero.summary_lines(merged, crashed)
+    lines = zero.summary_lines(merged)
     assert any(line.startswith("rank 1 failed first: it died without a report") for line in lines), lines
+
+
+def _real_crash(kind: str) -> tuple[Report, bool]:
+    """A rank's own report of a real crash, and whether a rule explained it: ``"unscale"`` is the seed error (a
+    ``.half()`` model under a GradScaler, AMP101), ``"shapes"`` a RuntimeError no rule knows."""
+    model = nn.Linear(4, 2).half()
+    optimizer, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
+    with Doctor(watch=False) as doctor:
+        try:
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(3, 4 if kind == "unscale" else 5).half()).float().sum()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+        except (ValueError, RuntimeError) as exc:
+            doctor.explain(exc)
+    return doctor.report, bool(doctor.report.extra.get("explained_by"))
+
+
+def test_ranks_that_failed_alike_are_one_line_and_another_failure_keeps_its_own(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(rank_exchange.ENV_WAIT, "20")
+    exchanges = [RankExchange(RankInfo(r, 3, r, 3, 0, "job"), folder=str(tmp_path)) for r in range(3)]
+    crashes = {0: _real_crash("unscale"), 1: _real_crash("unscale"), 2: _real_crash("shapes")}
+    started = time.time()
+    failed_at = {1: started, 0: started + 1, 2: started + 2}   # rank 1 first
+    out = {r: io.StringIO() for r in range(3)}
+
+    def end(rank: int) -> None:   # every rank's end, as attach() ends it, drawn as it draws (80 columns)
+        console = Console(file=out[rank], width=80, highlight=False)
+        report, explained = crashes[rank]
+        end_job(report, JobEnd(1, explained, failed_at[rank]), exchanges[rank], exchanges[rank].info,
+                lambda item: console.print(Line(item) if isinstance(item, str) else item, soft_wrap=True),
+                lambda path, text: None)
+
+    for exchange in exchanges:
+        exchange.start()
+    others = [threading.Thread(target=end, args=(r,)) for r in (1, 2)]   # no SIGTERM handler in a thread
+    for thread in others:
+        thread.start()
+    end(0)
+    for thread in others:
+        thread.join(timeout=30)
+    zero = out[0].getvalue().splitlines()
+    failed = [line for line in zero if " failed " in line and line.startswith("ampdoctor: rank")]
+    assert [line.split(" with ")[0] for line in failed] == ["ampdoctor: ranks 0, 1 failed",
+                                                             "ampdoctor: rank 2 failed after it,"], zero
+    assert "; rank 1 first" in "\n".join(zero) and "ValueError: Attempting to unscale" in failed[0]
+    assert "RuntimeError: mat1 and mat2 shapes" in failed[1] and max(map(len, zero)) <= 80, zero
+    assert "rank 1's failure is in rank 0's report" in out[1].getvalue()

@@ -194,12 +194,16 @@ def test_as_a_context_manager_training_is_bitwise_the_same_and_no_hook_is_left(t
     assert "no mixed-precision problems found in 12 steps" in capsys.readouterr().err
 
 
-def test_an_exception_in_the_block_is_explained_and_goes_on_unchanged(capsys):
-    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+def test_an_exception_in_the_block_is_explained_and_goes_on_without_ampdoctor_s_frames(capsys):
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients") as raised:
         with attach(watch=False) as attached:
             _train(_model().half(), steps=1)
     assert attached.report.codes()[:1] == ["AMP101"]
     assert "AMP101 error" in capsys.readouterr().err
+    files = [entry.path for entry in raised.traceback]   # the user's frames and torch's, none of ampdoctor's
+    assert files[0] == Path(__file__) and "_train" in [entry.name for entry in raised.traceback]
+    assert str(Path(torch.__file__).parent / "amp" / "grad_scaler.py") in map(str, files)
+    assert not [f for f in files if str(f).startswith(str(Path(SRC) / "ampdoctor"))], files
 
 
 def test_bad_arguments_are_refused_at_the_call(tmp_path):

@@ -179,3 +179,28 @@ def test_the_watch_follows_the_dense_model_not_a_sparse_embedding(tmp_path, caps
     # two models: named as the findings name them, after the script's own names for the models
     assert sorted(report["watch"]["gradients"]["params"]) == ["head.0.bias", "head.0.weight", "head.2.bias",
                                                                "head.2.weight"]
+
+
+def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
+    import weakref
+
+    from ampdoctor.runner.doctor import Doctor
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 4)
+    old = nn.Linear(4, 4).half()   # a crashed cell's traceback still holds them (a notebook)
+    old_opt = torch.optim.SGD(old.parameters(), lr=0.1)
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ended = weakref.WeakSet([old_opt])
+    with Doctor(watch=False, ended=ended) as doctor:
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        assert doctor.setup.optimizers == [opt] and doctor.setup.models == [model]
+        assert "AMP103" not in doctor.report.codes()   # the old half model is not this stage's
+        old(x.half()).float().sum().backward()
+        old_opt.step()   # it trains again: this stage's from now on
+        assert old_opt not in ended and old_opt in doctor.setup.optimizers
+    assert "AMP103" in doctor.report.codes()

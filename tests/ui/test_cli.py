@@ -8,9 +8,6 @@ import pytest
 
 from ampdoctor.core.catalog import RULES
 from ampdoctor.ui.cli import main
-from ampdoctor.ui.console import rules_markdown
-
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 
 def test_rules_lists_every_code(capsys):
@@ -24,11 +21,6 @@ def test_rules_select_by_prefix(capsys):
     out = capsys.readouterr().out
     assert "AMP401" in out and "AMP101" not in out
     assert main(["rules", "--select", "XYZ"]) == 2
-
-
-def test_readme_rules_table_is_generated_from_the_catalog():
-    with open(README, encoding="utf-8") as f:
-        assert rules_markdown() in f.read(), "README rules table is stale: run `ampdoctor rules --markdown`"
 
 
 def test_explain_error_text(capsys):

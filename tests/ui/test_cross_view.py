@@ -159,11 +159,19 @@ def summary_numbers(text: str) -> dict[str, Any]:
 
 
 def report_table(text: str) -> dict[int, dict[str, str]]:
-    """Return `ampdoctor report`'s table: ``{step: {column: cell}}``."""
-    rows = [[c.strip() for c in re.split(r"[│┃]", line)[1:-1]] for line in text.splitlines()
-            if line.count("│") + line.count("┃") >= 2]
-    header, body = rows[0], rows[1:]
-    return {int(r[0]): dict(zip(header[1:], r[1:])) for r in body if r and r[0].isdigit()}
+    """Return `ampdoctor report`'s table of steps, as a log gets it (plain columns): ``{step: {column: cell}}``."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("step "))
+    header = re.split(r"\s{2,}", lines[top].strip())
+    table = {}
+    for line in lines[top + 1:]:
+        cells = line.split()
+        if cells[:1] == ["…"]:   # the steps left out of a long run
+            continue
+        if len(cells) != len(header) or not cells[0].isdigit():
+            break
+        table[int(cells[0])] = dict(zip(header[1:], cells[1:]))
+    return table
 
 
 # ---- the comparison --------------------------------------------------------------------------------------------

@@ -292,3 +292,21 @@ def test_a_modules_underflow_share_is_the_same_in_the_summary_and_on_the_page(tm
     summary = w.summary_data()["gradients"]["modules"]["2"]["fp16_underflow"]
     page = run_data(load_any(str(tmp_path))).cast["fp16_underflow"]["2"][-1]
     assert summary == pytest.approx(page, rel=1e-12)
+
+
+def test_the_steps_of_a_log_are_plain_columns_in_a_pipe_and_a_table_on_a_terminal(tmp_path):
+    # A CI log or `| tee` gets lines grep finds and no box drawing; a terminal gets rich's table. Both at 80 columns.
+    overflow_run(tmp_path / "log", steps=3)
+    loaded = load_any(str(tmp_path / "log" / "ampdoctor.jsonl"))
+    drawn = {}
+    for terminal in (False, True):
+        console = Console(width=80, record=True, file=open(os.devnull, "w"), force_terminal=terminal)
+        console.print(render_loaded(loaded))
+        drawn[terminal] = console.export_text()
+    pipe, terminal = drawn[False].splitlines(), drawn[True]
+    header = next(line for line in pipe if line.startswith("step "))
+    assert "loss scale" in header and "global grad norm" in header
+    rows = pipe[pipe.index(header) + 1:pipe.index(header) + 4]
+    assert [row.split()[0] for row in rows] == ["0", "1", "2"]
+    assert not any(set(line) & set("┏━┃│└┡") for line in pipe) and all(len(line) <= 80 for line in pipe)
+    assert "┃ step" in terminal

@@ -41,8 +41,13 @@ def command_of(script: Path) -> str:
 
 def argv_of(command: str) -> tuple[list[str], dict[str, str]]:
     """The process to start for ``command``: ``ampdoctor`` and ``torchrun`` through this Python, leading
-    ``NAME=value`` words as environment variables."""
+    ``NAME=value`` words as environment variables. A trailing ``2>&1 | cat`` (or ``| cat``), which a page shows to
+    say "piped, stderr with stdout", is what `run_command` does anyway and is dropped."""
     words = shlex.split(command)
+    if words[-2:] == ["|", "cat"]:
+        words = words[:-2]
+    if words[-1:] == ["2>&1"]:
+        words = words[:-1]
     env: dict[str, str] = {}
     while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
@@ -56,20 +61,26 @@ def argv_of(command: str) -> tuple[list[str], dict[str, str]]:
 
 def run(script: Path) -> str:
     """Run the example as its page shows it; return its output with the machine's paths taken out."""
-    argv, extra = argv_of(command_of(script))
+    return run_command(command_of(script), HERE)
+
+
+def run_command(command: str, cwd: Path) -> str:
+    """Run ``command`` (see `argv_of`) in ``cwd`` as a user's terminal would, 80 columns wide; return its output
+    (stdout and stderr as they came) with ``cwd`` and the machine's paths taken out, and its exit status."""
+    argv, extra = argv_of(command)
     src = str(HERE.parents[2] / "src")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AMPDOCTOR", "TORCHELASTIC_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(COLUMNS="80", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONHASHSEED="0",
                PYTHONPATH=src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""), **extra)
-    proc = subprocess.run(argv, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT)
-    return clean(proc.stdout) + f"[exit status {proc.returncode}]\n"
+    return clean(proc.stdout, cwd) + f"[exit status {proc.returncode}]\n"
 
 
-def clean(text: str) -> str:
-    """Take the machine out of ``text``: the examples' folder, site-packages and Python's own library."""
-    text = text.replace(str(HERE) + os.sep, "")
+def clean(text: str, cwd: Path = HERE) -> str:
+    """Take the machine out of ``text``: the folder it ran in, site-packages and Python's own library."""
+    text = text.replace(str(cwd) + os.sep, "")
     text = re.sub(r"[^\s\"']*/site-packages/", ".../site-packages/", text)
     text = re.sub(r"[^\s\"']*/lib/python3\.\d+/", ".../lib/python3/", text)
     text = re.sub(r"\b(pid[ =]?)\d+", r"\g<1>N", text)

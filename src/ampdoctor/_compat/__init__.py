@@ -1,4 +1,4 @@
-"""The only place that reads other libraries' internals: accelerate, transformers, Lightning, DeepSpeed and kin.
+"""The only place that reads other libraries' internals: accelerate, transformers, Lightning, DeepSpeed, Ray and kin.
 
 Each access checks that the internal exists and states what happens without it, as ``ampdoctor._torch`` does for
 torch's; ``tests/_torch/test_probes.py`` imports every module of both rooms on the installed versions and runs the
@@ -12,5 +12,6 @@ accelerate 1.15, transformers 5.24, Lightning 2.6 and DeepSpeed 0.19.
 - `transformers`: the Trainer calling a callback (its frame locals) and its private ``_run_epoch``.
 - `lightning`: Fabric's ``_FabricModule`` (``_forward_module``, ``_strategy``), the ``_MultiProcessingLauncher`` of
   ``ddp_spawn`` workers and ``Trainer._run_stage``.
+- `ray`: whether this process is a Ray Train worker (public API only: ``ray.train.get_context()``).
 - `engines`: DeepSpeed, Megatron-LM and apex engine objects, recognised by their classes' modules, and what they own.
 """

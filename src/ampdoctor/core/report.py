@@ -114,6 +114,21 @@ class ReportView(Drawn):
     findings: bool = True
 
 
+def rank_spans(ranks: list[int]) -> str:
+    """Return sorted ranks as text, runs of three or more as a span.
+
+    >>> rank_spans([0, 1, 2, 3, 6]), rank_spans([0, 1])
+    ('0-3, 6', '0, 1')
+    """
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
+
+
 def missing_ranks_sentence(missing: list[int]) -> str:
     """Return why a distributed run's report is not ``ok``: the ranks that sent none."""
     names = ", ".join(map(str, missing))

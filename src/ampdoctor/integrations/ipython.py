@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import shlex
 import sys
+import weakref
 from typing import Any
 
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report, ReportView
 from ampdoctor.core.views import Line, html_page
 from ampdoctor.runner.attached import watched_by
@@ -55,21 +57,31 @@ class NotebookDoctor:
 
     def __init__(self, shell: Any, *, fix: bool = False, console: Any = None) -> None:
         self.shell = shell
+        # The optimizers and scalers of the stages a cell ended: the next stages' discovery leaves them out (a
+        # crashed cell's traceback keeps them alive), until they train again.
+        self._ended: weakref.WeakSet = weakref.WeakSet()
         self.doctor = self._new_doctor(fix)
-        self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix ended
+        self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix or a new stage ended
         self._console = console
         self._watched = watched_by("the notebook extension")
-        self._bound: set[int] = set()   # the optimizers bound to the notebook's names after the last cell
+        self._built: weakref.WeakSet = weakref.WeakSet()   # the optimizers built since the last cell ended
+        self._shown: set[tuple[str, str, str | None]] = set()   # the places of the findings explained under a cell
+        self._handles: list[Any] = []
 
     def _new_doctor(self, fix: bool) -> Doctor:
-        doctor = Doctor(fix=fix, on_event=self._say)
+        doctor = Doctor(fix=fix, on_event=self._say, ended=self._ended)
         doctor.session.stage_after = 1   # a re-run cell's new optimizer: the watch follows it from its first step
         return doctor
 
     # ---- load / unload ----------------------------------------------------------------------------------------
     def load(self) -> "NotebookDoctor":
+        import torch
+
         self._watched.__enter__()   # attach() in a cell does nothing while the extension is loaded
         self.doctor.attach()
+        # Wherever a cell keeps its new optimizer (a name, a Trainer's attribute), building it is what a re-run does.
+        self._handles = [observe(torch.optim.Optimizer, "__init__", after=self._optimizer_built,
+                                 on_error=self._internal_error)]
         self.shell.events.register("post_run_cell", self.post_run_cell)
         self.shell.register_magic_function(self.magic, "line", MAGIC)
         return self
@@ -78,6 +90,9 @@ class NotebookDoctor:
         """Remove every hook, the callback and the magic; return the last report."""
         call_safely(self.shell.events.unregister, "post_run_cell", self.post_run_cell)
         call_safely(self._remove_magic)
+        for handle in self._handles:
+            call_safely(handle.remove)
+        self._handles = []
         self.doctor.detach()
         call_safely(self._watched.__exit__, None, None, None)
         return self.doctor.report
@@ -88,10 +103,15 @@ class NotebookDoctor:
             del line_magics[MAGIC]
 
     # ---- a cell ended -----------------------------------------------------------------------------------------
+    def _optimizer_built(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        self._built.add(optimizer)
+
+    def _internal_error(self, exc: BaseException) -> None:
+        self.doctor.session.internal_error(exc)   # the doctor of the current stage
+
     def post_run_cell(self, result: Any) -> None:
         """IPython's ``post_run_cell`` event: explain the cell's exception, after IPython printed its traceback;
-        then, when the cell crashed or bound new optimizers to the notebook's names, the next cells are a new
-        stage."""
+        then, when the cell crashed or built new optimizers, the next cells are a new stage."""
         exc = getattr(result, "error_in_exec", None)
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             call_safely(self._explain, exc, on_error=self.doctor.session.internal_error)
@@ -100,15 +120,15 @@ class NotebookDoctor:
     def _stage_after_cell(self, crashed: bool) -> None:
         """A notebook re-runs the cell that builds the model and optimizer: the objects of the cells before are
         gone, so this doctor's run ends (its report is kept, its findings are not repeated) and the next cells get
-        a fresh one, which finds the new objects at their first step. So does a crash (the cell is fixed and re-run)."""
-        import torch
-
-        bound = {id(v) for v in list(self.shell.user_ns.values()) if isinstance(v, torch.optim.Optimizer)}
+        a fresh one, which finds the new objects at their first step. So does a crash (the cell is fixed and re-run).
+        The ended stage's optimizers and scalers are left out of the next stages' discovery until they train again:
+        IPython keeps the crashed cell's traceback (``sys.last_traceback``), and its frames keep them alive."""
         seen = self.doctor.session.seen
+        built, self._built = list(self._built), weakref.WeakSet()
         # new optimizers that have not trained yet (a cell that built and trained them is this stage's own)
-        rebound = bool(self._bound) and bound != self._bound and not bound & seen["optimizers"]
-        self._bound = bound
-        if (crashed or rebound) and any(seen.values()):
+        rebuilt = bool(built) and not any(id(o) in seen["optimizers"] for o in built)
+        if (crashed or rebuilt) and any(seen.values()):
+            self._ended.update(self.doctor.stage_objects())
             self.doctor.detach()
             self.earlier.append(self.doctor.report)
             self.doctor = self._new_doctor(self.doctor.fix).attach()
@@ -125,7 +145,13 @@ class NotebookDoctor:
             if earlier[1] is None:
                 report.extra.pop("explained_by")
             return
-        self._print(ReportView(Report(findings=found), exception=False))
+        new = [f for f in found if f.place not in self._shown]
+        again = list(dict.fromkeys(f.code for f in found if f.place in self._shown))
+        self._shown.update(f.place for f in new)
+        if new:
+            self._print(ReportView(Report(findings=new), exception=False))
+        if again:   # a re-run cell raised the same: explained in full once, under the first traceback
+            self._say(f"ampdoctor: {', '.join(again)} again, as explained above (%ampdoctor shows every finding)")
 
     # ---- the magic --------------------------------------------------------------------------------------------
     def magic(self, line: str = "") -> None:

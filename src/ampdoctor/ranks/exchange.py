@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from ampdoctor.core.report import Report
+from ampdoctor.core.report import Report, rank_spans
 from ampdoctor.ranks.info import RankInfo, from_environment
 from ampdoctor.ranks.mailbox import FolderMailbox, Mailbox, StoreMailbox, agent_store_address, alive, wait_until
 from ampdoctor.ranks.merge import disagreements, merge_rank_reports
@@ -308,8 +308,9 @@ class RankExchange:
             shown = replace(shown, exception=None)   # its own rank printed that crash already
         return shown
 
-    def summary_lines(self, report: Report, own: Report) -> list[str]:
-        """Return what rank 0 says under the merged report: ranks not heard from, and which rank failed first."""
+    def summary_lines(self, report: Report) -> list[str]:
+        """Return what rank 0 says under the merged report: ranks not heard from, which ranks failed with what (one
+        line per exception), and which failed first."""
         ranks = report.extra.get("ranks") or {}
         lines = list(ranks.get("notes", []))
         printed = sorted(r for r, s in self.statuses.items() if s.get("printed"))
@@ -321,12 +322,29 @@ class RankExchange:
             after = (f"; rank {crash.get('rank')} failed after it, with {crash.get('type')}: "
                      f"{str(crash.get('message'))[:300]}" if crash else "")
             lines.append(f"rank {first} failed first: it died without a report (its process is gone){after}")
-        elif crash.get("rank") not in (None, "0"):
-            status = self.statuses.get(int(crash["rank"]), {})
-            known = "" if status.get("explained") else " (not a known mixed-precision failure)"
-            after = f"; rank 0 failed after it, with {own.exception['type']}" if own.exception else ""
-            lines.append(f"rank {crash['rank']} failed first, with {crash.get('type')}: "
-                         f"{str(crash.get('message'))[:300]}{known}{after}")
+        elif str(crash.get("rank", "")).isdigit():
+            crashes = ranks.get("exceptions") or []
+            if crash["rank"] != "0" or len(crashes) > 1:   # rank 0's own crash alone: its traceback says it
+                lines += self._failure_lines(crashes, int(crash["rank"]))
+        return lines
+
+    def _failure_lines(self, crashes: list[dict[str, Any]], first: int) -> list[str]:
+        """Return one line per exception (its type and message) naming every rank that raised it, the first
+        crash's first: ``ranks 0, 1 failed with ValueError: ...; rank 1 first``."""
+        by_exception: dict[tuple[str, str], list[int]] = {}
+        for crash in crashes:
+            key = (str(crash.get("type")), str(crash.get("message"))[:300])
+            by_exception.setdefault(key, []).append(int(crash["rank"]))
+        lines = []
+        for (kind, message), ranks in sorted(by_exception.items(), key=lambda item: first not in item[1]):
+            explained = any(self.statuses.get(r, {}).get("explained") for r in ranks)
+            what = f"{kind}: {message}{'' if explained else ' (not a known mixed-precision failure)'}"
+            if len(ranks) == 1:
+                lines.append(f"rank {ranks[0]} failed {'first' if ranks[0] == first else 'after it'}, with {what}")
+            else:
+                when = f"; rank {first} first" if first in ranks else ""
+                lines.append(f"ranks {rank_spans(sorted(ranks))} failed {'' if when else 'after it, '}with "
+                             f"{what}{when}")
         return lines
 
 

@@ -2,9 +2,13 @@
 
 torchrun (``python -m torch.distributed.run``) and ``accelerate launch`` on GPUs (which calls torchrun) give each
 worker ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR``,
-``MASTER_PORT``, ``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT``. A process group created by hand
-(``init_process_group(rank=..., world_size=...)``) has no such variables; its rank is read from torch.distributed
-while the group exists. Reading a rank is local: no collective is ever started here.
+``MASTER_PORT``, ``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT``, but no ``NODE_RANK``. Ray Train's
+``TorchTrainer`` gives ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``
+and ``MASTER_PORT`` (its XLA backend ``GROUP_RANK`` instead); Lightning's launcher and accelerate's
+``notebook_launcher`` set or read ``NODE_RANK`` too. So the node is ``GROUP_RANK``, which torchrun's rendezvous
+assigned (a ``NODE_RANK`` the job script exported may differ from it), else ``NODE_RANK``. A process group created
+by hand (``init_process_group(rank=..., world_size=...)``) has no such variables; its rank is read from
+torch.distributed while the group exists. Reading a rank is local: no collective is ever started here.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ class RankInfo:
         world_size: how many processes the job has (more than one).
         local_rank: the rank on this node, or ``None`` when unknown.
         local_world_size: how many ranks run on this node, or ``None`` when unknown.
-        node: the node's rank (torchrun's ``GROUP_RANK``), or ``None`` when unknown.
+        node: the node's rank (torchrun's ``GROUP_RANK``, else ``NODE_RANK``: Ray Train's), or ``None`` when unknown.
         job: what the ranks of one launch share and another launch does not (the rendezvous address, port, run id
             and restart attempt), or ``None`` when the launcher set none of them (a group created by hand).
     """
@@ -56,8 +60,9 @@ def from_environment(environ: Mapping[str, str] | None = None) -> RankInfo | Non
     rank, world = _int(env.get("RANK")), _int(env.get("WORLD_SIZE"))
     if rank is None or world is None or world < 2 or not 0 <= rank < world:
         return None
+    node = _int(env.get("GROUP_RANK"))
     return RankInfo(rank, world, _int(env.get("LOCAL_RANK")), _int(env.get("LOCAL_WORLD_SIZE")),
-                    _int(env.get("GROUP_RANK")), launch_job(env))
+                    _int(env.get("NODE_RANK")) if node is None else node, launch_job(env))
 
 
 def launch_job(environ: Mapping[str, str] | None = None) -> str | None:

@@ -111,12 +111,10 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
     if left or end.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
         say(ReportView(exchange.shown(report) if exchange else report, exception=exception, watch=False))
     elif report.changes:
-        say(f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}; what it repaired "
-            f"({', '.join(sorted(c for c in repaired if c))}) is still in {end.code}"
-            + (f", and listed as info in {end.json_path}" if end.json_path else ""))
+        say(_repaired_line(report, end, sorted(c for c in repaired if c)))
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         say(ReportView(report, exception=False, watch=False))
-    for line in exchange.summary_lines(report, own) if exchange is not None else []:
+    for line in exchange.summary_lines(report) if exchange is not None else []:
         say(f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
     if end.fix and not report.changes and left and not report.extra.get("fix_refused"):   # nothing it could do
         codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
@@ -131,3 +129,14 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
         if own.exception.get("facts"):   # what the run held at the crash (explanations.facts)
             say(f"ampdoctor: at the crash: {'; '.join(map(str, own.exception['facts']))}.")
 
+
+def _repaired_line(report: Report, end: JobEnd, codes: list[str]) -> str:
+    """Say that a fix left no findings, and that the code still has what it repaired."""
+    if codes:
+        return (f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}; what it "
+                f"repaired ({', '.join(codes)}) is still in {end.code}"
+                + (f", and listed as info in {end.json_path}" if end.json_path else ""))
+    # no finding to resolve: it repaired before one arose (upcast again at the forward after a mid-run downcast)
+    return (f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}, made before a "
+            f"finding arose; {end.code} still needs them"
+            + (f" (each change is in {end.json_path})" if end.json_path else ""))

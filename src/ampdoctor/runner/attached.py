@@ -29,6 +29,7 @@ import sys
 import traceback
 from typing import Any, Callable, Iterator
 
+from ampdoctor._compat.ray import in_train_worker
 from ampdoctor._compat.tqdm import clear_of_bars
 from ampdoctor.core.callsite import without_own_frames
 from ampdoctor.core.io import write_atomic
@@ -43,6 +44,9 @@ from ampdoctor.runner.doctor import Doctor
 from ampdoctor.session.termination import Termination
 
 ENV = "AMPDOCTOR"   # runner.startup.ENV; startup imports this module, so it is not imported from there
+# Ray Train kills its workers after the fit (`ampdoctor._compat.ray`): an attach() there that is not a with block
+# never reaches its atexit report. Said once, by rank 0, at the first look (a with block has been entered by then).
+RAY_WORKER_LINE = "ampdoctor: no report at exit in Ray: wrap the loop in `with ampdoctor.attach():`"
 
 __all__ = ["Attached", "attach", "chain_excepthook", "watched_by"]
 
@@ -121,10 +125,11 @@ class Attached:
         self.quiet_when_idle, self.fix_name = quiet_when_idle, fix_name
         self.doctor = Doctor(fix=options["fix"], watch=options["watch"], every=options["every"],
                              log_dir=options["log_dir"], activations=options["activations"], on_event=self._say,
-                             on_rank=self._on_rank)
+                             on_rank=self._on_rank, on_first_look=self._on_first_look)
         self.report: Report = self.doctor.report
         self.ranks: InProcessRanks | None = None   # None: a single process (so far)
         self.ended = False
+        self._in_block = False   # used as `with attach():`: it ends with the block
         self._console = console
         self._uncaught: BaseException | None = None
         self._exit_code = 0   # what the script passed to sys.exit(), which atexit does not tell
@@ -154,6 +159,10 @@ class Attached:
             if self.ranks is not None:   # before the watch starts: each rank's flight recorder has its own file
                 self.doctor.log_dir = self.ranks.log_dir(self.doctor.log_dir)
 
+    def _on_first_look(self) -> None:
+        if not self._in_block and in_train_worker():
+            self._say(RAY_WORKER_LINE)
+
     # ---- a crash, or sys.exit() ------------------------------------------------------------------------------
     def _on_exit(self, code: Any = None) -> None:
         self._exit_code = _exit_status(SystemExit(code))
@@ -170,6 +179,7 @@ class Attached:
         return self._end(0, "above")
 
     def __enter__(self) -> "Attached":
+        self._in_block = True
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
@@ -178,6 +188,10 @@ class Attached:
             call_safely(self.doctor.explain, exc)
         status = 130 if isinstance(exc, KeyboardInterrupt) else 1 if failed else _exit_status(exc)
         self._end(status, "follows")   # the exception goes on, and its traceback is printed after the report
+        if exc is not None and tb is not None:   # it goes on with the user's frames and torch's, not ours
+            shown = call_safely(without_own_frames, tb, tb.tb_frame.f_code.co_filename)
+            if shown is not None:
+                exc.with_traceback(shown)
 
     def _at_exit(self) -> None:
         exc = self._uncaught

@@ -13,7 +13,7 @@ import gc
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Container, Iterable
 
 import torch
 from torch import nn
@@ -50,13 +50,24 @@ def instances(*classes: type) -> list[Any]:
         return [o for o in gc.get_objects() if isinstance(o, classes)]
 
 
-def scan() -> LiveObjects:
-    """Return the live optimizers (deduplicated through their wrappers), modules and GradScalers."""
+def scan(leave_out: Container[Any] = ()) -> LiveObjects:
+    """Return the live optimizers (deduplicated through their wrappers), modules and GradScalers.
+
+    Args:
+        leave_out: real optimizers and GradScalers of an ended stage that something else still holds (IPython keeps
+            a crashed cell's traceback, ``sys.last_traceback``, and its frames keep the cell's optimizer and scaler):
+            they are not what the process trains now.
+    """
     scalers = scaler_classes()
     found = instances(torch.optim.Optimizer, nn.Module, *scalers)
-    return LiveObjects(real_optimizers(o for o in found if isinstance(o, torch.optim.Optimizer)),
+    return LiveObjects(live_optimizers((o for o in found if isinstance(o, torch.optim.Optimizer)), leave_out),
                        [o for o in found if isinstance(o, nn.Module)],
-                       [o for o in found if isinstance(o, scalers)])
+                       [o for o in found if isinstance(o, scalers) and o not in leave_out])
+
+
+def live_optimizers(optimizers: Iterable[Any], leave_out: Container[Any] = ()) -> list[Any]:
+    """Return `real_optimizers` of ``optimizers``, less those in ``leave_out`` (see `scan`)."""
+    return [o for o in real_optimizers(optimizers) if o not in leave_out]
 
 
 def real_optimizers(optimizers: Iterable[Any]) -> list[Any]:

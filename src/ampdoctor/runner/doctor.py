@@ -29,7 +29,7 @@ from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.runner.discovery import (
     instances,
     internal_optimizers,
-    real_optimizers,
+    live_optimizers,
     scaler_classes,
     scan,
     trained_models,
@@ -54,6 +54,10 @@ class Doctor:
         activations: also run the activation monitor (first non-finite module, headroom).
         on_event: called with each human-readable event line (fixes applied, internal errors).
         on_rank: told once, when this process's rank is first read.
+        ended: the optimizers and GradScalers of ended stages (a notebook's earlier cells; see `stage_objects`),
+            which discovery leaves out until they train again: something may still hold them (IPython keeps a
+            crashed cell's traceback), but they are not what the process trains now. Shared, not copied.
+        on_first_look: told once, at the first look at what the process trains (before its pre-flight).
 
     The lifecycle itself (pre-flight, fix, guard, watch, explanation, the end) is the `Session`'s; the Doctor finds
     what the process trains and hands it over.
@@ -66,9 +70,12 @@ class Doctor:
 
     def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
                  activations: bool = False, on_event: Callable[[str], None] | None = None,
-                 on_rank: Callable[[RankInfo], None] | None = None) -> None:
+                 on_rank: Callable[[RankInfo], None] | None = None, ended: weakref.WeakSet | None = None,
+                 on_first_look: Callable[[], None] | None = None) -> None:
         self.fix = fix
+        self.ended = ended if ended is not None else weakref.WeakSet()
         self.on_rank = on_rank or (lambda info: None)
+        self.on_first_look = on_first_look
         self.session = Session(fix=fix, watch=watch, every=every, log_dir=log_dir, activations=activations,
                                on_event=on_event)
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
@@ -81,6 +88,7 @@ class Doctor:
         self._attached = False
         self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
         self._internal: weakref.WeakSet = weakref.WeakSet()  # optimizers inside others' steps (ZeRO's own)
+        self._scalers: weakref.WeakSet = weakref.WeakSet()  # the GradScalers the looks handed over
         # This process's rank, read from torch.distributed at the first look (the script may destroy its group
         # before the end); None outside a process group of several ranks.
         self.rank_info: RankInfo | None = None
@@ -171,20 +179,21 @@ class Doctor:
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
-            if instances(torch.optim.Optimizer):
+            if live_optimizers(instances(torch.optim.Optimizer), self.ended):
                 self._start()
         elif self.fix and self.setup is not None and not self.session.repairs.knows(module) \
                 and self._scans < _MAX_SCANS:
             # A model not seen before (a new fold, a resumed copy): repair it before its backward, if an
             # optimizer trains it, so the GradScaler never sees its fp16 gradients.
             self._scans += 1
-            if any(owns_any(o, module) for o in real_optimizers(instances(torch.optim.Optimizer))):
+            if any(owns_any(o, module) for o in live_optimizers(instances(torch.optim.Optimizer), self.ended)):
                 self._start()
         if self.fix and self.setup is not None:
             self.session.reapply(self.setup, module, dtype)
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
         self.session.seen["scalers"].add(id(scaler))
+        self.ended.discard(scaler)   # an ended stage's scaler scales again: it is this stage's
         if self.setup is None and not self.session.broken and self._attached:
             self._start(scaler)
             guard = self.session.guard
@@ -198,7 +207,7 @@ class Doctor:
         if self.session.broken or not isinstance(module, nn.Module) or self.session.repairs.knows(module) \
                 or not any(p.requires_grad and p.dtype in HALF for p in module.parameters()):
             return
-        live, accelerator = scan(), _accelerator()   # two scans of the live objects, once per DDP built
+        live, accelerator = scan(self.ended), _accelerator()   # two scans of the live objects, once per DDP built
         dtype = autocast_ahead(accelerator, live.scalers)
         if dtype is None:
             return
@@ -215,6 +224,7 @@ class Doctor:
         real = unwrap_optimizer(optimizer)
         if real in self._internal:
             return None   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
+        self.ended.discard(real)   # an ended stage's optimizer steps again: it is this stage's
         self.session.seen["optimizers"].add(id(real))
         if not self._in_scaler_step:   # counted there
             self.session.optimizer_stepped(real)   # the watch follows what trains now (a resume, a second stage)
@@ -232,6 +242,9 @@ class Doctor:
     def _on_scaler_step(self, scaler: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
         self._in_scaler_step += 1
         real = unwrap_optimizer(optimizer)
+        self.ended.discard(scaler)
+        if isinstance(real, torch.optim.Optimizer):
+            self.ended.discard(real)
         if self.session.broken or self.setup is None or not isinstance(real, torch.optim.Optimizer):
             return
         if real not in self._diagnosed:   # a new stage's scaler.step(): its steps may all be skipped
@@ -248,7 +261,7 @@ class Doctor:
 
     # ---- the looks: what the process trains now, handed to the session ---------------------------------------
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
-        live = scan()
+        live = scan(self.ended)
         models = trained_models(self.models, live.optimizers, live.modules)
         scalers = [scaler] if scaler is not None else live.scalers
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
@@ -261,8 +274,13 @@ class Doctor:
             return
         first = self.setup is None
         self._read_rank()
+        if self.on_first_look is not None:
+            call_safely(self.on_first_look)
+            self.on_first_look = None   # once
         setup = self._build_setup(scaler)
         self._diagnosed.update(setup.optimizers)
+        if setup.scaler is not None:
+            self._scalers.add(setup.scaler)
         self._internal.update(internal_optimizers(setup.optimizers))
         self.session.start(setup, self.models, self._autocast)
         if first and not self.fix:
@@ -270,6 +288,12 @@ class Doctor:
             # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
             for handle in self._forward_handles:
                 handle.remove()
+            self._depth = 0   # this forward's post-hook is gone with them: the count would stay at 1
+
+    def stage_objects(self) -> list[Any]:
+        """Return the optimizers and GradScalers this doctor handed to its session: what a notebook's next stage
+        leaves out (``ended``) when a cell rebuilt them or crashed."""
+        return [*self._diagnosed, *self._scalers]
 
     def _read_rank(self) -> None:
         if self.rank_info is None:

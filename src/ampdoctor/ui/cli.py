@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("text", nargs="+", help="error text, '-' for stdin, or a code such as AMP101")
 
     rules = sub.add_parser("rules", help="print the rule catalog")
-    rules.add_argument("--markdown", action="store_true", help="print the README's Markdown table")
+    rules.add_argument("--markdown", action="store_true", help="print the catalog as a Markdown table")
     rules.add_argument("--select", metavar="PREFIX", action="append", help="only codes with this prefix")
 
     report = sub.add_parser("report", help="render a JSON report or a JSON-lines flight recorder",

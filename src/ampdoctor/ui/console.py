@@ -22,7 +22,7 @@ from rich.text import Text
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence
+from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence, rank_spans
 from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap, wrap_code
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -102,19 +102,8 @@ def _ranks(group: FindingGroup) -> list[str]:
     if not seen:
         return []
     ranks = sorted({r for each in seen for r in each})
-    text = f"on rank{'s' if len(ranks) > 1 else ''} {_spans(ranks)}"
+    text = f"on rank{'s' if len(ranks) > 1 else ''} {rank_spans(ranks)}"
     return [text if len(seen) == 1 else f"{text} (not every place on every rank; the JSON report has each)"]
-
-
-def _spans(ranks: list[int]) -> str:
-    """Return ``0-3, 6`` for ranks 0, 1, 2, 3, 6."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(f"{a}" if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}" for a, b in spans)
 
 
 def _step(group: FindingGroup) -> str:

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -19,6 +19,7 @@ from rich.text import Text
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.records import Recording, read_recording
 from ampdoctor.core.report import Report
+from ampdoctor.ui.plain import PlainLines, Sentence, wrap
 from ampdoctor.ui.run_data import RunData, read_run
 
 MAX_BYTES = 512 * 1024 * 1024  # refuse to load more than this; a flight recorder of a long run stays far below
@@ -219,7 +220,7 @@ def render_loaded(loaded: Loaded) -> RenderableType:
 
     if not loaded.is_log and not loaded.notes:
         return loaded.report
-    parts: list[RenderableType] = [Text(note) for note in loaded.notes]
+    parts: list[RenderableType] = [Sentence(note) for note in loaded.notes]
     steps = [s.step for s in loaded.run.steps] if loaded.run is not None else []
     data = run_data(loaded)
     parts.append(_steps_table(loaded, steps, data))
@@ -238,24 +239,43 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     return Group(*parts)
 
 
-def _steps_table(loaded: Loaded, steps: list[int], data: RunData) -> Table:
+def _steps_table(loaded: Loaded, steps: list[int], data: RunData) -> StepsTable:
     """Return the table of the sampled steps: the loss scale, skips and series of each; the first 5 and last 15 of
     a long run."""
-    table = Table(title=_steps_title(loaded, steps))
     by_step = {name: dict(values) for name, values in series(loaded).items()}
     names = [n for n in ("global grad norm", "worst fp16 underflow", "worst bf16 underflow",
                          "lost updates (fraction)") if n in by_step]
-    columns = (["loss scale", "skipped so far"] if data.scale else []) + names
-    table.add_column("step", justify="right")
-    for name in columns:
-        table.add_column(name, justify="right")
+    columns = ["step", *(["loss scale", "skipped so far"] if data.scale else []), *names]
+    rows = []
     shown = steps if len(steps) <= 20 else steps[:5] + steps[-15:]
     for index, step in enumerate(shown):
         if len(steps) > 20 and index == 5:
-            table.add_row("…", *["…"] * len(columns))
+            rows.append(["…"] * len(columns))
         cells = [_fmt(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] if data.scale else []
-        table.add_row(str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names])
-    return table
+        rows.append([str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names]])
+    return StepsTable(_steps_title(loaded, steps), columns, rows)
+
+
+class StepsTable(PlainLines):
+    """The sampled steps: a rich table on a terminal, right-aligned plain columns in a pipe or a log."""
+
+    def __init__(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
+        self.title, self.columns, self.rows = title, columns, rows
+
+    def table(self, width: int) -> Table:
+        table = Table(title=self.title)
+        for name in self.columns:
+            table.add_column(name, justify="right")
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+    def lines(self, width: int) -> Iterator[Text]:
+        for line in wrap(self.title, width):
+            yield Text(line)
+        widths = [max(len(c), *(len(r[i]) for r in self.rows)) for i, c in enumerate(self.columns)]
+        for row in [self.columns, *self.rows]:
+            yield Text("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
 
 
 def _steps_title(loaded: Loaded, steps: list[int]) -> str:
