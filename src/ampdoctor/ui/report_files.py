@@ -273,7 +273,8 @@ class StepsTable(PlainLines):
     def lines(self, width: int) -> Iterator[Text]:
         for line in wrap(self.title, width):
             yield Text(line)
-        widths = [max(len(c), *(len(r[i]) for r in self.rows)) for i, c in enumerate(self.columns)]
+        # a log may have no step at all: the header alone
+        widths = [max([len(c), *(len(r[i]) for r in self.rows)]) for i, c in enumerate(self.columns)]
         for row in [self.columns, *self.rows]:
             yield Text("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
 
