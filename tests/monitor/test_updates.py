@@ -44,7 +44,7 @@ def test_pure_bf16_with_a_small_lr_loses_most_updates() -> None:
     monitor = run(model, torch.optim.AdamW(model.parameters(), lr=1e-5), 4)
     assert monitor.names == ["0.weight", "0.bias", "2.weight", "2.bias"]
     fractions = monitor.fractions()
-    assert all(f > 0.9 for f in fractions.values()), fractions
+    assert set(fractions) == set(monitor.names) and all(f > 0.9 for f in fractions.values()), fractions
     assert [f.code for f in monitor.findings()] == ["AMP607"] * 4
     assert "bfloat16" in monitor.findings()[0].detail
     assert monitor.summary()["lost_fraction"] > 0.9
@@ -145,3 +145,22 @@ def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path
     assert [(s.step, s.partial) for s in steps] == [(0, False), (1, False), (2, False)]
     assert all(s.lost.fraction == 1.0 and {n: p.fraction for n, p in s.lost.params.items()} == {"weight": 1.0,
                "bias": 1.0} for s in steps)
+
+
+def test_a_large_parameter_is_sampled_in_runs_and_its_counts_keep_its_name() -> None:
+    # "big" (9600 entries) is read as strided runs of 16 and gathered after the small whole ones: its counts must
+    # still land on its name. Its lr is tiny (every bf16 update rounds away); the small one's is large (none do).
+    torch.manual_seed(0)
+    big = nn.Parameter(torch.randn(600, 16, dtype=torch.bfloat16))
+    small = nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+    opt = torch.optim.SGD([{"params": [big], "lr": 1e-8}, {"params": [small], "lr": 1.0}])
+    monitor = UpdateMonitor([("big", big), ("small", small)]).attach(opt)
+    for step in range(2):
+        monitor.set_sampling(True)
+        (big.float().sum() + small.float().pow(2).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+        sync(monitor, step)
+    assert monitor.with_grad == [2 * 4096, 2 * 8]
+    assert monitor.fractions() == {"big": 1.0, "small": 0.0}
+    assert [f.where for f in monitor.findings()] == ["big"]
