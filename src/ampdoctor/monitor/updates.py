@@ -28,9 +28,9 @@ Cost. A large parameter's sampled entries are runs of 16 consecutive entries (on
 strided; the views of them are built once and kept while the parameter keeps its storage, so reading every
 parameter's entries is two ``torch.cat`` whatever the number of parameters. Per-parameter ``index_select`` of
 random entries cost about 16 us each, the two snapshots and the gradients' entries 4.3 ms a sampled step on
-bench/overhead.py's 54-tensor model (more than the gradient statistics); these gathers now take 1.3 ms. The per-parameter
-counts are differences of one cumulative sum at the segments' ends (a segment ``index_add_`` over ``[N, 3]``
-cost 0.85 ms).
+bench/overhead.py's 54-tensor model (more than the gradient statistics); these gathers now take 1.3 ms. The
+per-parameter counts are differences of one cumulative sum at the segments' ends (a segment ``index_add_`` over
+``[N, 3]`` cost 0.85 ms).
 """
 
 from __future__ import annotations
