@@ -164,3 +164,22 @@ def test_a_large_parameter_is_sampled_in_runs_and_its_counts_keep_its_name() -> 
     assert monitor.with_grad == [2 * 4096, 2 * 8]
     assert monitor.fractions() == {"big": 1.0, "small": 0.0}
     assert [f.where for f in monitor.findings()] == ["big"]
+
+
+def test_a_parameter_given_new_storage_is_read_from_it() -> None:
+    # the sampled entries are kept views of the weights: after ``p.data = ...`` (what MasterWeights does at each
+    # phase change) they must come from the new storage, or the step would look as if it moved no weight
+    torch.manual_seed(0)
+    model = nn.Linear(600, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = UpdateMonitor(list(model.named_parameters())).attach(opt)
+    for step in range(3):
+        if step == 2:
+            model.weight.data = model.weight.data.clone()
+        monitor.set_sampling(True)
+        model(torch.randn(4, 600)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sync(monitor, step)
+    assert [expected for _, expected, _ in monitor.moved_steps] == [4096 + 16] * 3
+    assert [moved for _, _, moved in monitor.moved_steps] == [4096 + 16] * 3

@@ -169,8 +169,10 @@ class UpdateMonitor:
         """Return a view of parameter ``k``'s sampled entries: kept while the parameter keeps its storage, dtype and
         size (``p.data = ...``, as ``MasterWeights`` does at each phase change, makes a new one)."""
         p = self._params[k]
-        # a DTensor, or a non-contiguous parameter (its flattened entries are a copy): every time
-        key = None if hasattr(p, "to_local") or not p.is_contiguous() else (p.data_ptr(), p.dtype, p.shape)
+        # a DTensor, or a non-contiguous parameter (its flattened entries are a copy): every time. The storage's size
+        # is in the key for storage freed and allocated again under the same parameter (FSDP's resharding)
+        key = None if hasattr(p, "to_local") or not p.is_contiguous() else (
+            p.data_ptr(), p.dtype, p.shape, p.untyped_storage().nbytes())
         kept = self._views[k]
         if key is None or kept is None or kept[0] != key:
             kept = self._views[k] = (key, _entries(local_tensor(p.detach()), self._picks[k]))
