@@ -130,3 +130,21 @@ def test_confirm_wiring_keeps_only_what_still_holds():
         t.grad = torch.zeros_like(t)
     confirm_wiring(report, setup)
     assert [f.code for f in report.findings] == ["AMP101"]
+
+
+@pytest.mark.parametrize("held", ["stale", "frozen", "none"])
+def test_amp302_points_to_amp301_only_when_amp301_names_stale_tensors(held):
+    # the frozen case is accelerate issue 328 (tests/real/cases/d07): the optimizer got the frozen backbone
+    model = nn.ModuleDict({"backbone": nn.Linear(4, 4), "head": nn.Linear(4, 2)})
+    model["backbone"].requires_grad_(False)
+    tensors = {"stale": list(nn.Linear(4, 2).parameters()), "frozen": list(model["backbone"].parameters()),
+               "none": []}[held]
+    opt = torch.optim.SGD(tensors or [nn.Parameter(torch.zeros(1))], lr=0.1)
+    if not tensors:
+        opt.param_groups[0]["params"] = []
+    setup = TrainingSetup(model, opt)
+    summary = " ".join(f.detail for f in params_missing_from_optimizer(setup))
+    assert "None of the 2 trainable parameters is in an optimizer" in summary, summary
+    assert ("see AMP301" in summary) == (held == "stale"), summary
+    assert bool(list(optimizer_tensors_not_in_model(setup))) == (held == "stale")
+    assert {"stale": "another model", "frozen": "requires_grad=False", "none": "no tensor at all"}[held] in summary

@@ -106,8 +106,16 @@ def params_missing_from_optimizer(setup: TrainingSetup, rule: Rule) -> Iterator[
     if not missing:
         return
     if len(missing) == len(trainable):
+        # AMP301 names the optimizers' stale tensors when there are any: point to it only then
+        if any(setup.info(t) is None and t.grad is None for t in held):
+            built = "over other tensors (see AMP301) or another model."
+        elif held:
+            built = ("over frozen parameters of the model (requires_grad=False) only: build them over the "
+                     "parameters that train, e.g. [p for p in model.parameters() if p.requires_grad].")
+        else:
+            built = "over no tensor at all."
         summary = (f"None of the {len(trainable)} trainable parameters is in an optimizer: the optimizers were built "
-                   "over other tensors (see AMP301) or another model.")
+                   f"{built}")
     else:
         summary = (f"{len(missing)} of {len(trainable)} trainable parameters are in no optimizer's param_groups; "
                    "they get gradients and memory but are never updated.")
