@@ -183,3 +183,17 @@ def test_a_parameter_given_new_storage_is_read_from_it() -> None:
         sync(monitor, step)
     assert [expected for _, expected, _ in monitor.moved_steps] == [4096 + 16] * 3
     assert [moved for _, _, moved in monitor.moved_steps] == [4096 + 16] * 3
+
+
+def test_the_watchs_time_inside_counts_the_lost_update_hooks() -> None:
+    # bench/overhead.py's "inside" ratio reads Watch.seconds_inside: the hooks of sampled steps are in it
+    model = bf16_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    w = watch(model, opt, every=1)
+    for _ in range(2):
+        model(torch.randn(8, 16, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    hooks = w._lost.seconds
+    w.detach()
+    assert hooks > 0 and w.seconds_inside > hooks

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -91,6 +92,7 @@ class UpdateMonitor:
         self._counts: torch.Tensor | None = None  # [P, 4]: the _LOST_DENOMINATOR ... _MOVED columns
         self._finite: torch.Tensor | None = None  # [P]: 1 where the sampled entries were finite after the last step
         self._stepped = 0   # optimizer steps counted into _counts
+        self.seconds = 0.0  # spent in the hooks of sampled steps
         # host-side totals per parameter
         self.with_grad = [0] * len(picked)
         self.lost = [0] * len(picked)
@@ -146,6 +148,7 @@ class UpdateMonitor:
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or self.broken:
             return None
+        start = time.perf_counter()
         try:
             resting = _resting(optimizer)
             with torch.no_grad():
@@ -163,6 +166,7 @@ class UpdateMonitor:
                 self._found_inf = found_inf.detach().clone() if isinstance(found_inf, torch.Tensor) else None
         except Exception as exc:
             self._fail(exc)
+        self.seconds += time.perf_counter() - start
         return None
 
     def _weights(self, k: int) -> torch.Tensor:
@@ -213,6 +217,7 @@ class UpdateMonitor:
         before, self._before = self._before, None
         if before is None or not self.active or self.broken:
             return
+        start = time.perf_counter()
         try:
             with torch.no_grad():
                 counts, finite = [], []
@@ -238,6 +243,7 @@ class UpdateMonitor:
                 self._stepped += 1
         except Exception as exc:
             self._fail(exc)
+        self.seconds += time.perf_counter() - start
 
     def _lengths(self, device: torch.device, members: list[int]) -> torch.Tensor:
         key = (device, "lengths")

@@ -160,9 +160,10 @@ class Watch:
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
         self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
-        # seconds spent computing statistics and closing steps (sync, record, log line); the O(1) per-step
-        # observers and the activation monitor's module hooks are not in it
-        self.seconds_inside = 0.0
+        # seconds spent computing statistics and closing steps (sync, record, log line); with the lost-update
+        # hooks' own (seconds_inside); the O(1) per-step observers and the activation monitor's module hooks are not
+        # in it
+        self._seconds = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
         self._sampling, self._armed = Sampling(every, dense), None  # _armed: an ActivationMonitor, its last step
@@ -179,6 +180,11 @@ class Watch:
         self._parts = WatchParts()
         self._started = time.perf_counter()
         self.attached = False
+
+    @property
+    def seconds_inside(self) -> float:
+        """Seconds spent inside the watch: statistics, the ends of steps and the lost-update hooks."""
+        return self._seconds + (self._lost.seconds if self._lost is not None else 0.0)
 
     # ---- attaching ------------------------------------------------------------------------------------------
     def attach(self) -> "Watch":
@@ -344,7 +350,7 @@ class Watch:
     def _read_grads(self, scale: torch.Tensor | None, scaled: bool) -> None:
         start = time.perf_counter()
         self._grads.read(scale, scaled)
-        self.seconds_inside += time.perf_counter() - start
+        self._seconds += time.perf_counter() - start
 
     # ---- the end of a step ----------------------------------------------------------------------------------
     def _end_step(self) -> None:
@@ -357,7 +363,7 @@ class Watch:
             self.steps += 1
             if self._backward is not None:
                 self._backward.step_ended()
-            self.seconds_inside += time.perf_counter() - start
+            self._seconds += time.perf_counter() - start
         self._set_sampling(self._sampling.sampled(self.steps))
 
     def _set_sampling(self, active: bool) -> None:
