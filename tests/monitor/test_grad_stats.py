@@ -6,13 +6,12 @@ format counts leave out negligible entries (at most ``floor`` times the largest 
 
 from __future__ import annotations
 
-import collections
 import math
 
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_count import CountOps
 
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, FLOOR, FORMATS, GradStats
 from ampdoctor.monitor.gradients import rows_to_dicts
@@ -304,16 +303,6 @@ def test_all_zero_gradient() -> None:
 
 
 # ---- the hot path: ATen ops per sampled step, counted by a dispatch mode (deterministic, no timing) ---------------
-class _Ops(TorchDispatchMode):
-    """Count the ATen ops dispatched inside the mode, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _grads(n: int) -> list[torch.Tensor]:
@@ -334,7 +323,7 @@ def test_the_ops_of_a_sampled_compute_are_pinned_and_there_is_no_bincount() -> N
     stats = GradStats([g.numel() for g in _grads(3)], sample=4096)
     grads, scale = _grads(3), torch.tensor(1024.0)
     stats.compute(grads, scale, scaled=True)  # builds the plan and the buffers once
-    with _Ops() as mode:
+    with CountOps() as mode:
         stats.compute(grads, scale, scaled=True)
     assert "bincount" not in mode.ops  # bincount reads its largest bin on the host: a sync per call on CUDA
     assert sum(mode.ops.values()) == OPS_PER_COMPUTE, dict(mode.ops)
@@ -346,7 +335,7 @@ def test_ops_other_than_the_per_tensor_extremes_do_not_grow_with_the_number_of_t
         grads = _grads(n)
         stats = GradStats([g.numel() for g in grads], sample=4096)
         stats.compute(grads, None)
-        with _Ops() as mode:
+        with CountOps() as mode:
             stats.compute(grads, None)
         counts.append(mode.ops)
     grown = {op: counts[1][op] - counts[0].get(op, 0) for op in counts[1] if counts[1][op] != counts[0].get(op, 0)}

@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.modules.module as module_globals
 import torch.optim.optimizer as optimizer_globals
+from op_count import CountOps
 from rich.console import Console
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampdoctor.core.report import Report
 from ampdoctor.monitor.grad_stats import GradStats
@@ -549,14 +549,6 @@ def test_the_parameters_of_a_second_model_the_optimizer_trains_are_named_not_lef
 
 
 # ---- the hot path: ATen ops a sampled step adds, counted by a dispatch mode (deterministic, no timing) -----------
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _added_ops(layers: int, **watch_kw) -> collections.Counter:
@@ -570,7 +562,7 @@ def _added_ops(layers: int, **watch_kw) -> collections.Counter:
         w = watch(model, opt, sc, **watch_kw) if watched else None
         x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1))
         for step in range(3):
-            with torch.autocast("cpu", dtype=torch.bfloat16), _CountOps() as mode:
+            with torch.autocast("cpu", dtype=torch.bfloat16), CountOps() as mode:
                 sc.scale(model(x).float().pow(2).mean()).backward()
                 sc.step(opt)
                 sc.update()
