@@ -13,9 +13,10 @@ over rounds of median(variant block) / median(its baseline block), so that slow 
 alike (for (g), the mean of its 10 steps over its baseline block's mean), and best variant step / best baseline
 step, the least disturbed estimate when other processes compete for the two cores (the difference between the two
 says how noisy the run was). For (a), (c), (d), (f) and (g) a third, "inside" ratio adds the time measured inside
-the monitoring code per step (``Watch.seconds_inside``: the statistics, the ends of steps and the lost-update
-hooks; the print loop's and the norm's own duration) to the baseline's median step: it is not a difference of two
-noisy numbers, but it misses indirect costs (caches, allocator) and ampdoctor's O(1) per-step observers:
+the monitoring code per step (``Watch.seconds_inside``: the statistics, the ends of steps, the lost-update hooks and
+the activation monitor's forward hooks; the print loop's and the norm's own duration) to the baseline's median
+step: it is not a difference of two noisy numbers, but it misses indirect costs (caches, allocator) and
+ampdoctor's O(1) per-step observers:
 
   (a) the seed's loop: print(name, grad.abs().max().item(), grad.norm().item()) per parameter, to /dev/null
   (b) transformers' DebugUnderflowOverflow(model) (forward hooks with .item() checks on every module)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ampdoctor.monitor.updates import UpdateMonitor
+from ampdoctor.monitor.updates import MOVED_SAMPLE, UpdateMonitor
 from ampdoctor.monitor.watcher import watch
 
 
@@ -181,8 +181,9 @@ def test_a_parameter_given_new_storage_is_read_from_it() -> None:
         opt.step()
         opt.zero_grad()
         sync(monitor, step)
-    assert [expected for _, expected, _ in monitor.moved_steps] == [4096 + 16] * 3
-    assert [moved for _, _, moved in monitor.moved_steps] == [4096 + 16] * 3
+    # an fp32 weight: MOVED_SAMPLE entries of the weight, the whole bias
+    assert [expected for _, expected, _ in monitor.moved_steps] == [MOVED_SAMPLE + 16] * 3
+    assert [moved for _, _, moved in monitor.moved_steps] == [MOVED_SAMPLE + 16] * 3
 
 
 def test_the_watchs_time_inside_counts_the_lost_update_hooks() -> None:

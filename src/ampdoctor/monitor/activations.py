@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 import weakref
 from typing import Any
 
@@ -95,6 +96,7 @@ class ActivationMonitor:
         self._handles: list[Any] = []
         self._active = self._driven = self._broken = self._replaying = False  # _active: the flag every hook checks
         self._calls = self._records = self._sampled = self._replays = 0
+        self.seconds = 0.0  # spent in the forward hooks of sampled steps (a watch counts it as its own)
         self._record: StepRecord | None = None
         self._findings: list[Finding] = []
         self._reported: set[tuple[str, int]] = set()
@@ -180,10 +182,12 @@ class ActivationMonitor:
     def _on_forward(self, index: int, module: nn.Module, args: tuple, output: Any) -> None:
         if torch.compiler.is_compiling() or not self._active:  # see the module docstring
             return None
+        start = time.perf_counter()
         try:
             self._forward_stats(index, output)
         except Exception as exc:
             self._fail(exc)
+        self.seconds += time.perf_counter() - start
         return None
 
     def _forward_stats(self, index: int, output: Any) -> None:

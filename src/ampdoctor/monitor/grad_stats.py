@@ -154,18 +154,17 @@ class GradStats:
                 # complex: the magnitudes |g| (same L2 and abs-max; g.float() would drop the imaginary part, warning)
                 gs = [g.abs() if g.is_complex() else g if dtype in _NATIVE else g.float() for _, g in items]
                 rows = tuple(i for i, _ in items)
-                # with counts, the fp32 CPU pass also gathers the examined entries of a tensor while it is cached
-                examined = self._plan(rows, gdev).index if self.counts else None
-                absmax, l2, values = self._extremes(gs, examined)
+                plan = self._plan(rows, gdev)
+                absmax, l2, values = self._extremes(gs, plan)
                 if values is None and keep:
-                    values = self._values(rows, gs, gdev)[0]
+                    values = self._values(gs, plan)
                 begun.work.append((rows, gs if values is None else None, values, absmax, l2))
                 index = self._constant(("rows", rows), device, rows, torch.long)
                 out[:, COL["has_grad"]].index_fill_(0, index, 1.0)  # a scalar index_put_ copies it to the device
-                out[index, COL["absmax"]] = absmax.to(device, non_blocking=True) * begun.unscale
-                out[index, COL["l2"]] = l2.to(device, non_blocking=True) * begun.unscale
+                if keep:  # finish() writes them at once otherwise; the ranks' merge reads them first
+                    out[index, COL["absmax"]] = absmax.to(device, non_blocking=True) * begun.unscale
+                    out[index, COL["l2"]] = l2.to(device, non_blocking=True) * begun.unscale
                 if keep and self.counts:  # the smallest non-zero |g| examined: merged over ranks before the counts
-                    plan = self._plan(rows, gdev)
                     a = values.abs().float()
                     small = torch.full((len(rows),), math.inf, dtype=torch.float32, device=gdev).scatter_reduce_(
                         0, plan.segment, torch.where(torch.isfinite(a) & (a > 0), a, math.inf), "amin")
@@ -188,14 +187,14 @@ class GradStats:
             for (rows, gs, values, local, l2), amax in zip(begun.work, merged):
                 gdev = local.device
                 amax = amax.to(gdev, non_blocking=True)
-                if values is None:
-                    values = self._values(rows, gs, gdev)[0]
+                # On CPU reading a flag costs nothing: the squares, which only replace an overflowed float32 L2, are
+                # summed only then, and the non-finite code only when an abs-max says there is one.
+                cpu = gdev.type == "cpu"
+                squares = bool(torch.isinf(l2).any()) if cpu else True
+                if values is None and (self.counts or squares):
+                    values = self._values(gs, self._plan(rows, gdev))
                 if self.counts:
-                    # On CPU reading a flag costs nothing: the squares, which only replace an overflowed float32
-                    # L2, are summed only then, and the non-finite code only when an abs-max says there is one.
-                    cpu = gdev.type == "cpu"
-                    squares, finite = (bool(torch.isinf(l2).any()), bool(torch.isfinite(local).all())) if cpu \
-                        else (True, False)
+                    finite = bool(torch.isfinite(local).all()) if cpu else False
                     counts = self._counts(rows, values, gdev, begun.simulate.to(gdev, non_blocking=True),
                                           floor.to(gdev, non_blocking=True), local, amax, squares, finite)
                     min_nonzero, sumsq, counts = counts[:, -2], counts[:, -1], counts[:, :-2]
@@ -203,9 +202,10 @@ class GradStats:
                 else:
                     counts = torch.full((len(rows), len(COLUMNS) - 5), math.nan, dtype=torch.float64, device=gdev)
                     min_nonzero = torch.full_like(local, math.nan)
-                    sumsq, unit = self._sum_squares(rows, values, gdev, local), local
-                # float32 squares overflowed though every entry is finite: L2 = abs-max * |g / abs-max|
-                l2 = torch.where(torch.isinf(l2) & torch.isfinite(local), unit * sumsq.sqrt(), l2)
+                    sumsq = self._sum_squares(rows, values, gdev, local) if squares else None
+                    unit = local
+                if squares:  # float32 squares overflowed though every entry is finite: L2 = abs-max * |g / abs-max|
+                    l2 = torch.where(torch.isinf(l2) & torch.isfinite(local), unit * sumsq.sqrt(), l2)
                 block = torch.cat([torch.stack([local, min_nonzero, l2], 1).to(device, non_blocking=True),
                                    counts.to(device, non_blocking=True)], 1)
                 block[:, 0:3] *= unscale
@@ -213,13 +213,16 @@ class GradStats:
                 out[index, COL["absmax"]:] = block
         return out
 
-    def _extremes(self, gs: list[torch.Tensor], index: list[torch.Tensor | None] | None = None
+    def _extremes(self, gs: list[torch.Tensor], plan: Plan
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Return float64 abs-max (NaN if any NaN) and L2 norm per gradient, over all entries, in stored units.
+        """Return float64 abs-max (NaN if any NaN) and L2 norm per gradient, over all entries, in stored units, and
+        on CPU the examined entries in ``plan`` order (else None: ``_values`` gathers them).
 
-        Two reading passes and no allocation the size of the gradients: on CPU a fresh buffer of that size costs
-        page faults on every step, which made an abs() copy slower than the reductions themselves. The L2 is inf
-        when the float32 sum of squares overflows; ``compute`` replaces it.
+        On CPU, a gradient examined whole is read once, into the examined entries, and its abs-max and L2 are
+        segment reductions over them; a larger one gets two reading passes of its own and no allocation the size
+        of the gradient (a fresh buffer of that size costs page faults on every step, which made an abs() copy
+        slower than the reductions themselves). Its L2 is inf when the float32 sum of squares overflows;
+        ``finish`` replaces it.
         """
         dtype = gs[0].dtype
         if gs[0].device.type != "cpu":
@@ -228,33 +231,42 @@ class GradStats:
             l2 = torch.stack(foreach.norms(gs, 2, dtype=torch.float32 if dtype.itemsize < 4 else None)).double()
             top = torch.stack(foreach.norms(gs, math.inf)).double()
             return torch.where(l2.isnan(), math.nan, top), l2, None
-        if dtype.itemsize >= 4 and all(g.is_contiguous() for g in gs):
-            # BLAS dot of a gradient with itself: the sum of squares in one vectorized pass, about twice as fast
-            # as a foreach norm on CPU; inf and NaN propagate the same way. Both passes over one tensor, then the
-            # next: the second reads it from the cache (0.4-0.9 ms less on the 10M-parameter bench model).
-            dots, lo_hi, picked = [], [], []
-            for k, g in enumerate(gs):
-                flat = g.reshape(-1)
-                dots.append(torch.dot(flat, flat))
-                lo_hi.append(torch.aminmax(g))  # one pass; NaN propagates into both
-                if index is not None:  # the examined entries (see _values), from the cache too
-                    picked.append(flat if index[k] is None else flat.index_select(0, index[k]))
-            l2 = torch.stack(dots).double().sqrt()
-            values = torch.cat(picked) if picked else None
-        else:  # fp16/bf16 squares would overflow: accumulate in float32
+        if dtype.itemsize < 4 or not all(g.is_contiguous() for g in gs):
+            # fp16/bf16 squares would overflow: accumulate in float32
             l2 = torch.stack(foreach.norms(gs, 2, dtype=torch.float32 if dtype.itemsize < 4 else None)).double()
-            lo_hi, values = [torch.aminmax(g) for g in gs], None
-        lows = torch.stack([mm.min for mm in lo_hi]).double()
-        highs = torch.stack([mm.max for mm in lo_hi]).double()
-        return torch.maximum(highs, -lows), l2, values
+            lo_hi = [torch.aminmax(g) for g in gs]
+            lows, highs = (torch.stack([mm[j] for mm in lo_hi]).double() for j in (0, 1))
+            return torch.maximum(highs, -lows), l2, None
+        dots, lo_hi, picked = [], [], []
+        for k in plan.order:
+            flat, idx = gs[k].reshape(-1), plan.index[k]
+            if idx is None:  # examined whole: the segment reductions below
+                picked.append(flat)
+                continue
+            # BLAS dot of a gradient with itself: the sum of squares in one vectorized pass, about twice as fast as a
+            # foreach norm on CPU; inf and NaN propagate the same way. Both passes over one tensor, then the next:
+            # the second, and the examined entries, read it from the cache.
+            dots.append(torch.dot(flat, flat))
+            lo_hi.append(torch.aminmax(flat))  # one pass; NaN propagates into both
+            if self.counts:
+                picked.append(flat.index_select(0, idx))
+        values = torch.cat(picked) if picked else None
+        absmax = torch.zeros(len(gs), dtype=torch.float64)
+        l2 = torch.zeros(len(gs), dtype=torch.float64)
+        if plan.whole:  # float64 squares: no overflow, and NaN and inf propagate as in a dot
+            whole, segment = values[:plan.whole].double(), plan.segment[:plan.whole]
+            absmax.scatter_reduce_(0, segment, whole.abs(), "amax")
+            l2.index_add_(0, segment, whole.square()).sqrt_()
+        if dots:  # max(|min|, |max|): NaN propagates through abs and amax
+            top = torch.stack([x for pair in lo_hi for x in pair]).view(-1, 2).abs().amax(1)
+            absmax.index_copy_(0, plan.sampled, top.double())
+            l2.index_copy_(0, plan.sampled, torch.stack(dots).double().sqrt())
+        return absmax, l2, values if self.counts else None
 
-    def _values(self, rows: tuple[int, ...], gs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor,
-                                                                                                      Plan]:
-        """Return the examined entries of every gradient, concatenated, and the plan that says whose they are."""
-        plan = self._plan(rows, device)
-        values = torch.cat([g.reshape(-1) if idx is None else g.reshape(-1).index_select(0, idx)
-                            for g, idx in zip(gs, plan.index)])
-        return values, plan
+    def _values(self, gs: list[torch.Tensor], plan: Plan) -> torch.Tensor:
+        """Return the examined entries of every gradient, concatenated in ``plan`` order."""
+        return torch.cat([gs[k].reshape(-1) if plan.index[k] is None else gs[k].reshape(-1).index_select(
+            0, plan.index[k]) for k in plan.order])
 
     def _sum_squares(self, rows: tuple[int, ...], values: torch.Tensor, device: torch.device,
                      absmax: torch.Tensor) -> torch.Tensor:
@@ -292,8 +304,8 @@ class GradStats:
         return block
 
     def _plan(self, rows: tuple[int, ...], device: torch.device) -> Plan:
-        """Return (built once per rows and device) which entries of each parameter are examined, and the segment
-        id of every examined entry in their concatenation."""
+        """Return (built once per rows and device) which entries of each parameter are examined, in what order
+        they are concatenated (the ones examined whole first), and the segment id of every examined entry."""
         key = (rows, device)
         plan = self._gather.get(key)
         if plan is None:
@@ -307,10 +319,14 @@ class GradStats:
                 else:
                     index.append(sample_index(n, self.sample, self._seed * 1_000_003 + i).to(device))
                     lengths.append(self.sample)
-            segment = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(lengths))
-            nb = bins_per_row()
-            plan = self._gather[key] = Plan(index, segment.to(device), (segment * nb).to(device),
-                                             torch.tensor(lengths, dtype=torch.float64).to(device))
+            order = [k for k, idx in enumerate(index) if idx is None]
+            whole = sum(lengths[k] for k in order)
+            order += [k for k, idx in enumerate(index) if idx is not None]
+            segment = torch.repeat_interleave(torch.tensor(order), torch.tensor([lengths[k] for k in order]))
+            sampled = torch.tensor(order[len(order) - sum(idx is not None for idx in index):], dtype=torch.long)
+            plan = self._gather[key] = Plan(index, segment.to(device), (segment * bins_per_row()).int().to(device),
+                                             torch.tensor(lengths, dtype=torch.float64).to(device), tuple(order), whole,
+                                             sampled.to(device))
         return plan
 
 

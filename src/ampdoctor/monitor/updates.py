@@ -4,10 +4,11 @@
 smaller than ``|w| * 2**-9`` is lost. Optimizers with fp32 master weights never lose them; a pure-bf16 model
 with a small learning rate loses most.
 
-On a sampled step the monitor snapshots a fixed set of up to ``sample`` entries of each trainable parameter (this
-rank's shard of a DTensor: every entry of a small one, an evenly strided slice of a larger one, see ``_stride``) in
-an optimizer step pre-hook (``register_step_pre_hook``), together with whether each
-entry's gradient is non-zero, and compares them in the post-hook:
+On a sampled step the monitor snapshots a fixed set of up to ``sample`` entries of each trainable fp16/bf16
+parameter, and up to ``MOVED_SAMPLE`` of a wider one (this rank's shard of a DTensor: every entry of a small one,
+an evenly strided slice of a larger one, see ``_stride``) in an optimizer step pre-hook
+(``register_step_pre_hook``), together with whether each entry's gradient is non-zero, and compares them in the
+post-hook:
 
 * **lost**: of the entries of an fp16/bf16 parameter with a non-zero gradient, those whose stored value did not
   change (AMP607). That stands in for "the fp32 update was non-zero": it does not run the optimizer twice, and
@@ -28,9 +29,9 @@ Cost. A large parameter's sampled entries are runs of 16 consecutive entries (on
 strided; the views of them are built once and kept while the parameter keeps its storage, so reading every
 parameter's entries is two ``torch.cat`` whatever the number of parameters. Per-parameter ``index_select`` of
 random entries cost about 16 us each, the two snapshots and the gradients' entries 4.3 ms a sampled step on
-bench/overhead.py's 54-tensor model (more than the gradient statistics); these gathers now take 1.3 ms. The
-per-parameter counts are differences of one cumulative sum at the segments' ends (a segment ``index_add_`` over
-``[N, 3]`` cost 0.85 ms).
+bench/overhead.py's 54-tensor model (more than the gradient statistics); these gathers now take 1.3 ms. Each
+entry's outcome is one code (``_codes``), and one ``index_add_`` of ones counts the codes of every parameter (a
+segment ``index_add_`` over ``[N, 3]`` cost 0.85 ms, a cumulative sum of three rows 0.2 ms).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from ampdoctor.monitor.grad_stats import local_tensor
 __all__ = ["UpdateMonitor", "LOST_FRACTION"]
 
 LOST_FRACTION = 0.5  # AMP607 when most (> half) of the sampled updates of a parameter were lost
+MOVED_SAMPLE = 256  # entries snapshotted of a parameter wider than fp16/bf16 (16 runs of 16): moved, still finite
 _LOST_DENOMINATOR, _LOST, _EXPECTED, _MOVED = range(4)  # the columns of a step's device counts
 
 
@@ -60,7 +62,8 @@ class UpdateMonitor:
 
     Args:
         named_params: ``(name, parameter)`` pairs; trainable ones are watched (lost updates: fp16/bf16 ones).
-        sample: entries per parameter snapshotted on a sampled step.
+        sample: entries per fp16/bf16 parameter snapshotted on a sampled step (of another, at most
+            ``MOVED_SAMPLE``: its lost updates are not counted).
         seed: seed of the private generator that picks the entries (the global RNG is never touched).
         on_error: called with an exception raised in a hook; the hook then does nothing more.
 
@@ -76,8 +79,12 @@ class UpdateMonitor:
         self.names = [n for n, _ in picked]
         self._params: list[torch.Tensor] = [p for _, p in picked]
         self.dtypes = [dtype_name(p) for _, p in picked]
-        # per parameter: (first entry, stride, entries) of its flattened local tensor
-        self._picks = [_stride(local_numel(p), p.shape[-1] if p.dim() else 1, sample, seed * 1_000_003 + k)
+        # per parameter: (first entry, stride, blocks, width) of its flattened local tensor. Lost updates are counted
+        # for fp16/bf16 weights, from ``sample`` entries; of a wider one only whether a step moved it and whether it
+        # stayed finite, which MOVED_SAMPLE entries show as well (54 fp32 tensors of the bench model: 1.8 of its
+        # 2.5 ms a sampled step went to gathering and comparing 99k entries)
+        self._picks = [_stride(local_numel(p), p.shape[-1] if p.dim() else 1,
+                               sample if p.dtype in HALF else min(sample, MOVED_SAMPLE), seed * 1_000_003 + k)
                        for k, (_, p) in enumerate(picked)]
         self._views: list[tuple[Any, torch.Tensor] | None] = [None] * len(picked)  # (storage key, entries view)
         self.on_error = on_error
@@ -86,7 +93,7 @@ class UpdateMonitor:
         self._handles: list[Any] = []
         self._before: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None  # per device group
         self._by_device: list[tuple[torch.device, list[int]]] | None = None
-        self._segments: dict[torch.device, torch.Tensor] = {}  # the parameter (row in its group) of each entry
+        self._bins: dict[torch.device, torch.Tensor] = {}  # int32 4 * the parameter (row in its group) of each entry
         self._masks: dict[Any, torch.Tensor] = {}
         self._found_inf: torch.Tensor | None = None
         self._counts: torch.Tensor | None = None  # [P, 4]: the _LOST_DENOMINATOR ... _MOVED columns
@@ -125,7 +132,7 @@ class UpdateMonitor:
             except Exception:
                 pass
         self._params, self._views, self._before, self._counts, self._found_inf = [], [], None, None, None
-        self._by_device, self._segments, self._masks = None, {}, {}
+        self._by_device, self._bins, self._masks = None, {}, {}
         self.active = False
 
     def set_sampling(self, active: bool) -> None:
@@ -142,9 +149,9 @@ class UpdateMonitor:
 
     # ---- hooks: device work only ----------------------------------------------------------------------------
     # The sampled entries of every parameter on a device are gathered into one vector (one cat of kept strided
-    # views), and everything after that is a constant number of ops over it: per-parameter counts are differences
-    # of a cumulative sum. Per-parameter comparisons cost about 14 ops a parameter, 750 on the 54-tensor bench
-    # model, every sampled step.
+    # views), and everything after that is a constant number of ops over it: each entry gets a code (finite now,
+    # expected to move, unchanged), and one index_add_ counts the codes per parameter. Per-parameter comparisons
+    # cost about 14 ops a parameter, 750 on the 54-tensor bench model, every sampled step.
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or self.broken:
             return None
@@ -154,13 +161,14 @@ class UpdateMonitor:
             with torch.no_grad():
                 before = []
                 for device, members in self._groups():
-                    values = _joined([self._weights(k) for k in members])
+                    views = [self._weights(k) for k in members]  # the post-hook reads the kept ones again
+                    values = _joined([view for view, _ in views])
                     grads = _joined([self._sampled_grad(k) for k in members])
                     # only a half-precision weight loses updates to rounding; one that is fp32 now (a MasterWeights
                     # master between backward and step, an upcast model) keeps them
                     meant = [id(self._params[k]) not in resting for k in members]
                     lossy = [m and self._params[k].dtype in HALF for k, m in zip(members, meant)]
-                    before.append((values, grads != 0, self._flags(device, lossy, meant)))
+                    before.append((views, values, grads != 0, self._flags(device, lossy, meant)))
                 self._before = before
                 found_inf = getattr(optimizer, "found_inf", None)  # set by GradScaler for fused optimizers
                 self._found_inf = found_inf.detach().clone() if isinstance(found_inf, torch.Tensor) else None
@@ -169,9 +177,10 @@ class UpdateMonitor:
         self.seconds += time.perf_counter() - start
         return None
 
-    def _weights(self, k: int) -> torch.Tensor:
-        """Return a view of parameter ``k``'s sampled entries: kept while the parameter keeps its storage, dtype and
-        size (``p.data = ...``, as ``MasterWeights`` does at each phase change, makes a new one)."""
+    def _weights(self, k: int) -> tuple[torch.Tensor, bool]:
+        """Return a view of parameter ``k``'s sampled entries, and whether it is a view kept across steps: kept while
+        the parameter keeps its storage, dtype and size (``p.data = ...``, as ``MasterWeights`` does at each phase
+        change, makes a new one); else it is a copy, to take again after the step."""
         p = self._params[k]
         # a DTensor, or a non-contiguous parameter (its flattened entries are a copy): every time. The storage's size
         # is in the key for storage freed and allocated again under the same parameter (FSDP's resharding)
@@ -180,7 +189,7 @@ class UpdateMonitor:
         kept = self._views[k]
         if key is None or kept is None or kept[0] != key:
             kept = self._views[k] = (key, _entries(local_tensor(p.detach()), self._picks[k]))
-        return kept[1]
+        return kept[1], key is not None
 
     def _sampled_grad(self, k: int) -> torch.Tensor:
         """Return parameter ``k``'s gradient at its sampled entries (zeros without a dense gradient)."""
@@ -198,9 +207,9 @@ class UpdateMonitor:
                 groups.setdefault(local_tensor(p.detach()).device, []).append(k)
             # in the order of their concatenation (_joined): the one-dimensional views first
             self._by_device = [(d, sorted(m, key=lambda k: _blocked(self._picks[k]))) for d, m in groups.items()]
-            # the position of each parameter's last entry in its device's concatenation
-            self._segments = {d: torch.tensor([self._picks[k][2] * self._picks[k][3] for k in m]).cumsum(0).sub_(1)
-                              .to(d) for d, m in self._by_device}
+            # the first histogram bin (4 a parameter) of each entry of a device's concatenation
+            self._bins = {d: torch.repeat_interleave(torch.arange(0, 4 * len(m), 4, dtype=torch.int32), torch.tensor(
+                [self._picks[k][2] * self._picks[k][3] for k in m])).to(d) for d, m in self._by_device}
         return self._by_device
 
     def _flags(self, device: torch.device, lossy: list[bool], meant: list[bool]) -> torch.Tensor:
@@ -221,20 +230,17 @@ class UpdateMonitor:
         try:
             with torch.no_grad():
                 counts, finite = [], []
-                for (device, members), (values, nonzero, flags) in zip(self._groups(), before):
-                    after = _joined([self._weights(k) for k in members])
-                    ok = torch.isfinite(after)
-                    # a NaN/inf weight compares unequal to itself: it is broken, not updated, so it is not counted
-                    expected = nonzero & torch.isfinite(values) & ok
-                    unchanged = (after == values) & expected
-                    # per parameter: the cumulative sums at its last entry minus those at the previous one's (float32
-                    # counts are exact up to 2**24 entries in all)
-                    ends = torch.stack([expected, unchanged, ok]).to(torch.float32).cumsum(1).index_select(
-                        1, self._segments[device])
-                    sums = torch.diff(ends, dim=1, prepend=torch.zeros_like(ends[:, :1])).T
-                    n, same = sums[:, 0], sums[:, 1]
-                    counts.append(torch.stack([n, same, n, n - same], 1) * flags)
-                    finite.append((sums[:, 2] == self._lengths(device, members)).to(torch.float32))
+                for (device, members), (views, values, nonzero, flags) in zip(self._groups(), before):
+                    # an optimizer step changes no storage: a kept view reads the entries after it
+                    after = _joined([view if kept else self._weights(k)[0] for k, (view, kept) in zip(members, views)])
+                    # per parameter, how many entries have each code (see _codes): [P, 4]
+                    code = _codes(values, after, nonzero).add_(self._bins[device])
+                    hist = torch.zeros(len(members) * 4, dtype=torch.int64, device=device).index_add_(
+                        0, code, self._ones(device, code.numel())).view(-1, 4).float()
+                    moved, same = hist[:, 2], hist[:, 3]
+                    expected = moved + same
+                    counts.append(torch.stack([expected, same, expected, moved], 1) * flags)
+                    finite.append((hist[:, 0] == 0).float())
                 counts_t, finite_t = self._in_order(counts), self._in_order(finite)
                 if self._found_inf is not None:  # the fused kernel skipped this step: nothing was meant to change
                     counts_t = counts_t * (self._found_inf.to(counts_t.device) == 0)
@@ -245,13 +251,12 @@ class UpdateMonitor:
             self._fail(exc)
         self.seconds += time.perf_counter() - start
 
-    def _lengths(self, device: torch.device, members: list[int]) -> torch.Tensor:
-        key = (device, "lengths")
-        lengths = self._masks.get(key)
-        if lengths is None:
-            lengths = self._masks[key] = torch.tensor([float(self._picks[k][2] * self._picks[k][3])
-                                                       for k in members]).to(device)
-        return lengths
+    def _ones(self, device: torch.device, n: int) -> torch.Tensor:
+        """Return ``n`` int64 ones on ``device`` (what the histogram adds), made once."""
+        ones = self._masks.get((device, "ones"))
+        if ones is None or ones.numel() != n:
+            ones = self._masks[(device, "ones")] = torch.ones(n, dtype=torch.int64, device=device)
+        return ones
 
     def _in_order(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Return the per-device rows of ``parts`` as one tensor in the parameters' order (on the first device)."""
@@ -375,19 +380,37 @@ def _stride(n: int, row: int, sample: int, seed: int) -> tuple[int, int, int, in
 
 def _entries(t: torch.Tensor, pick: tuple[int, int, int, int]) -> torch.Tensor:
     """Return the entries ``pick`` names of ``t`` flattened, as a ``[blocks, width]`` view of it when ``t`` is
-    contiguous (else of a flattened copy)."""
+    contiguous (else of a flattened copy): one ``as_strided`` of its storage (a reshape and a slice were two ops a
+    tensor, on every sampled step for the gradients)."""
     first, stride, blocks, width = pick
-    flat = t.reshape(-1)
+    if not t.is_contiguous():
+        t = t.reshape(-1)  # a copy
     if blocks == 1:
-        return flat[first:first + width]
-    if width == 1:
-        return flat[first:first + (blocks - 1) * stride + 1:stride]
-    return flat.as_strided((blocks, width), (stride, 1), flat.storage_offset() + first)
+        size, strides = (width,), (1,)
+    elif width == 1:
+        size, strides = (blocks,), (stride,)
+    else:
+        size, strides = (blocks, width), (stride, 1)
+    return t.as_strided(size, strides, t.storage_offset() + first)
 
 
 def _blocked(pick: tuple[int, int, int, int]) -> bool:
     """Whether ``_entries`` gives a ``[blocks, width]`` view for ``pick`` (else a one-dimensional one)."""
     return pick[2] > 1 and pick[3] > 1
+
+
+def _codes(before: torch.Tensor, after: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
+    """Return per sampled entry an int32 code, each implying the ones below it: 1 finite after the step, 2 also
+    finite before and with a non-zero gradient (expected to move), 3 also unchanged (its update was lost); else 0.
+
+    A NaN/inf weight compares unequal to itself: it is broken, not updated, so it is not expected to move. The
+    difference is exactly 0 only for equal values (IEEE subtraction keeps subnormals; float32 holds every fp16 and
+    bf16 value and their differences), and inf or NaN when either value is.
+    """
+    diff = after.float() - before.float() if after.dtype.itemsize < 4 else after - before
+    code = torch.isfinite(after).to(torch.int32)
+    code.add_(torch.isfinite(diff).logical_and_(nonzero))
+    return code.add_((diff == 0).logical_and_(nonzero))
 
 
 def _joined(views: list[torch.Tensor]) -> torch.Tensor:

@@ -160,9 +160,9 @@ class Watch:
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
         self.sampled_steps = 0
         self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
-        # seconds spent computing statistics and closing steps (sync, record, log line); with the lost-update
-        # hooks' own (seconds_inside); the O(1) per-step observers and the activation monitor's module hooks are not
-        # in it
+        # seconds spent computing statistics and closing steps (sync, record, log line), and in the forward hooks of
+        # activation monitors gone (disarmed); with the lost-update hooks' and the current activation monitor's own
+        # (seconds_inside). The O(1) per-step observers and the output-gradient probes are not in it
         self._seconds = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
@@ -183,8 +183,9 @@ class Watch:
 
     @property
     def seconds_inside(self) -> float:
-        """Seconds spent inside the watch: statistics, the ends of steps and the lost-update hooks."""
-        return self._seconds + (self._lost.seconds if self._lost is not None else 0.0)
+        """Seconds spent inside the watch: statistics, the ends of steps, the lost-update hooks and the activation
+        monitor's forward hooks."""
+        return self._seconds + sum(part.seconds for part in (self._lost, self._activations) if part is not None)
 
     # ---- attaching ------------------------------------------------------------------------------------------
     def attach(self) -> "Watch":
@@ -256,6 +257,7 @@ class Watch:
     def _disarm(self) -> None:
         armed, self._armed, self._activations = self._armed[0], None, None
         self._activation_result = (armed.summary(), armed_findings(armed))
+        self._seconds += armed.seconds
         armed.detach()
 
     def _open_recorder(self) -> None:
@@ -285,6 +287,7 @@ class Watch:
             call_safely(activations._remove_hooks)  # a part that is off keeps no hook either
             keep = armed_findings if self._armed else lambda monitor: monitor.findings()
             self._activation_result = call_safely(lambda: (activations.summary(), keep(activations)))
+            self._seconds += activations.seconds
             self._activations = self._armed = None
         if self._recorder is not None:
             self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
