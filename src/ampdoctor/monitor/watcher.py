@@ -127,7 +127,8 @@ class Watch:
         activations: also run ``ActivationMonitor`` (first non-finite module, fp16 headroom) on sampled steps.
         stats: ``"norms"`` (L2 and abs-max), ``"full"`` (everything; counts from ``sample`` entries per
             parameter, exact for smaller ones) or ``"exact"`` (every count over every entry; slow).
-        sample: entries per parameter for the counts and the lost-update snapshots.
+        sample: entries per parameter for the counts and the lost-update snapshots (of a parameter wider than
+            fp16/bf16, at most ``monitor.updates.MOVED_SAMPLE``: its lost updates are not counted).
         fsync: fsync the log after every line (see ``ampdoctor.monitor.recorder``).
         others: other models the optimizer may also train, to name their parameters (``ampdoctor run``'s).
     """
