@@ -226,6 +226,19 @@ def test_the_all_clear_says_what_was_verified_and_the_json_carries_it():
     assert w.summary_data()["verified"]["ok"] is True and w.summary_data()["verified"]["not_measured"] == []
 
 
+def test_the_all_clear_counts_only_the_steps_the_grad_scaler_took():
+    # a GradScaler created and never used: the 5 steps were not its to update or skip
+    model, scaler = mlp(), torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, scaler, every=1) as w:
+        for _ in range(5):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "no mixed-precision problems found in 5 steps: weights moved on 5 of 5 sampled steps" in text_of(w)
+    assert not any("GradScaler" in m for m in w.summary_data()["verified"]["measured"])
+
+
 def test_an_unmeasured_loss_is_no_all_clear():
     # gradients computed by torch.autograd.grad, assigned by hand: no backward for the loss
     model = mlp()

@@ -36,7 +36,7 @@ class Call:
 
 @dataclass(eq=False)
 class Iteration:
-    """Everything observed between two ``update()`` calls."""
+    """Everything observed between two ``update()`` calls (or direct optimizer steps, see ``ScalerGuard.iteration``)."""
 
     index: int
     scale_calls: int = 0

@@ -179,9 +179,9 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
     loss, arrival = summary.get("loss") or {}, (summary.get("gradients") or {}).get("arrival") or {}
     measured: list[str] = []
     missing: list[str] = []
-    skipped = scale.get("skipped") or 0
-    if scale:
-        measured.append(f"{steps - skipped} updated, {skipped} skipped by the GradScaler")
+    skipped, scaler_steps = scale.get("skipped") or 0, scale.get("steps") or 0
+    if scaler_steps:   # its own count: steps it took no part in (a direct optimizer.step()) are not its
+        measured.append(f"{scaler_steps - skipped} updated, {skipped} skipped by the GradScaler")
     if loss.get("dropped"):
         measured.append(f"{loss['dropped']} of {loss.get('backwards')} backward calls skipped with no "
                         f"optimizer step")
