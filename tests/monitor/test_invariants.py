@@ -63,8 +63,8 @@ def fp16_steps(model: nn.Module, opt, scaler, steps: int, factor: float = 1.0) -
 def test_a_hand_written_scaler_skipping_most_iterations_is_an_error_naming_the_count(tmp_path):
     report, text = run_cli(tmp_path, "hand_loss_scaler.py", "broken")
     [f] = findings(report, "AMP612")
-    assert f["severity"] == "error" and "8 of 10 backward calls had their gradients dropped" in f["detail"]
-    assert "hand-written loss scaler" in f["detail"] and "stepped 2 time(s)" in f["detail"]
+    assert f["severity"] == "error" and f["detail"].startswith("8 of 10 backward calls had gradients that no")
+    assert "hand-written loss scaler" in f["detail"] and "stepped 2 times" in f["detail"]
     assert "no mixed-precision problems found" not in text and report["ok"] is False
 
 
@@ -72,6 +72,23 @@ def test_a_correct_hand_written_scaler_with_a_few_calibration_skips_is_quiet(tmp
     report, text = run_cli(tmp_path, "hand_loss_scaler.py", "healthy")
     assert report["findings"] == []
     assert "ampdoctor: no mixed-precision problems found in 38 steps: 2 of 40 backward calls skipped" in text
+
+
+def test_a_hand_written_scaler_that_skips_every_iteration_counts_the_last_one_too():
+    # docs/rules/examples/AMP612.py: 10 iterations, each skipped; it said "9 of 10 ... dropped" as the last
+    # iteration's gradients, left unused when the loop ended, were not counted
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, every=1) as w:
+        for _ in range(10):
+            opt.zero_grad()
+            (model(torch.randn(8, 16)).pow(2).mean() * 2.0**24).backward()
+            # the scaler's overflow check fails every time: no opt.step()
+    loss = w.summary_data()["loss"]
+    assert (loss["backwards"], loss["dropped"], loss["unstepped"], loss["steps_ended"]) == (10, 9, 1, 0)
+    [f] = [f for f in w.findings() if f.code == "AMP612"]
+    assert f.severity.value == "error" and f.detail.startswith("10 of 10 backward calls")
+    assert "the last one had no step after it" in f.detail and "stepped 0 times" in f.detail
 
 
 def test_a_run_whose_every_step_was_skipped_is_an_error_and_no_all_clear():

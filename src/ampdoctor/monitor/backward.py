@@ -193,10 +193,12 @@ class BackwardMonitor:
         return loss_entry(loss[0], since, dropped)
 
     def summary(self) -> dict[str, Any]:
-        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it)."""
+        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it). ``unstepped``: the
+        backward calls since the last step, with no step after them (yet): the loop ended before one used them."""
         out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped,
                                "dropped_early": self.dropped_early, "steps_ended": self.steps_ended,
-                               "sampled": len(self.losses), "hand_scaled": self.hand_scaled}
+                               "unstepped": self._unstepped, "sampled": len(self.losses),
+                               "hand_scaled": self.hand_scaled}
         if self.losses:
             finite = [(s, v) for s, v in self.losses if math.isfinite(v)]
             out["nonfinite"] = [s for s, v in self.losses if not math.isfinite(v)][:20]

@@ -64,12 +64,21 @@ def _dropped(s: dict[str, Any]) -> Iterator[Finding]:
         return
     stepped = loss.get("steps_ended") or 0
     severity = Severity.ERROR if dropped > calls / 2 or not stepped else Severity.WARNING
-    why = ("the skipped steps of the hand-written loss scaler (loss x its own scale)"
-           if loss.get("hand_scaled") else "a skipped step of a hand-written loss scaler, or zero_grad() before step()")
-    detail = (f"{dropped} of {calls} backward calls had their gradients dropped with no optimizer step in between "
-              f"(zeroed or replaced before a step used them: {why}); the optimizer stepped {stepped} time(s)")
-    if loss.get("first") and loss.get("last"):
-        detail += f", while the loss went from {loss['first'][1]:.4g} to {loss['last'][1]:.4g}"
+    # the backward calls no step used: reset before a step used them, and the last ones, with no step after them
+    last = loss.get("unstepped") or 0
+    why = ("the skipped steps of the hand-written loss scaler: loss x its own scale" if loss.get("hand_scaled")
+           else "a skipped step of a hand-written loss scaler, or zero_grad() before step()")
+    kinds = [(dropped, f"zeroed or replaced before a step used them ({why})")]
+    said = [f"{n} {what}" for n, what in kinds]
+    if last:
+        said.append("the last one had no step after it" if last == 1 else f"the last {last} had no step after them")
+    body = kinds[0][1] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]   # one kind: all of them
+    detail = (f"{dropped + last} of {calls} backward calls had gradients that no optimizer step used: {body}; the "
+              f"optimizer stepped {stepped} time{'' if stepped == 1 else 's'}")
+    first, end = loss.get("first"), loss.get("last")
+    if first and end:
+        detail += (f", while the loss stayed at {end[1]:.4g}" if f"{first[1]:.4g}" == f"{end[1]:.4g}" else
+                   f", while the loss went from {first[1]:.4g} to {end[1]:.4g}")
     yield get_rule("AMP612").finding("training loop", detail, None, severity=severity)
 
 
