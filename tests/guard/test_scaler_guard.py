@@ -172,6 +172,34 @@ def test_explicit_unscale_then_step_without_grads_is_amp406():
     assert "not used in the forward pass" in findings[0].detail
 
 
+@pytest.mark.parametrize("unscale", [False, True])
+def test_gradients_zeroed_between_backward_and_step_are_amp612_not_amp406(unscale: bool):
+    # the backward reached every parameter; zero_grad() set the gradients to None before the step used them: not
+    # "unused in the forward pass" (AMP406), as it said
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        opt.zero_grad()
+        if unscale:
+            scaler.unscale_(opt)
+        with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer") as info:
+            scaler.step(opt)
+        explained = guard.explain(info.value)
+    assert [(f.code, f.where, f.step, f.severity.value) for f in explained] == \
+        [("AMP612", "optimizer[0] (SGD)", 0, "error")]
+    assert codes(guard.findings()) == ["AMP612"]
+
+
+def test_a_scaled_loss_never_backpropagated_is_still_amp406():
+    # scale() without .backward(): the gradients were never there, so no zero_grad() took them
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0))
+        with pytest.raises(AssertionError, match="No inf checks") as info:
+            scaler.step(opt)
+    assert codes(guard.explain(info.value)) == ["AMP406"]
+
+
 def test_update_without_step_is_amp407():
     model, opt, scaler, setup = parts()
     with ScalerGuard(scaler, setup) as guard:

@@ -110,6 +110,28 @@ def test_a_second_model_optimizer_and_scaler_built_later_are_watched(tmp_path):
     assert findings(report, "AMP612") and findings(report, "AMP612")[0]["severity"] == "error"
 
 
+# fp16 with a GradScaler and None gradients raises in scaler.step(): tests/guard/test_scaler_guard.py explains it
+@pytest.mark.parametrize(("amp", "set_to_none"), [(False, True), (False, False), (True, False)])
+def test_zero_grad_between_backward_and_step_is_amp612_alone(amp: bool, set_to_none: bool):
+    # every step finds its gradients gone (None) or zeroed: it was AMP617 "never receive a gradient" (None), or
+    # nothing at all (zeroed)
+    model, scaler = mlp(), torch.amp.GradScaler("cpu", enabled=amp)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 16)
+    with watch(model, opt, scaler if amp else None, every=1) as w:
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            opt.zero_grad(set_to_none=set_to_none)   # wrong place: before the step
+            scaler.step(opt)
+            scaler.update()
+    assert [(f.code, f.where, f.severity.value) for f in w.findings()] == [("AMP612", "training loop", "error")]
+    loss, verified = w.summary_data()["loss"], w.summary_data()["verified"]
+    assert (loss["dropped"], loss["zeroed_before_step"], loss["steps_ended"]) == (12, 12, 12)
+    assert "loss finite and bit-identical on 12 sampled steps" in verified["measured"]   # not "changing"
+
+
 def test_no_lost_updates_are_counted_on_steps_whose_learning_rate_is_0():
     # the first step of a warmup from 0 (torchtune's default configs): AMP607 fired on it, every entry "lost"
     torch.manual_seed(0)

@@ -46,6 +46,7 @@ class Iteration:
     scheduler_steps: list[tuple[int, str, str]] = field(default_factory=list)   # (id(opt), class, site)
     found_inf: dict[int, list[torch.Tensor]] | None = None   # per optimizer, captured before update()
     last_clip: tuple[int, torch.Tensor] | None = None          # (call number, returned norm)
+    backward: bool = False   # a backward of a loss scaled in this iteration ran
     flagged: set[str] = field(default_factory=set)
 
 

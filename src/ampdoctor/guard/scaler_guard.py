@@ -35,7 +35,6 @@ from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
-from ampdoctor.explanations.culprits import no_grad_findings
 from ampdoctor.guard.checks import (
     ScheduleDrift,
     SkipTally,
@@ -43,6 +42,7 @@ from ampdoctor.guard.checks import (
     infer_failure,
     keep_found_inf,
     loss_reaches,
+    missing_grads,
     no_scale,
     resume_finding,
     scheduler_classes,
@@ -284,7 +284,8 @@ class ScalerGuard:
         call = self._stack[0]
         self._stack.clear()
         self._expect_implicit = None
-        found = call.predicted or infer_failure(self.scaler, self.setup, call, self._cur.index)
+        found = call.predicted or infer_failure(self.scaler, self.setup, call, self._cur.index,
+                                                self._reset_after_backward(call))
         for f in found:
             self._record(f)
         self._crash = found
@@ -321,12 +322,14 @@ class ScalerGuard:
         if not self._live() or not self._stack:
             return
         call = self._stack.pop()
-        if call.autocast is not None and isinstance(result, torch.Tensor) and result.requires_grad:
+        if isinstance(result, torch.Tensor) and result.requires_grad:
             # runs as backward starts, where the caller's autocast state is seen (the engine carries it)
-            result.register_hook(functools.partial(self._scaled_backward, *call.autocast))
+            result.register_hook(functools.partial(self._scaled_backward, self._cur, call.autocast))
 
-    def _scaled_backward(self, device: str, scale_site: str, grad: Any) -> None:
-        self._forward(self._check_backward_autocast, device, scale_site)
+    def _scaled_backward(self, iteration: Iteration, autocast: tuple[str, str] | None, grad: Any) -> None:
+        iteration.backward = True
+        if autocast is not None:
+            self._forward(self._check_backward_autocast, *autocast)
 
     def _check_backward_autocast(self, device: str, scale_site: str) -> None:
         """AMP413: the backward of a scaled loss started while autocast was enabled for its device."""
@@ -402,8 +405,15 @@ class ScalerGuard:
                 if not fused:
                     self._expect_implicit = id(optimizer)
             elif not fused and optimizer_found_inf(self.scaler, optimizer) == []:   # unscale_ saw no gradients
-                call.predicted = no_grad_findings(optimizer, self.setup, cur.index)
+                call.predicted = missing_grads(optimizer, self.setup, cur.index, self._reset_after_backward(call))
         self._stack.append(call)
+
+    def _reset_after_backward(self, call: Call) -> bool:
+        """Whether a backward of a loss scaled in this iteration reached ``call``'s optimizer's parameters: when
+        they have no gradient at its step, something reset them in between (zero_grad() between backward and
+        step: AMP612, not AMP406)."""
+        return call.optimizer is not None and self._cur.backward and \
+            loss_reaches(self._roots, call.optimizer) is True
 
     def _after_step(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if not self._live():

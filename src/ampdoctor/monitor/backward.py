@@ -8,12 +8,18 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
   loss scaler multiplied it by (``loss * 2**lg_loss_scale``, read from the graph node); the step's last
   one is the step line's loss.
 * **dropped iterations**: a probe parameter (the first watched one that had a gradient) tells whether a backward
-  reached the watched parameters (its ``.grad`` changed). When the next backward starts and no optimizer step
-  ended in between, a probe gradient that was reset (``zero_grad()``: set to None, replaced, or zeroed in place)
-  means the earlier backward's gradients were thrown away unused: a skipped step of a hand-written loss scaler,
-  or a loop that zeroes before it steps. Gradient accumulation leaves the gradient alone and is not counted. A
-  reset seen on the host (None, a new tensor) is counted at once; a gradient changed in place is checked for
-  all-zero on the device and read at the next sampled step, so no step syncs.
+  reached the watched parameters (its ``.grad`` changed). Gradients a backward wrote are dropped when they are
+  reset before an optimizer step used them. ``Optimizer.zero_grad`` and ``Module.zero_grad`` are observed
+  (pass-through, process-wide like ``torch.autograd.backward``): one that changes the probe's gradient (set to
+  None or zeroed in place) after a backward and outside a step discards it. When the optimizer step follows, it
+  had no gradient to use: zero_grad() between backward() and step() (``zeroed_before_step``); when the next
+  backward follows, the iteration was skipped (a hand-written loss scaler). A reset by other means is seen when
+  the next backward starts with no step in between: on the host (None, a new tensor), or, changed in place,
+  checked for all-zero on the device and read at the next sampled step, so no step syncs (a gradient set to None
+  before a step proves nothing: engines move it out themselves, ZeRO into its partitions). Gradient accumulation
+  leaves the gradient alone and is not counted; the backward calls of a ``step(closure)`` (LBFGS evaluates it
+  several times) are the step's own. The backward calls since the last step, with no step after them yet, are
+  ``unstepped``: the loop ended (or crashed) before a step used them.
 
 A GradScaler's skipped step ends the step (``scaler.update()``): those skips are the ``ScaleMonitor``'s to count.
 """
@@ -58,6 +64,10 @@ class BackwardMonitor:
         self._mark: tuple[int, int] | None = None    # the probe's gradient (id, version) after the last backward
         self._entering: tuple[int, int] | None = None  # ... when the backward under way started
         self._unstepped = 0      # backward calls that reached the probe since the last step ended
+        self._discarded = 0      # of those, the ones a zero_grad() reset since the last backward: not counted yet
+        self._in_step = False    # an optimizer step is under way (a step(closure)'s backward calls are its own)
+        self._zero_state: tuple[int, int] | None = None   # the probe's gradient as the last zero_grad() started
+        self.step_discarded = False   # the step under way found the gradients of its backward calls reset
         self._scaled: tuple[int, torch.Tensor] | None = None   # id of scaler.scale's last output, and its scale
         self._value: torch.Tensor | None = None      # the sampled step's last loss, on the device
         self._zeroed: torch.Tensor | None = None     # [dropped, dropped before the first step]: in-place zeroing
@@ -65,6 +75,7 @@ class BackwardMonitor:
         self.backwards = 0       # every backward call seen
         self.dropped = 0         # of those, dropped (the device-counted ones are added at consume)
         self.dropped_early = 0   # dropped before the first step ended (calibration of a hand-written scaler)
+        self.zeroed_before_step = 0   # dropped by a zero_grad() between backward() and the step that followed
         self._since = 0          # backward calls since the last step line
         self._dropped_since = 0
         self._handed = (0, 0)    # (_since, _dropped_since) as pending() handed them over
@@ -76,6 +87,9 @@ class BackwardMonitor:
         if not self._handles and self._params:
             self._handles.append(observe(torch.autograd, "backward", before=self._before, after=self._after,
                                          on_error=self.on_error))
+            for owner in (torch.optim.Optimizer, torch.nn.Module):   # the classes: copies of a model stay plain
+                self._handles.append(observe(owner, "zero_grad", before=self._before_zero_grad,
+                                             after=self._after_zero_grad, on_error=self.on_error))
             if self._scaler is not None:
                 self._handles.append(observe(self._scaler, "scale", after=self._after_scale,
                                              on_error=self.on_error))
@@ -104,7 +118,11 @@ class BackwardMonitor:
             return
         self.backwards += 1
         self._since += 1
-        self._note_reset()
+        if not self._in_step:   # a step(closure)'s evaluations are the step's own
+            if self._discarded:   # zeroed, then another backward and no step: a skipped iteration
+                n, self._discarded = self._discarded, 0
+                self._count(n)
+            self._note_reset()
         self._entering = self._state()
         loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if self.sampling and isinstance(loss, torch.Tensor) and loss.numel() == 1:
@@ -128,6 +146,34 @@ class BackwardMonitor:
         if now is not None and now != self._entering:   # this backward wrote the probe's gradient
             self._unstepped += 1
             self._mark = now
+
+    def _before_zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        if not self.disabled and self._unstepped and not self._in_step:
+            self._zero_state = self._state()
+
+    def _after_zero_grad(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        """A zero_grad() that reset the probe's gradient after a backward, outside a step, discards that backward's
+        gradients (counted when the step or the next backward says which it was)."""
+        before, self._zero_state = self._zero_state, None
+        if self.disabled or before is None or not self._unstepped or self._state() == before:
+            return
+        self._discarded += self._unstepped
+        self._unstepped, self._mark = 0, None
+
+    def step_started(self) -> None:
+        """The watched optimizer's step starts (``scaler.step()`` or the optimizer's own): count the backward calls
+        whose gradients were reset before it, which it has none of to use (``step_discarded``)."""
+        if self.disabled or self._in_step:
+            return
+        self._in_step = True
+        # only a zero_grad() says so: engines move .grad out between backward and step themselves (ZeRO's
+        # partitions, Megatron's main_grad buffers), so a probe gradient that is None now proves nothing
+        n, self._discarded = self._discarded, 0
+        self.step_discarded = n > 0
+        if n:   # not a skipped iteration (no calibration): a step that had no gradient to use
+            self.dropped += n
+            self._dropped_since += n
+            self.zeroed_before_step += n
 
     def _state(self) -> tuple[int, int] | None:
         if self._probe is None:
@@ -161,7 +207,9 @@ class BackwardMonitor:
     def step_ended(self) -> None:
         """An optimizer step (or a GradScaler's skipped one) ended: the gradients were used."""
         self.steps_ended += 1
-        self._unstepped, self._mark = 0, None
+        self._in_step = self.step_discarded = False
+        # a GradScaler's skipped step used them too: its decision (zero_grad() before update() is ordinary then)
+        self._discarded, self._unstepped, self._mark = 0, 0, None
 
     # ---- the owner's sync ------------------------------------------------------------------------------------
     def pending(self) -> dict[str, torch.Tensor]:
@@ -194,11 +242,12 @@ class BackwardMonitor:
 
     def summary(self) -> dict[str, Any]:
         """Return the counts and what the sampled losses did (``monitor.invariants`` reads it). ``unstepped``: the
-        backward calls since the last step, with no step after them (yet): the loop ended before one used them."""
-        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped,
+        backward calls since the last step, with no step after them (yet): the loop ended before one used them;
+        ``dropped`` includes those a zero_grad() discarded that no step or backward has followed yet."""
+        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped + self._discarded,
                                "dropped_early": self.dropped_early, "steps_ended": self.steps_ended,
-                               "unstepped": self._unstepped, "sampled": len(self.losses),
-                               "hand_scaled": self.hand_scaled}
+                               "zeroed_before_step": self.zeroed_before_step, "unstepped": self._unstepped,
+                               "sampled": len(self.losses), "hand_scaled": self.hand_scaled}
         if self.losses:
             finite = [(s, v) for s, v in self.losses if math.isfinite(v)]
             out["nonfinite"] = [s for s, v in self.losses if not math.isfinite(v)][:20]

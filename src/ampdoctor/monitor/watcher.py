@@ -317,13 +317,23 @@ class Watch:
         if not steps_through(optimizer, self._chain):
             return
         self._through_scaler = True   # this step ends at update(), not at the optimizer's post-hook
-        if not self._sampled_now or "gradients" in self._parts.off:
+        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
             return
         scaler = self._scaler  # its stage is kept for the object it is given, wrapper or not
         self._read_grads(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
 
+    def _discarded_now(self) -> bool:
+        """The step starts: tell the backward monitor; whether the gradients of its backward calls were reset
+        before it (zero_grad() between backward() and step()). Those are not read: what the step finds is not
+        what backward computed, and AMP612 says what happened."""
+        backward = self._backward
+        if backward is None:
+            return False
+        self._guard("loss", backward.step_started)
+        return backward.step_discarded
+
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if not self._sampled_now or "gradients" in self._parts.off:
+        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
             return None
         if self._scaler is not None and (self._through_scaler or live_scale(self._scaler) is not None):
             # read in scaler.step(); or a direct step after scale(): whether its gradients carry the scale is unknown
