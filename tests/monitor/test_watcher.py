@@ -441,6 +441,8 @@ def test_gradients_are_read_inside_a_closure_step_and_training_is_unchanged() ->
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
     assert w.sampled_steps == 3 and sorted(w.last_grads) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert all(s["l2"] > 0 for s in w.last_grads.values())
+    # opt.step(closure) passes it positionally: read when it returns, at step 0 too (no gradient exists before it)
+    assert [step for step, _ in w.norm_history] == [0, 1, 2]
 
 
 def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
