@@ -42,6 +42,10 @@ def loop(shape: str, steps: int = 6) -> dict:
                 scaler.step(opt)
                 opt.zero_grad()
                 scaler.update()
+            elif shape == "a layer's zero_grad() before the step (freezing it)":
+                model(x).pow(2).mean().backward()
+                model[0].zero_grad()   # the first layer (the probe's) stays as it is; the others train
+                opt.step()
             elif shape == "gradients moved out before the step (ZeRO)":
                 model(x).pow(2).mean().backward()
                 for p in model.parameters():   # an engine keeps them in its own buffers (ZeRO's partitions)
@@ -51,6 +55,7 @@ def loop(shape: str, steps: int = 6) -> dict:
 
 
 @pytest.mark.parametrize("shape", ["step(closure), LBFGS", "accumulation", "scaler, zero_grad() before update()",
+                                   "a layer's zero_grad() before the step (freezing it)",
                                    "gradients moved out before the step (ZeRO)"])
 def test_ordinary_loops_drop_no_backward_call(shape: str) -> None:
     # LBFGS's closure evaluations (zero_grad, backward, 4 times a step) were counted as dropped: a false AMP612

@@ -111,8 +111,9 @@ def test_a_second_model_optimizer_and_scaler_built_later_are_watched(tmp_path):
 
 
 # fp16 with a GradScaler and None gradients raises in scaler.step(): tests/guard/test_scaler_guard.py explains it
-@pytest.mark.parametrize(("amp", "set_to_none"), [(False, True), (False, False), (True, False)])
-def test_zero_grad_between_backward_and_step_is_amp612_alone(amp: bool, set_to_none: bool):
+@pytest.mark.parametrize(("amp", "set_to_none", "owner"),
+                         [(False, True, "opt"), (False, False, "opt"), (True, False, "opt"), (False, True, "model")])
+def test_zero_grad_between_backward_and_step_is_amp612_alone(amp: bool, set_to_none: bool, owner: str):
     # every step finds its gradients gone (None) or zeroed: it was AMP617 "never receive a gradient" (None), or
     # nothing at all (zeroed)
     model, scaler = mlp(), torch.amp.GradScaler("cpu", enabled=amp)
@@ -123,7 +124,7 @@ def test_zero_grad_between_backward_and_step_is_amp612_alone(amp: bool, set_to_n
             with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
                 loss = model(x).float().pow(2).mean()
             scaler.scale(loss).backward()
-            opt.zero_grad(set_to_none=set_to_none)   # wrong place: before the step
+            (opt if owner == "opt" else model).zero_grad(set_to_none=set_to_none)   # wrong place: before the step
             scaler.step(opt)
             scaler.update()
     assert [(f.code, f.where, f.severity.value) for f in w.findings()] == [("AMP612", "training loop", "error")]

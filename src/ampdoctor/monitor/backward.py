@@ -10,8 +10,9 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
 * **dropped iterations**: a probe parameter (the first watched one that had a gradient) tells whether a backward
   reached the watched parameters (its ``.grad`` changed). Gradients a backward wrote are dropped when they are
   reset before an optimizer step used them. ``Optimizer.zero_grad`` and ``Module.zero_grad`` are observed
-  (pass-through, process-wide like ``torch.autograd.backward``): one that changes the probe's gradient (set to
-  None or zeroed in place) after a backward and outside a step discards it. When the optimizer step follows, it
+  (pass-through, process-wide like ``torch.autograd.backward``): the watched optimizer's or model's, when it
+  changes the probe's gradient (set to None or zeroed in place) after a backward and outside a step, discards
+  them (a layer's own zero_grad() may only freeze that layer). When the optimizer step follows, it
   had no gradient to use: zero_grad() between backward() and step() (``zeroed_before_step``); when the next
   backward follows, the iteration was skipped (a hand-written loss scaler). A reset by other means is seen when
   the next backward starts with no step in between: on the host (None, a new tensor), or, changed in place,
@@ -50,11 +51,14 @@ class BackwardMonitor:
         params: the watched parameters (the probe is the first of them with a gradient).
         scaler: the run's GradScaler, if any: a loss it scaled is divided by its scale.
         on_error: called with an exception raised in an observer (the user's backward still runs).
+        owners: the watched optimizer (and its wrappers) and model: their ``zero_grad()`` resets every watched
+            gradient. Another's (a layer's, to freeze it) may reset the probe's alone: it is not counted.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], scaler: Any = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_error: Callable[[BaseException], None] | None = None, owners: Sequence[Any] = ()) -> None:
         self._params = [p for p in params if p.requires_grad]
+        self._owners = list(owners)
         self._scaler = scaler
         self.on_error = on_error
         self.sampling = False
@@ -103,7 +107,7 @@ class BackwardMonitor:
                 handle.remove()
             except Exception:
                 pass
-        self._params, self._probe, self._scaler, self._scaled = [], None, None, None
+        self._params, self._probe, self._scaler, self._scaled, self._owners = [], None, None, None, []
 
     # ---- observers: host work, and one device op when a gradient was changed in place -------------------------
     def _after_scale(self, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -147,8 +151,8 @@ class BackwardMonitor:
             self._unstepped += 1
             self._mark = now
 
-    def _before_zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        if not self.disabled and self._unstepped and not self._in_step:
+    def _before_zero_grad(self, owner: Any, *args: Any, **kwargs: Any) -> None:
+        if not self.disabled and self._unstepped and not self._in_step and any(owner is o for o in self._owners):
             self._zero_state = self._state()
 
     def _after_zero_grad(self, result: Any, *args: Any, **kwargs: Any) -> None:

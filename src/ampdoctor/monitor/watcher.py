@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
+from ampdoctor._torch.modules import delegate_of
 from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.environment import environment
@@ -206,7 +207,11 @@ class Watch:
             self._lost.attach(opt)
             # the probe may be a model parameter the optimizer does not hold (a hand-written fp32 master copy)
             probes = [*self._params, *(self._model.parameters() if self._model is not None else ())]
-            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e)).attach()
+            owners = [*self._chain, self._model]   # whose zero_grad() resets the watched gradients
+            while owners[-1] is not None and len(owners) < len(self._chain) + 4:   # the model inside DDP, compile
+                owners.append(delegate_of(owners[-1]))
+            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e),
+                                             owners=owners).attach()
             if scaler is not None:
                 self._scale_monitor = ScaleMonitor(scaler, capacity=min(self.every, 1024),
                                                    on_error=lambda e: self._fail("scale", e)).attach()
