@@ -54,6 +54,23 @@ def test_the_callback_and_ampdoctor_run_give_the_same_findings_and_watch_summary
     assert watched["steps"] == 12 and watched["lost_updates"]["params"]["body.head.weight"]["lost_fraction"] > 0
 
 
+def test_what_the_trainers_arguments_show_is_found_both_ways(tmp_path):
+    # AMP209 (bf16=True on a half head) and AMP610 (NaN losses the log hides) read the Trainer that holds the
+    # Accelerator: ampdoctor run finds them as the callback does, at the same places and steps.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "callback").mkdir()
+    run = _run(tmp_path / "run", "-m", "ampdoctor", "run", "--json", "r.json", str(SCRIPT), "trainer-flags")
+    callback = _run(tmp_path / "callback", str(SCRIPT), "trainer-flags", "r.json")
+
+    def found(report: dict) -> list[tuple[str, str, int | None]]:
+        return sorted((f["code"], f["where"], f["step"]) for f in report["findings"]
+                      if f["code"] in ("AMP209", "AMP610"))
+
+    assert found(run) == found(callback) == [("AMP209", "TrainingArguments(bf16=True)", None),
+                                             ("AMP610", "TrainingArguments(logging_nan_inf_filter=True)", 2)]
+    assert [f["code"] for f in run["findings"]] == [f["code"] for f in callback["findings"]]
+
+
 @pytest.mark.parametrize("framework", ["lightning", "trainer"])
 def test_the_callback_under_ampdoctor_run_leaves_one_report_on_the_console(tmp_path, framework):
     err = _stderr(tmp_path, "-m", "ampdoctor", "run", "--json", "r.json", str(SCRIPT), framework, "cb.json")

@@ -329,6 +329,12 @@ class Watch:
         """Whether ``optimizer`` is the one this watch follows (as given, or one it wraps)."""
         return any(o is optimizer for o in self._chain)
 
+    def count_every_loss(self, hidden_by: str) -> None:
+        """Check every loss given to backward for inf/NaN, sampled step or not (AMP610): where the run's log leaves
+        them out, ``hidden_by`` names what does (``"TrainingArguments(logging_nan_inf_filter=True)"``)."""
+        if self._backward is not None and "loss" not in self._parts.off:
+            self._backward.count_every_loss(hidden_by)
+
     def read_step(self, optimizer: Any) -> None:
         """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
         its pre-hooks ran (``ampdoctor run`` finds the model in a ``step(closure)``'s forward)."""
