@@ -462,7 +462,7 @@ class Watch:
         skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
         grads = self._grads
         for alarm in gradient_alarms(record, grads.last_rows, grads.names, scaler=self._scaler is not None,
-                                     stats=self.stats, skips_known=skips):
+                                     stats=self.stats, skips_known=skips, own_nonfinite=grads.own_nonfinite):
             # AMP608's own fix unscales with a GradScaler; this run may have none: the fix that fits it
             fix = nonfinite_grads_fix(is_enabled(self._scaler), self.param_dtypes) if alarm[0] == "AMP608" else None
             self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3], fix=fix)
