@@ -293,3 +293,46 @@ def test_fsdp2_fp16_parameters_keep_the_update_meter_on(tmp_path, n):
         dist.destroy_process_group()
     assert [f.detail for f in w.findings() if f.code == "AMP001"] == []   # was: index_select got mixed DTensor
     assert w.summary_data()["lost_updates"]["sampled_steps"] == 3
+
+
+# ---- AMP610: every loss, where the run's log hides the inf/NaN ones ------------------------------------------------
+def _loss_at(step: int, bad_step: int | None, model: nn.Module) -> torch.Tensor:
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    # a NaN value with finite gradients: the loss the log would average away, the weights stay finite
+    return loss + torch.tensor(float("nan")) if step == bad_step else loss
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_amp610_counts_the_nan_loss_of_a_step_that_was_not_sampled(counted):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with watch(model, opt, every=50) as w:   # samples steps 0-9, then 50: step 20 is not sampled
+        if counted:
+            w.count_every_loss("TrainingArguments(logging_nan_inf_filter=True)")
+        for step in range(30):
+            _loss_at(step, 20, model).backward()
+            opt.step()
+            opt.zero_grad()
+    summary = w.summary_data()
+    assert summary["loss"]["nonfinite"] == []   # no sampled loss was NaN: only every loss sees it
+    hidden = [f for f in w.findings() if f.code == "AMP610"]
+    if counted:
+        [finding] = hidden
+        assert (finding.where, finding.step) == ("TrainingArguments(logging_nan_inf_filter=True)", 20)
+        assert "1 of 30 training losses" in finding.detail
+    else:
+        assert hidden == [] and "every" not in summary["loss"]
+
+
+def test_amp610_quiet_when_every_loss_is_finite():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with watch(model, opt, every=50) as w:
+        w.count_every_loss("TrainingArguments(logging_nan_inf_filter=True)")
+        for step in range(12):
+            _loss_at(step, None, model).backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP610" not in [f.code for f in w.findings()]
+    assert w.summary_data()["loss"]["every"] == {"losses": 12, "nonfinite": 0, "first": None,
+                                                 "hidden_by": "TrainingArguments(logging_nan_inf_filter=True)"}

@@ -9,6 +9,8 @@ numbers were measured on the device on sampled steps and read in the step's one 
   (``monitor.updates``). Up to ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
 * AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped, bit-identical over
   ``FROZEN`` sampled steps while the weights moved, or ending ``DIVERGED``x above the lowest of its first quarter.
+* AMP610 inf/NaN losses, any step, where the run's log leaves them out (the watch was told what does:
+  ``Watch.count_every_loss``, the transformers Trainer's ``logging_nan_inf_filter``).
 * AMP616 weights inf/NaN at the end of a sampled step (on one the GradScaler reported as skipped: it was bypassed).
 * AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one).
 * AMP618 a gradient clip that returned a norm of 0 over non-zero gradients: it was given no parameters.
@@ -32,8 +34,8 @@ MIN_LOSSES = 8       # AMP615 needs this many finite sampled losses
 
 def invariant_findings(summary: dict[str, Any]) -> list[Finding]:
     """Return the findings of every invariant that failed (``summary``: ``Watch.summary_data()``)."""
-    checks = (_all_skipped, _dropped, _unmoved, _weights, _loss_finite, _loss_frozen, _loss_diverging,
-              _arrival, _clip)
+    checks = (_all_skipped, _dropped, _unmoved, _weights, _loss_finite, _loss_hidden, _loss_frozen,
+              _loss_diverging, _arrival, _clip)
     return [finding for check in checks for finding in check(summary)]
 
 
@@ -114,6 +116,19 @@ def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
               + (f"; {len(applied)} of those steps were not skipped, so their gradients reached the optimizer"
                  if applied else ""))
     yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING)
+
+
+def _loss_hidden(s: dict[str, Any]) -> Iterator[Finding]:
+    every = (s.get("loss") or {}).get("every") or {}
+    bad, first = every.get("nonfinite") or 0, every.get("first")
+    if not bad or not every.get("hidden_by"):
+        return
+    skipped = (s.get("scale") or {}).get("skipped")
+    also = f"; the GradScaler skipped {skipped} step(s)" if isinstance(skipped, int) and skipped else ""
+    yield get_rule("AMP610").finding(every["hidden_by"], (
+        f"{bad} of {every.get('losses')} training losses were NaN/inf, the first at step {first}{also}. With "
+        "logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in their "
+        "place, so the logged loss looks finite; set logging_nan_inf_filter=False to see them."), first)
 
 
 def _loss_frozen(s: dict[str, Any]) -> Iterator[Finding]:

@@ -329,6 +329,12 @@ class Watch:
         """Whether ``optimizer`` is the one this watch follows (as given, or one it wraps)."""
         return any(o is optimizer for o in self._chain)
 
+    def count_every_loss(self, hidden_by: str) -> None:
+        """Check every loss given to backward for inf/NaN, sampled step or not (AMP610): where the run's log leaves
+        them out, ``hidden_by`` names what does (``"TrainingArguments(logging_nan_inf_filter=True)"``)."""
+        if self._backward is not None and "loss" not in self._parts.off:
+            self._backward.count_every_loss(hidden_by)
+
     def read_step(self, optimizer: Any) -> None:
         """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
         its pre-hooks ran (``ampdoctor run`` finds the model in a ``step(closure)``'s forward)."""
@@ -456,7 +462,7 @@ class Watch:
         skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
         grads = self._grads
         for alarm in gradient_alarms(record, grads.last_rows, grads.names, scaler=self._scaler is not None,
-                                     stats=self.stats, skips_known=skips):
+                                     stats=self.stats, skips_known=skips, own_nonfinite=grads.own_nonfinite):
             # AMP608's own fix unscales with a GradScaler; this run may have none: the fix that fits it
             fix = nonfinite_grads_fix(is_enabled(self._scaler), self.param_dtypes) if alarm[0] == "AMP608" else None
             self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3], fix=fix)
