@@ -229,3 +229,17 @@ def test_a_second_model_is_named_after_the_scripts_name_for_it_once(capsys, tmp_
     wheres = [f["where"] for f in report["findings"] if f["code"] == "AMP101"]
     assert wheres == ["text_encoder.0"], wheres
     assert "every one of text_encoder's, while the other models train in float32" in report["findings"][0]["detail"]
+
+
+@pytest.mark.parametrize("mode", ["late", "half"])
+def test_a_free_standing_parameter_is_no_stale_tensor(mode, capsys, tmp_path):
+    """Was a false AMP301 error: a logit scale trained next to the model's own parameters (all in the optimizer) was
+    called a stale copy from an optimizer built before .to()/.half(). ``run`` takes AMP301 back at the first optimizer
+    step only for tensors that have a gradient by then: not for one first used after a warm-up (``late``), nor when
+    the seed error ends the run before any optimizer step (``half``, whose AMP101 stays)."""
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), script("free_parameter.py"), mode])
+    err = capsys.readouterr().err
+    codes = [f["code"] for f in json.loads(out.read_text())["findings"]]
+    assert "AMP301" not in codes, err
+    assert (code, "AMP101" in codes) == ((1, True) if mode == "half" else (0, False)), err
