@@ -18,7 +18,7 @@ backward the scaler, the optimizer and its state see fp32.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -31,26 +31,12 @@ from ampdoctor.core.training import (
     HALF,
     ParamInfo,
     TrainingSetup,
-    group_by_module,
     keeps_fp32_masters,
     unwrap_optimizer,
 )
-from ampdoctor.preflight.rules import check, listing
+from ampdoctor.preflight.rules import check, findings_by_module, listing
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
-
-
-def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
-    """Yield one finding of ``rule`` per owning module naming its ``params``; they share one ``cause``, so they show
-    as one row.
-
-    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``; the cause is ``{state}. {summary}``.
-    """
-    summary = summary[:1].upper() + summary[1:]
-    end = " " if state.endswith((".", ".'")) else ". "
-    cause = f"{state}{end}{summary}"
-    for module, members in group_by_module(params).items():
-        verb = "is" if len(members) == 1 else "are"
-        yield rule.finding(module, f"{listing([p.describe() for p in members])} {verb} {cause}", cause=cause)
+from ampdoctor.preflight.rules.wiring import stale_tensors
 
 
 def _lr(value: Any) -> str:
@@ -167,8 +153,6 @@ def _free_standing(setup: TrainingSetup, dtype: torch.dtype) -> list[ParamInfo]:
     the model's parameters do. Stale tensors (AMP301's) get none, so they are left out."""
     if not setup.models:
         return []
-    from ampdoctor.preflight.rules.wiring import stale_tensors  # here: wiring imports this module
-
     stale, mastered = stale_tensors(setup), has_master(setup)
     return [ParamInfo(f"params[{i}]", f"optimizer[{oi}] group {gi}", t)
             for oi, opt in enumerate(setup.optimizers) for gi, group in enumerate(opt.param_groups)

@@ -32,8 +32,7 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import ParamInfo, TrainingSetup
-from ampdoctor.preflight.rules import check
-from ampdoctor.preflight.rules.params import findings_by_module
+from ampdoctor.preflight.rules import check, findings_by_module
 
 MAX_STRAYS = 5  # stray tensors described one by one per param group
 WIRING = ("AMP301", "AMP302")
