@@ -82,3 +82,10 @@ def test_script_bindings_leave_out_self_private_names_and_namespaces():
     namespace = {"self": model, "_cache": model, "run_globals": {"__name__": "__main__", "model": model}}
     assert script_bindings(namespace) == {}
     assert script_bindings({"pair": (torch.zeros(1), model)}) == {id(model): "pair[1]"}
+
+
+def test_a_wrapper_bound_to_a_name_names_the_model_it_delegates_to():
+    generator, critic = mlp(), mlp()
+    namespace = {"G": nn.DataParallel(generator), "D": nn.DataParallel(critic)}
+    note_script_names([generator, critic], [namespace], unwrap=lambda wrapper: getattr(wrapper, "module", wrapper))
+    assert TrainingSetup([generator, critic]).prefixes == ["G.", "D."]

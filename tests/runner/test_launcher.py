@@ -245,16 +245,17 @@ def test_a_free_standing_parameter_is_no_stale_tensor(mode, capsys, tmp_path):
     assert (code, "AMP101" in codes) == ((1, True) if mode == "half" else (0, False)), err
 
 
-@pytest.mark.parametrize("held", ["main", "list"])
+@pytest.mark.parametrize("held", ["main", "list", "wrapped"])
 def test_models_are_named_as_the_script_holds_them_in_findings_and_watch(held, capsys, tmp_path):
     """Was ``Sequential[1].2`` in the findings (and ``Sequential[0]`` for the same model in the watch's table, which
-    put the model it follows first): two models of one class local to main(), or in a list at module level."""
+    put the model it follows first): two models of one class local to main(), in a list at module level, or bound
+    to names as their DataParallel wrappers."""
     out = tmp_path / "report.json"
     assert main(["run", "--every", "1", "--json", str(out), script("models_in_main.py"),
-                 *(["list"] if held == "list" else [])]) == 0
+                 *([held] if held != "main" else [])]) == 0
     capsys.readouterr()
     report = json.loads(out.read_text())
-    encoder, decoder = ("encoder", "decoder") if held == "main" else ("models[0]", "models[1]")
+    encoder, decoder = ("models[0]", "models[1]") if held == "list" else ("encoder", "decoder")
     assert [(f["code"], f["where"]) for f in report["findings"]] == [("AMP302", f"{decoder}.2")]
     assert f"{decoder}.2.bias (float32, [8])" in report["findings"][0]["detail"]
     assert set(report["watch"]["gradients"]["params"]) == {f"{encoder}.0.weight", f"{encoder}.0.bias",

@@ -1,9 +1,10 @@
 """An encoder and a decoder of one class, local to main() as most scripts keep them; one parameter is left out of
 the optimizer (AMP302), so the pre-flight at the first step names a module of the decoder.
 
-    python models_in_main.py [list]
+    python models_in_main.py [list|wrapped]
 
-``list`` keeps the two models in a list at module level (``models[0]``, ``models[1]``) instead.
+``list`` keeps the two models in a list at module level (``models[0]``, ``models[1]``) instead; ``wrapped`` binds
+module-level names to their DataParallel wrappers (``encoder = DataParallel(build())``), as DDP scripts do.
 """
 import sys
 
@@ -22,7 +23,7 @@ def main():
 
 
 def train(enc, dec):
-    opt = torch.optim.AdamW([*enc.parameters(), dec[0].weight, dec[0].bias, dec[2].weight], lr=1e-3)
+    opt = torch.optim.AdamW([*enc.parameters(), *list(dec.parameters())[:3]], lr=1e-3)   # not the last bias
     scaler = torch.amp.GradScaler("cpu")
     x = torch.randn(16, 8)
     for step in range(4):
@@ -39,5 +40,9 @@ if __name__ == "__main__":
         torch.manual_seed(0)
         models = [build(), build()]
         train(*models)
+    elif sys.argv[1:] == ["wrapped"]:
+        torch.manual_seed(0)
+        encoder, decoder = nn.DataParallel(build()), nn.DataParallel(build())
+        train(encoder, decoder)
     else:
         main()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -153,10 +154,12 @@ def model_prefixes(models: list[nn.Module]) -> list[str]:
     return [f"{n}[{names[:i].count(n)}]." if names.count(n) > 1 else f"{n}." for i, n in enumerate(names)]
 
 
-def script_bindings(namespace: Mapping[str, Any]) -> dict[int, str]:
+def script_bindings(namespace: Mapping[str, Any],
+                    unwrap: Callable[[nn.Module], nn.Module] | None = None) -> dict[int, str]:
     """Map the id of each module in ``namespace`` (a script's globals, a frame's locals) to the first name that binds
     it there, in the namespace's order: a variable, or an entry of a list, tuple or dict one holds, as the user types
-    it. Names starting with ``_``, ``self`` and namespaces held in it (runpy's ``run_globals``) are left out.
+    it. Names starting with ``_``, ``self`` and namespaces held in it (runpy's ``run_globals``) are left out. With
+    ``unwrap``, the module a wrapper delegates to (``G = DDP(G)``) has the wrapper's name too.
 
     >>> unet, encoder = nn.Linear(2, 2), nn.Linear(2, 2)
     >>> names = script_bindings({"unet": unet, "nets": {"text": encoder}, "parts": [encoder, unet]})
@@ -167,27 +170,35 @@ def script_bindings(namespace: Mapping[str, Any]) -> dict[int, str]:
     for key, value in list(namespace.items()):
         if not isinstance(key, str) or key.startswith("_") or key == "self":
             continue
-        if isinstance(value, nn.Module):
-            names.setdefault(id(value), key)
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value[:_MAX_ENTRIES]):
-                if isinstance(item, nn.Module):
-                    names.setdefault(id(item), f"{key}[{i}]")
-        elif isinstance(value, dict) and "__name__" not in value:
-            for k, item in list(value.items())[:_MAX_ENTRIES]:
-                if isinstance(item, nn.Module) and isinstance(k, (str, int)) and not isinstance(k, bool):
-                    names.setdefault(id(item), f"{key}[{k!r}]")
+        for name, item in _entries(key, value):
+            if isinstance(item, nn.Module):
+                names.setdefault(id(item), name)
+                if unwrap is not None:
+                    names.setdefault(id(unwrap(item)), name)
     return names
 
 
-def note_script_names(models: list[nn.Module], namespaces: Iterable[Mapping[str, Any]]) -> None:
+def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
+    """Return ``(name, item)`` for each entry of ``value`` bound to ``key``, a list, tuple or dict; else ``value``."""
+    if isinstance(value, (list, tuple)):
+        return [(f"{key}[{i}]", item) for i, item in enumerate(value[:_MAX_ENTRIES])]
+    if isinstance(value, dict):
+        if "__name__" in value:   # a namespace held in a namespace (runpy's run_globals): not the script's name
+            return []
+        return [(f"{key}[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_ENTRIES)
+                if isinstance(k, (str, int)) and not isinstance(k, bool)]
+    return [(key, value)]
+
+
+def note_script_names(models: list[nn.Module], namespaces: Iterable[Mapping[str, Any]],
+                      unwrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
     """Remember, for each of several ``models`` without a name from the script yet, the first name ``namespaces`` give
-    it (the locals of the user's frames, outermost first): for models local to a function (``def main(): unet =
-    ...``), or named in a crash's frames after the script's module is gone. A model keeps its name once given.
-    ``namespaces`` is read only when there is a model to name."""
+    it (the locals of the user's frames, outermost first; see `script_bindings` for ``unwrap``): for models local to
+    a function (``def main(): unet = ...``), or named in a crash's frames after the script's module is gone. A model
+    keeps its name once given. ``namespaces`` is read only when there is a model to name."""
     todo = [m for m in models if m not in _SCRIPT_NAMES] if len(models) > 1 else []
     for namespace in namespaces if todo else ():
-        bound = script_bindings(namespace)
+        bound = script_bindings(namespace, unwrap)
         taken = {_SCRIPT_NAMES.get(m) for m in models}   # one name, one model: `model` in two frames names the first
         for m in todo:
             name = bound.get(id(m))

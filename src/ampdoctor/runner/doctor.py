@@ -265,7 +265,8 @@ class Doctor:
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
         live = scan(self.ended)
         models = trained_models(self.models, live.optimizers, live.modules)
-        note_script_names(models, _user_namespaces())   # models local to the script's main(), say
+        # models local to the script's main(), or bound to a name as DDP(model)
+        note_script_names(models, _user_namespaces(), unwrap_module)
         scalers = [scaler] if scaler is not None else live.scalers
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
