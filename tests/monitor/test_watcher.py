@@ -17,6 +17,7 @@ from rich.console import Console
 from torch import nn
 
 from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup
 from ampdoctor.monitor.grad_stats import GradStats
 from ampdoctor.monitor.loss_scale import ScaleMonitor
 from ampdoctor.monitor.watcher import Watch, watch
@@ -546,6 +547,15 @@ def test_the_parameters_of_a_second_model_the_optimizer_trains_are_named_not_lef
     assert w.param_modules == ["Linear", "Linear", "Sequential.0", "Sequential.0"]   # classes: no script globals
     assert w.param_names[2:] == ["Sequential.0.weight", "Sequential.0.bias"]
     assert Watch(unet, opt, every=1).param_modules[2:] == ["(not in model)"] * 2   # without them, as before
+
+
+def test_two_models_of_one_class_are_numbered_as_the_findings_number_them() -> None:
+    # the watch put the model it follows first: the table's Sequential[0] was the findings' Sequential[1]
+    small, big = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    opt = torch.optim.SGD([*small.parameters(), *big.parameters()], lr=0.1)
+    w = Watch(big, opt, every=1, others=[small, big])
+    assert w.param_names == [p.name for p in TrainingSetup([small, big]).params]
+    assert w.param_modules[2:] == ["Sequential[1].0", "Sequential[1].0", "Sequential[1].2", "Sequential[1].2"]
 
 
 # ---- the hot path: ATen ops a sampled step adds, counted by a dispatch mode (deterministic, no timing) -----------

@@ -87,7 +87,9 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     >>> name_params(model, [model.weight, torch.zeros(1)])
     (['weight', 'optimizer.param1'], ['(root)', '(not in model)'], ['float32', 'float32'])
     """
-    setup = TrainingSetup([model, *[m for m in others if m is not model]])   # one model: no prefix
+    # in the order of ``others`` (the run's models), as the findings number two models of one class (``Linear[1].``)
+    models = list(others) if any(m is model for m in others) else [model, *others]
+    setup = TrainingSetup(models)   # one model: no prefix
     infos = [setup.info(p) for p in params]
     names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
     modules = [i.module if i else "(not in model)" for i in infos]
