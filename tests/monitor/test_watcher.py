@@ -212,6 +212,45 @@ def test_scale_collapse_names_the_first_non_finite_module() -> None:
     assert "First module with a non-finite output: 0" in findings["AMP603"].detail
 
 
+def _huge_loss_loop(steps: int = 20, **watch_kw):
+    """fp16 autocast and a GradScaler where the forward is finite and the backward is not: the loss is multiplied
+    by 1e30, finite in fp32, so its gradient overflows fp16 at every scale GradScaler tries (down to 2**-4)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    with watch(model, opt, scaler, **watch_kw) as w:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y) * 1e30
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return w
+
+
+def test_a_collapse_whose_forward_was_finite_blames_the_backward_not_the_forward() -> None:
+    w = _huge_loss_loop()
+    summary = w.summary_data()
+    assert summary["scale"]["skipped"] == 20 and summary["scale"]["current"] < 1   # every step skipped
+    assert summary["activations"]["first_nonfinite_forward"] is None   # the dense start saw every output finite
+    findings = {f.code: f for f in w.findings()}
+    assert {"AMP603", "AMP612"} <= set(findings) and "AMP601" not in findings
+    collapse = findings["AMP603"]
+    assert "forward pass already" not in collapse.detail and "First module" not in collapse.detail
+    assert "backward pass" in collapse.detail and "on the 10 skipped steps" in collapse.detail
+    assert collapse.fix is not None and "bfloat16" in collapse.fix   # not "upcast the module that overflows"
+
+
+def test_without_the_dense_start_the_look_after_the_first_skip_is_the_evidence() -> None:
+    # dense=0, every=50: no forward is looked at until the first skip arms the monitor for the next step
+    w = _huge_loss_loop(every=50, dense=0)
+    collapse = next(f for f in w.findings() if f.code == "AMP603")
+    assert "backward pass" in collapse.detail and "on the 1 skipped step " in collapse.detail
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 def test_small_gradients_under_a_small_scale_raise_amp605(autocast: bool) -> None:
     # fp32 backward: the simulation sees the values fp16 would flush. fp16 backward: those are zeros already, and

@@ -432,11 +432,22 @@ class Watch:
         view = read_step(record)
         self._guard("gradients", lambda: self._check_gradients(view, partial))
         if not partial:
+            self._guard("watch", lambda: self._note_look(view))
             self._guard("watch", lambda: self._escalate(view, step))
             self.sampled_steps += 1
         self.last_record = record
         if self._recorder is not None and "recorder" not in self._parts.off:
             self._guard("recorder", lambda: self._recorder.write(record))
+
+    def _note_look(self, record: Step) -> None:
+        """Keep what the activation monitor saw in this step's forward, for the findings that say where the inf/NaN
+        come from: AMP603 on a skipped step."""
+        looked = record.activations
+        if looked is None or not looked.sampled or not looked.inputs:
+            return   # no forward seen on this step, or only part of it (the monitor was attached inside it)
+        loss = None if record.loss is None else record.loss.value
+        if record.skipped and self._scale_monitor is not None and "scale" not in self._parts.off:
+            self._scale_monitor.note_forward(looked.nonfinite_module, loss)
 
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: Step, step: int) -> None:
