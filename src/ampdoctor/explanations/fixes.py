@@ -1,11 +1,12 @@
 """Write the fix that fits what a finding saw, where the rule's own fix assumes another setup.
 
-A rule's fix in the catalog is written for its commonest cause. Three findings need another one when what they
+A rule's fix in the catalog is written for its commonest cause. Four findings need another one when what they
 saw says otherwise: AMP601 (a module's output is inf/NaN) when the module's own weights were already non-finite, so
-an optimizer step wrote them and no upcast of the forward helps; AMP603 (the loss scale keeps falling) when the
-forward's modules were seen finite on the skipped steps, so there is no overflowing module to upcast; and AMP608
-(a non-finite gradient norm) in a run with no enabled GradScaler, where ``scaler.unscale_(opt)`` is no advice.
-Dtypes are given by name (``"float16"``), as the watch keeps them.
+an optimizer step wrote them and no upcast of the forward helps; AMP603 (the loss scale keeps falling) and AMP613
+(the loss is inf/NaN) when the forward's modules were seen finite, so there is no overflowing module to upcast; and
+AMP608 (a non-finite
+gradient norm) in a run with no enabled GradScaler, where ``scaler.unscale_(opt)`` is no advice. Dtypes are given
+by name (``"float16"``), as the watch keeps them.
 
 >>> print(nonfinite_grads_fix(False, ["bfloat16"], "bfloat16").splitlines()[0])
 # no GradScaler (bf16 autocast needs none): skip the step yourself
@@ -112,7 +113,7 @@ def scale_collapse_fix(origin: str | None) -> str | None:
 
 def nonfinite_loss_fix() -> str:
     """Return the fix for a loss that is inf/NaN while every module output of the model was finite: the loss's own
-    computation makes it (AMP603, when such steps are skipped), so no module is to upcast.
+    computation makes it (AMP613, and AMP603 when such steps are skipped), so no module is to upcast.
 
     >>> nonfinite_loss_fix().splitlines()[0]
     '# every module output was finite and the loss was not: compute it in fp32,'

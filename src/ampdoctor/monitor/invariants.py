@@ -7,8 +7,9 @@ numbers were measured on the device on sampled steps and read in the step's one 
 * AMP612 progress: every step skipped; backward calls whose gradients were dropped with no optimizer step
   (``monitor.backward``); sampled steps on which the optimizer moved none of the entries it had gradients for
   (``monitor.updates``). Up to ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
-* AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped, bit-identical over
-  ``FROZEN`` sampled steps while the weights moved, or ending ``DIVERGED``x above the lowest of its first quarter.
+* AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped (saying so where every module
+  output of that step's forward was seen finite), bit-identical over ``FROZEN`` sampled steps while the weights
+  moved, or ending ``DIVERGED``x above the lowest of its first quarter.
 * AMP616 weights inf/NaN at the end of a sampled step (on one the GradScaler reported as skipped: it was bypassed).
 * AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one).
 * AMP618 a gradient clip that returned a norm of 0 over non-zero gradients: it was given no parameters.
@@ -20,6 +21,7 @@ from typing import Any, Iterator
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.explanations.fixes import nonfinite_loss_fix
 
 __all__ = ["invariant_findings", "verified", "CALIBRATION", "FROZEN", "DIVERGED"]
 
@@ -113,7 +115,13 @@ def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
               f"(steps {shown})" + ("; the last sampled loss is one of them" if last else "")
               + (f"; {len(applied)} of those steps were not skipped, so their gradients reached the optimizer"
                  if applied else ""))
-    yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING)
+    finite = [step for step, module in loss.get("nonfinite_forward") or [] if module is None]
+    if finite:   # the activation monitor saw those forwards: no module's output was inf/NaN
+        seen = ", ".join(map(str, finite[:6])) + (" …" if len(finite) > 6 else "")
+        detail += (f"; every module output of the model was finite on step{'s' if len(finite) > 1 else ''} {seen}, "
+                   f"so there the inf/NaN come after the model, where the loss is computed from its output")
+    yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING,
+                                     fix=nonfinite_loss_fix() if finite else None)
 
 
 def _loss_frozen(s: dict[str, Any]) -> Iterator[Finding]:

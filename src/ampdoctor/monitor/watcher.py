@@ -29,6 +29,7 @@ removes every hook and drops the references. An internal exception is reported o
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -176,6 +177,9 @@ class Watch:
         self._autocast: str | None = None   # the autocast dtype of the model's first forward after attach, if any
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
+        # the activation monitor's looks at the forward of sampled steps whose loss was inf/NaN: [step, the first
+        # module with a non-finite output ("(input)": the model's input; None: every output finite)], up to 20
+        self._bad_loss_forwards: list[list[Any]] = []
         self._recorder: FlightRecorder | None = None
         self._deferred: tuple[HostCopy, int, float, dict[str, Any], bool] | None = None  # a step's copy, not read
         self._parts = WatchParts()
@@ -441,13 +445,15 @@ class Watch:
 
     def _note_look(self, record: Step) -> None:
         """Keep what the activation monitor saw in this step's forward, for the findings that say where the inf/NaN
-        come from: AMP603 on a skipped step."""
+        come from: AMP603 on a skipped step, AMP613 (and whether AMP601 explains it) on a step with an inf/NaN loss."""
         looked = record.activations
         if looked is None or not looked.sampled or not looked.inputs:
             return   # no forward seen on this step, or only part of it (the monitor was attached inside it)
         loss = None if record.loss is None else record.loss.value
         if record.skipped and self._scale_monitor is not None and "scale" not in self._parts.off:
             self._scale_monitor.note_forward(looked.nonfinite_module, loss)
+        if loss is not None and not math.isfinite(loss) and len(self._bad_loss_forwards) < 20:
+            self._bad_loss_forwards.append([record.step, looked.nonfinite_module])
 
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: Step, step: int) -> None:
@@ -519,10 +525,18 @@ class Watch:
             self._lost.summary(),
             "activations": activations,
             "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
-            "loss": None if self._backward is None else self._backward.summary(),
+            "loss": self._loss_summary(),
             "averages": self._averages_summary(),
             "off": sorted(self._parts.off),
         }
+
+    def _loss_summary(self) -> dict[str, Any] | None:
+        if self._backward is None:
+            return None
+        summary = self._backward.summary()
+        if self._bad_loss_forwards:   # what the forward of steps with an inf/NaN loss looked like (AMP613)
+            summary["nonfinite_forward"] = [list(look) for look in self._bad_loss_forwards]
+        return summary
 
     def _averages_summary(self) -> list[dict[str, Any]] | None:
         if self._averages is None or "averages" in self._parts.off:
@@ -564,9 +578,21 @@ class Watch:
             "invariants", e)) or []
         if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
             out = [f for f in out if f.code != "AMP604"]  # every step skipped: said once, as the error it is
-        if culprit is not None:   # AMP601 names where the inf/NaN the loss ends with starts: said once
+        if culprit is not None and self._loss_explained(activation):   # AMP601 says where the loss's starts: once
             invariants = [f for f in invariants if f.code != "AMP613"]
         return out + activation + invariants
+
+    def _loss_explained(self, activation: list[Finding]) -> bool:
+        """Whether AMP601 explains the inf/NaN loss: on the first sampled step whose loss was inf/NaN a module's
+        output already was (as the look at that forward, or AMP601's own step, shows), and every other step with an
+        inf/NaN loss whose forward was looked at had a module's output inf/NaN too (not the input, not none)."""
+        bad = (self._backward.summary().get("nonfinite") or []) if self._backward is not None else []
+        looks = dict(map(tuple, self._bad_loss_forwards))
+        if not bad or any(module in (None, "(input)") for module in looks.values()):
+            return False
+        # a look at the first bad step that began inside its forward (the watch attached there) is not in `looks`;
+        # an AMP601 of that step is the activation monitor's word that a module's output was inf/NaN on it
+        return bad[0] in looks or any(f.code == "AMP601" and f.step == bad[0] for f in activation)
 
     def _activation_findings(self) -> list[Finding]:
         live, kept = self._activations, self._activation_result
