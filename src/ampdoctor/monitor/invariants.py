@@ -11,7 +11,9 @@ numbers were measured on the device on sampled steps and read in the step's one 
   output of that step's forward was seen finite), bit-identical over ``FROZEN`` sampled steps while the weights
   moved, or ending ``DIVERGED``x above the lowest of its first quarter.
 * AMP616 weights inf/NaN at the end of a sampled step (on one the GradScaler reported as skipped: it was bypassed).
-* AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one).
+* AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one): parameters of
+  the models the run trains, not the optimizer's tensors of a model the script replaced (``Watch._trained``), which
+  the all-clear says it could not verify.
 * AMP618 a gradient clip that returned a norm of 0 over non-zero gradients: it was given no parameters.
 """
 
@@ -203,11 +205,15 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
         measured.append(f"loss finite and changing on {loss['sampled']} sampled steps")
     else:
         missing.append("the loss (no backward seen)")
-    if arrival.get("reads"):
+    outside = arrival.get("outside") or 0
+    if arrival.get("reads") and (arrival.get("params") or not outside):
         got = (arrival.get("params") or 0) - len(arrival.get("without") or [])
         measured.append(f"gradients reached {got} of {arrival.get('params')} trainable parameters")
-    else:
+    elif not outside:
         missing.append("gradients")
+    if outside:   # no AMP617 names them (they are no part of what trains), so nothing is verified of them either
+        missing.append(f"{outside} tensor(s) the optimizer steps that belong to no model that ran (none had a "
+                       f"gradient)")
     unsampled = steps - (summary.get("sampled_steps") or 0)
     if unsampled > 0:
         measured.append(f"{unsampled} steps not sampled")

@@ -29,6 +29,7 @@ removes every hook and drops the references. An internal exception is reported o
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from ampdoctor.monitor.watched import (
     EngineCopies,
     closure_calls_back,
     name_params,
+    param_owners,
     refuse_meta,
     scaler_of,
     steps_through,
@@ -153,6 +155,13 @@ class Watch:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
+        # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
+        # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
+        # their tensors got a gradient), not those of a model the script replaced (a resume, a re-run cell).
+        self._models: list[nn.Module] = [model, *[m for m in others if m is not model]]
+        self._owners = param_owners(self._models, params)
+        self._ran: set[int] = set()   # models (by index in _models) whose forward ran while watched
+        self._ran_hooks: dict[int, Any] = {}
         copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules, optimizer)
         self._stepper = copies.stepper  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
         layouts = {**fsdp1_layouts(model), **copies.layouts}
@@ -219,9 +228,11 @@ class Watch:
                     observe(self._stepper, "step", after=self._step_done, on_error=lambda e: self._fail("watch", e))
                 self._handles += [opt.register_step_pre_hook(self._optimizer_pre_hook), end]
             self._guard("averages", self._attach_averages)
-            if self._model is not None:   # once: the forward's autocast dtype names the run's format
-                self._autocast_hook = self._model.register_forward_pre_hook(self._note_autocast)
-                self._handles.append(self._autocast_hook)
+            # once per model: that its forward ran, and the model's forward's autocast dtype (the run's format)
+            for k, model in enumerate(self._models):
+                if k == 0 or k in self._owners:
+                    self._ran_hooks[k] = model.register_forward_pre_hook(functools.partial(self._note_call, k))
+                    self._handles.append(self._ran_hooks[k])
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
@@ -234,13 +245,16 @@ class Watch:
             raise
         return self
 
-    def _note_autocast(self, module: nn.Module, args: Any) -> None:
-        self._guard("watch", self._read_autocast)
+    def _note_call(self, index: int, module: nn.Module, args: Any) -> None:
+        self._guard("watch", self._called, index=index)
 
-    def _read_autocast(self) -> None:
-        self._autocast_hook.remove()   # safe in a hook: torch calls a copy of the hook list
+    def _called(self, index: int) -> None:
+        handle = self._ran_hooks.pop(index, None)
+        if handle is not None:
+            handle.remove()   # safe in a hook: torch calls a copy of the hook list
+        self._ran.add(index)
         device = next((p.device.type for p in self._params), "cpu")
-        if torch.is_autocast_enabled(device):
+        if index == 0 and torch.is_autocast_enabled(device):   # the watched model's forward names the run's format
             self._autocast = dtype_name(torch.get_autocast_dtype(device))
 
     def _attach_averages(self) -> None:
@@ -299,7 +313,7 @@ class Watch:
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
                 "findings": self.findings()}))
         self._model = self._optimizer = self._scaler = self._stepper = None
-        self._chain, self._params = [], []
+        self._chain, self._params, self._models = [], [], []
         self._grads.release()
         self.attached = False
 
@@ -510,8 +524,16 @@ class Watch:
         summary["verified"] = verified(summary)
         return summary
 
+    def _trained(self) -> list[bool]:
+        """Per watched tensor: whether it is part of what this run trains, for AMP617: it got a gradient, or it is
+        a parameter of a model whose forward ran while watched or one of whose tensors got a gradient. A tensor of a
+        replaced model (an optimizer built before the model was re-created) is not."""
+        arrived = self._grads.arrived
+        trained = self._ran | {self._owners[k] for k in arrived}
+        return [k in arrived or (owner is not None and owner in trained) for k, owner in enumerate(self._owners)]
+
     def _measured(self) -> dict[str, Any]:
-        grads = self._grads.summary(self.param_modules)
+        grads = self._grads.summary(self.param_modules, self._trained())
         activations = self._activations.summary() if self._activations is not None else (
             self._activation_result[0] if self._activation_result else None)
         return {
