@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.monitor.watcher import watch
+from ampdoctor.monitor.watcher import Watch, watch
 from ampdoctor.ui.cli import main
 from ampdoctor.ui.console import render_report
 
@@ -202,6 +202,64 @@ def test_trainable_parameters_without_a_gradient_are_named():
     [f] = [f for f in w.findings() if f.code == "AMP617"]
     assert f.severity.value == "info" and f.where == "unused.weight, unused.bias"
     assert "2 of 6 trainable parameters had no gradient on any of the 3 sampled steps" in f.detail
+
+
+def test_an_optimizer_over_a_replaced_models_tensors_is_no_amp617_and_no_all_clear():
+    # the model is re-created after the optimizer was built (a re-run notebook cell): the optimizer steps the first
+    # model's tensors, which no longer train; the model's own parameters get gradients but are in no optimizer
+    torch.manual_seed(0)
+    first = mlp()
+    opt = torch.optim.SGD(first.parameters(), lr=1e-2)
+    model = mlp()
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP617" not in [f.code for f in w.findings()]   # was: "none of the 4 trainable parameters ..."
+    arrival = w.summary_data()["gradients"]["arrival"]
+    assert (arrival["params"], arrival["without"], arrival["outside"]) == (0, [], 4)
+    assert any("4 tensor(s) the optimizer steps" in m for m in w.summary_data()["verified"]["not_measured"])
+    assert "no mixed-precision problems found" not in text_of(w)
+
+
+def test_a_watch_that_follows_a_replaced_model_names_none_of_its_parameters():
+    # `ampdoctor run` hands the watch the model that owns the optimizer's tensors: here the previous fold's, which
+    # no longer runs; the fold's new model trains (its parameters in no optimizer)
+    old, new = mlp(), mlp()
+    opt = torch.optim.SGD(old.parameters(), lr=1e-2)
+    with Watch(old, opt, every=1, others=[old, new]) as w:
+        for _ in range(3):
+            new(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP617" not in [f.code for f in w.findings()]   # was: 0.weight, 0.bias, ... "nothing trains"
+    assert w.summary_data()["gradients"]["arrival"]["outside"] == 4
+
+
+def test_a_model_whose_forward_ran_and_whose_parameters_got_no_gradient_is_still_amp617():
+    # the positive control: the optimizer was built over the teacher, whose forward runs (under no_grad) while
+    # the student's loss is what backward sees: the teacher's parameters really never get a gradient
+    teacher, student = mlp(), mlp()
+    opt = torch.optim.SGD(teacher.parameters(), lr=1e-2)
+    with watch(teacher, opt, every=1) as w:
+        for _ in range(3):
+            x = torch.randn(8, 16)
+            with torch.no_grad():
+                target = teacher(x)
+            (student(x) - target).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    [f] = [f for f in w.findings() if f.code == "AMP617"]
+    assert f.severity.value == "error" and f.where == "model"
+
+
+@pytest.mark.parametrize("mode", ["cell", "kfold"])
+def test_ampdoctor_run_names_no_amp617_for_a_replaced_models_tensors(tmp_path, mode):
+    report, _ = run_cli(tmp_path, "stale_optimizer.py", mode)
+    assert findings(report, "AMP301") and not findings(report, "AMP617")
+    healthy, text = run_cli(tmp_path, "stale_optimizer.py", "right")
+    assert healthy["findings"] == [] and "no mixed-precision problems found in 12 steps" in text
 
 
 def test_a_clip_over_a_filter_the_optimizer_consumed_is_found_and_the_list_is_quiet(tmp_path):

@@ -211,19 +211,25 @@ class GradientReader:
         self._params = []
         self.clear()
 
-    def summary(self, modules: Sequence[str]) -> dict[str, Any]:
+    def summary(self, modules: Sequence[str], trained: Sequence[bool] | None = None) -> dict[str, Any]:
         """Return the JSON-ready summary: the last step's statistics by parameter and by module (``modules``: the
-        module of each parameter; pooled by ``core.records.rollup``), and the norms."""
+        module of each parameter; pooled by ``core.records.rollup``), the norms, and which trainable tensors got a
+        gradient (``arrival``) among those ``trained`` marks as part of what the run trains (default: all); the
+        others that never got one are counted as ``outside``."""
         out: dict[str, Any] = {"params": self.last, "modules": rollup(self.last_rows, COLUMNS, modules)}
         if self.unsummarised:
             out["unsummarised"] = dict(self.unsummarised)
         if self.reduction is not None:
             out["merged_over_ranks"] = {"params": len(self.reduction.rows),
                                         "collectives": self.reduction.collectives}
-        trainable = [n for n, t in zip(self.names, self._trainable) if t]
-        out["arrival"] = {"reads": self.reads, "params": len(trainable),
-                          "without": [n for k, n in enumerate(self.names) if self._trainable[k] and
-                                      k not in self.arrived and n not in self.unsummarised]}
+        trained = [True] * len(self.names) if trained is None else trained
+        counted = [k for k, t in enumerate(self._trainable) if t and trained[k]]
+        out["arrival"] = {"reads": self.reads, "params": len(counted),
+                          "without": [self.names[k] for k in counted if k not in self.arrived and
+                                      self.names[k] not in self.unsummarised]}
+        outside = sum(1 for k, t in enumerate(self._trainable) if t and not trained[k])
+        if outside:   # in the optimizer, in no model the run trains, and never with a gradient
+            out["arrival"]["outside"] = outside
         if self.clipped_nothing:
             out["clipped_nothing"] = [list(sn) for sn in self.clipped_nothing]
         if self.last_pre_clip is not None:
