@@ -2,10 +2,10 @@
 
 The encoder is float32; the head was cast with ``.half()``. Under ``16-mixed`` the precision plugin's GradScaler
 refuses the head's fp16 gradients at the first step (``ValueError: Attempting to unscale FP16 gradients.``). The
-callback prints and writes its pre-flight report before that step (naming ``head.weight`` and ``head.bias``), and
-adds the crash explanation when it happens:
+callback writes its pre-flight report before that step (naming ``head.weight`` and ``head.bias``), adds the crash
+explanation when it happens, and prints the report once, above the traceback:
 
-    python examples/lightning_callback.py                # the report, then the crash, explained
+    python examples/lightning_callback.py                # the crash explained (the report), then its traceback
     python examples/lightning_callback.py --fix          # the head is upcast before the first step; trains to the end
     python examples/lightning_callback.py --no-stray     # a clean run: the watch's summary and no findings
 

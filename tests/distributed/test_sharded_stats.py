@@ -117,6 +117,25 @@ def test_a_collective_inside_the_forward_stops_the_one_rank_replay_before_it_sta
         assert len(ranks[rank]["losses"]) == 3   # both ranks trained to the end: nobody waited
 
 
+@pytest.mark.parametrize("kind", ["plain", "sharded", "none"])
+def test_amp608_is_raised_by_the_rank_whose_own_shard_stepped_on_the_inf(tmp_path, kind) -> None:
+    # The statistics are merged over the ranks, so both see the inf rank 0's shard holds; each rank steps its own.
+    ranks = run(tmp_path, f"inf_{kind}", 2)
+    amp608 = [[f["step"] for f in rank["findings"] if f["code"] == "AMP608"] for rank in ranks]
+    if kind == "plain":   # each plain GradScaler checks its own shard: rank 0 skips, rank 1 steps on finite ones
+        assert [r["stepped"] for r in ranks] == [[True, False], [True, True]]
+        assert [r["scales"][-1] for r in ranks] == [32768.0, 65536.0]   # AMP411's, when the job's reports merge
+        assert amp608 == [[], []]   # it said "no GradScaler skipped it" on rank 1, whose step took finite gradients
+    elif kind == "sharded":   # found_inf all-reduced: both skip
+        assert [r["stepped"] for r in ranks] == [[True, False], [True, False]]
+        assert amp608 == [[], []]
+    else:   # no scaler: rank 0 stepped on its inf, rank 1 on its finite shard
+        assert [r["stepped"] for r in ranks] == [[True, True], [True, True]]
+        assert amp608 == [[1], []]
+        detail = next(f["detail"] for f in ranks[0]["findings"] if f["code"] == "AMP608")
+        assert "no GradScaler skipped it" in detail
+
+
 def test_fsdp1_use_orig_params_statistics_per_original_parameter_equal_one_process(tmp_path) -> None:
     ranks = run(tmp_path, "fsdp1_orig", 2)
     # 875 entries split 438 / 437: 2.weight is split across the ranks, five parameters have no entry on one rank

@@ -526,3 +526,20 @@ def test_nonfinite_total_norm_over_several_modules_is_one_finding_naming_them():
     [finding] = explain_exception(exc, TrainingSetup(model))
     assert (finding.code, finding.where) == ("AMP608", "2 modules (0, 2)")
     assert finding.detail.startswith("non-finite gradients: 0.bias, 2.weight;")
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["read-from-the-frames", "given"])
+def test_models_local_to_a_function_are_named_as_its_frame_names_them(given):
+    """Was ``Sequential[1].0``: a crash is explained after the script's module is gone (``ampdoctor run``) or in a
+    function whose locals hold the models; their names come from the crash's frames, given setup or not."""
+    G = mlp()
+    D = nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 1)).half()
+    opt = torch.optim.SGD([*G.parameters(), *D.parameters()], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = D(G(torch.randn(4, 8))).float().mean()
+    scaler.scale(loss).backward()
+    exc = raised(scaler.step, opt)
+    findings = explain_exception(exc, TrainingSetup([G, D], opt, scaler) if given else None)
+    assert [(f.code, f.where) for f in findings] == [("AMP101", "D.0"), ("AMP101", "D.2")]
+    assert "D.0.weight (float16, [4, 1])" in findings[0].detail

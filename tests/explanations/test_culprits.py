@@ -1,4 +1,5 @@
-"""AMP406 culprits on real setups: an optimizer over a frozen adapter, and one over no parameters at all."""
+"""AMP406 culprits on real setups: an optimizer over a frozen adapter, one over no parameters at all, and one over a
+free-standing parameter."""
 
 from __future__ import annotations
 
@@ -69,3 +70,16 @@ def test_an_optimizer_over_no_parameters_says_so():
     assert [f.code for f in findings] == ["AMP406"]
     assert findings[0].where == "optimizer[0] (SGD)"
     assert re.search(r"holds no parameters", findings[0].detail)
+
+
+def test_a_free_standing_parameter_the_loss_did_not_use_is_no_stale_tensor():
+    """Was a false AMP301 (and an AMP406 saying the optimizer was built over different tensors): a temperature with an
+    optimizer of its own, left out of this step's loss, stands for no parameter of the model, all of which train."""
+    model = Net()
+    temperature = nn.Parameter(torch.ones(()))
+    opts = [torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD([temperature], lr=0.1)]
+    scaler = torch.amp.GradScaler("cpu")
+    findings = explain_exception(no_inf_checks(model, opts[1], scaler), TrainingSetup(model, opts, scaler))
+    assert [(f.code, f.where) for f in findings] == [("AMP406", "optimizer[1] (SGD)")]
+    assert "param_groups[0]['params'][0] (float32, [])" in findings[0].detail
+    assert "not used in the forward pass" in findings[0].detail

@@ -86,6 +86,17 @@ def test_stray_fp16_head_is_named_once_and_the_crash_at_step_0_is_explained(tmp_
     assert data["framework"]["precision"] == "16-mixed" and data["framework"]["scaler"] == "GradScaler"
 
 
+def test_the_findings_are_printed_once_with_the_crash_explanation(tmp_path, capsys):
+    callback = AmpDoctorCallback(json_path=tmp_path / "report.json")
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        _fit(Net(half_head=True), [callback], plugins=[_fp16_plugin()])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines.count("ampdoctor findings") == 1
+    assert sum(line.startswith("AMP101 error head") for line in lines) == 1
+    assert lines.count("ValueError: Attempting to unscale FP16 gradients.") == 1   # above the findings it explains
+    assert sum(line.startswith("ampdoctor: report written to") for line in lines) == 1
+
+
 def test_clean_bf16_run_has_no_warning_or_error(tmp_path):
     callback = AmpDoctorCallback(json_path=tmp_path / "r.json", log_dir=tmp_path / "logs", every=1)
     _fit(Net(), [callback], precision="bf16-mixed")

@@ -101,6 +101,16 @@ def test_fp16_flag_on_a_half_loaded_model_is_flagged(tmp_path):
     assert "AMP203" in codes   # and accelerate ignores fp16 on CPU
 
 
+def test_the_findings_are_printed_once(tmp_path, capsys):
+    callback = AmpDoctorCallback(json_path=tmp_path / "r.json")
+    _train(_bert().half(), _args(tmp_path, fp16=True), Tokens(), [callback])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines.count("ampdoctor findings") == 1
+    for code in ("AMP203", "AMP209"):
+        assert sum(line.startswith(f"{code} warning") for line in lines) == 1, code
+    assert sum(line.startswith("ampdoctor: report written to") for line in lines) == 1
+
+
 def test_fp32_model_with_fp16_flag_is_not_flagged_as_half(tmp_path):
     callback = AmpDoctorCallback()
     _train(_bert(), _args(tmp_path, fp16=True), Tokens(), [callback], scaler=True)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.monitor.watcher import watch
+from ampdoctor.monitor.watcher import Watch, watch
 from ampdoctor.ui.cli import main
 from ampdoctor.ui.console import render_report
 
@@ -244,6 +244,64 @@ def test_trainable_parameters_without_a_gradient_are_named():
     assert "2 of 6 trainable parameters had no gradient on any of the 3 sampled steps" in f.detail
 
 
+def test_an_optimizer_over_a_replaced_models_tensors_is_no_amp617_and_no_all_clear():
+    # the model is re-created after the optimizer was built (a re-run notebook cell): the optimizer steps the first
+    # model's tensors, which no longer train; the model's own parameters get gradients but are in no optimizer
+    torch.manual_seed(0)
+    first = mlp()
+    opt = torch.optim.SGD(first.parameters(), lr=1e-2)
+    model = mlp()
+    with watch(model, opt, every=1) as w:
+        for _ in range(3):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP617" not in [f.code for f in w.findings()]   # was: "none of the 4 trainable parameters ..."
+    arrival = w.summary_data()["gradients"]["arrival"]
+    assert (arrival["params"], arrival["without"], arrival["outside"]) == (0, [], 4)
+    assert any("4 tensor(s) the optimizer steps" in m for m in w.summary_data()["verified"]["not_measured"])
+    assert "no mixed-precision problems found" not in text_of(w)
+
+
+def test_a_watch_that_follows_a_replaced_model_names_none_of_its_parameters():
+    # `ampdoctor run` hands the watch the model that owns the optimizer's tensors: here the previous fold's, which
+    # no longer runs; the fold's new model trains (its parameters in no optimizer)
+    old, new = mlp(), mlp()
+    opt = torch.optim.SGD(old.parameters(), lr=1e-2)
+    with Watch(old, opt, every=1, others=[old, new]) as w:
+        for _ in range(3):
+            new(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP617" not in [f.code for f in w.findings()]   # was: 0.weight, 0.bias, ... "nothing trains"
+    assert w.summary_data()["gradients"]["arrival"]["outside"] == 4
+
+
+def test_a_model_whose_forward_ran_and_whose_parameters_got_no_gradient_is_still_amp617():
+    # the positive control: the optimizer was built over the teacher, whose forward runs (under no_grad) while
+    # the student's loss is what backward sees: the teacher's parameters really never get a gradient
+    teacher, student = mlp(), mlp()
+    opt = torch.optim.SGD(teacher.parameters(), lr=1e-2)
+    with watch(teacher, opt, every=1) as w:
+        for _ in range(3):
+            x = torch.randn(8, 16)
+            with torch.no_grad():
+                target = teacher(x)
+            (student(x) - target).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    [f] = [f for f in w.findings() if f.code == "AMP617"]
+    assert f.severity.value == "error" and f.where == "model"
+
+
+@pytest.mark.parametrize("mode", ["cell", "kfold"])
+def test_ampdoctor_run_names_no_amp617_for_a_replaced_models_tensors(tmp_path, mode):
+    report, _ = run_cli(tmp_path, "stale_optimizer.py", mode)
+    assert findings(report, "AMP301") and not findings(report, "AMP617")
+    healthy, text = run_cli(tmp_path, "stale_optimizer.py", "right")
+    assert healthy["findings"] == [] and "no mixed-precision problems found in 12 steps" in text
+
+
 def test_a_clip_over_a_filter_the_optimizer_consumed_is_found_and_the_list_is_quiet(tmp_path):
     report, _ = run_cli(tmp_path, "clip_filter.py", "filter", "0.01")
     [f] = findings(report, "AMP618")
@@ -346,3 +404,46 @@ def test_fsdp2_fp16_parameters_keep_the_update_meter_on(tmp_path, n):
         dist.destroy_process_group()
     assert [f.detail for f in w.findings() if f.code == "AMP001"] == []   # was: index_select got mixed DTensor
     assert w.summary_data()["lost_updates"]["sampled_steps"] == 3
+
+
+# ---- AMP610: every loss, where the run's log hides the inf/NaN ones ------------------------------------------------
+def _loss_at(step: int, bad_step: int | None, model: nn.Module) -> torch.Tensor:
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    # a NaN value with finite gradients: the loss the log would average away, the weights stay finite
+    return loss + torch.tensor(float("nan")) if step == bad_step else loss
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_amp610_counts_the_nan_loss_of_a_step_that_was_not_sampled(counted):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with watch(model, opt, every=50) as w:   # samples steps 0-9, then 50: step 20 is not sampled
+        if counted:
+            w.count_every_loss("TrainingArguments(logging_nan_inf_filter=True)")
+        for step in range(30):
+            _loss_at(step, 20, model).backward()
+            opt.step()
+            opt.zero_grad()
+    summary = w.summary_data()
+    assert summary["loss"]["nonfinite"] == []   # no sampled loss was NaN: only every loss sees it
+    hidden = [f for f in w.findings() if f.code == "AMP610"]
+    if counted:
+        [finding] = hidden
+        assert (finding.where, finding.step) == ("TrainingArguments(logging_nan_inf_filter=True)", 20)
+        assert "1 of 30 training losses" in finding.detail
+    else:
+        assert hidden == [] and "every" not in summary["loss"]
+
+
+def test_amp610_quiet_when_every_loss_is_finite():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with watch(model, opt, every=50) as w:
+        w.count_every_loss("TrainingArguments(logging_nan_inf_filter=True)")
+        for step in range(12):
+            _loss_at(step, None, model).backward()
+            opt.step()
+            opt.zero_grad()
+    assert "AMP610" not in [f.code for f in w.findings()]
+    assert w.summary_data()["loss"]["every"] == {"losses": 12, "nonfinite": 0, "first": None,
+                                                 "hidden_by": "TrainingArguments(logging_nan_inf_filter=True)"}

@@ -69,9 +69,9 @@ def test_more_than_five_percent_skipped_raises_amp604() -> None:
     assert "7 of 100" in monitor.findings()[0].detail
 
 
-def test_collapse_from_a_forward_overflow_raises_amp603_with_the_explanation() -> None:
-    # A Linear whose fp16 output overflows 65504 on every step (3e4 * 4 = 1.2e5): the loss's gradient is inf, every
-    # step is skipped and the scale halves, step after step.
+def overflowing_forward(steps: int = 12) -> ScaleMonitor:
+    """A Linear whose fp16 output overflows 65504 on every step (3e4 * 4 = 1.2e5): the loss's gradient is inf, every
+    step is skipped and the scale halves, step after step."""
     torch.manual_seed(0)
     model = nn.Linear(4, 4)
     with torch.no_grad():
@@ -79,7 +79,7 @@ def test_collapse_from_a_forward_overflow_raises_amp603_with_the_explanation() -
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
     with ScaleMonitor(scaler) as monitor:
-        for step in range(12):
+        for step in range(steps):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(torch.ones(2, 4)).float().pow(2).mean()
             scaler.scale(loss).backward()
@@ -90,13 +90,40 @@ def test_collapse_from_a_forward_overflow_raises_amp603_with_the_explanation() -
                 sync(monitor)
                 assert "AMP603" not in [f.code for f in monitor.findings()]  # 2**16 -> 2**9: not yet 2**8 down
         sync(monitor)
-    codes = [f.code for f in monitor.findings()]
-    assert codes == ["AMP604", "AMP603"]
+    return monitor
+
+
+def test_a_collapse_raises_amp603_and_places_the_inf_nan_nowhere_when_no_forward_was_looked_at() -> None:
+    monitor = overflowing_forward()
+    assert [f.code for f in monitor.findings()] == ["AMP604", "AMP603"]
     collapse = monitor.findings()[1]
-    assert "forward pass" in collapse.detail and "65504" in collapse.detail
-    assert monitor.current_scale == 2.0**4
+    assert monitor.current_scale == 2.0**4 and "to 16 after step 11" in collapse.detail
+    # alone, the monitor saw no forward: it says neither "forward pass" nor "backward pass" happened
+    assert monitor.origin() is None and collapse.fix is None
+    assert "forward pass already" not in collapse.detail and "arise in the backward" not in collapse.detail
+
+
+def test_a_collapse_names_the_forward_only_when_a_skipped_steps_forward_showed_the_module() -> None:
+    monitor = overflowing_forward()
+    monitor.note_forward("0", float("inf"))   # what the watch's look at a skipped step's forward saw
     monitor.name_culprit("0 (Linear)")
-    assert "First module with a non-finite output: 0 (Linear)" in monitor.findings()[1].detail
+    collapse = monitor.findings()[1]
+    assert monitor.origin() == "forward" and collapse.fix is None   # the rule's fix: upcast the module
+    assert "First module with a non-finite output: 0 (Linear)" in collapse.detail
+    monitor.note_forward(None, 1.5)   # another skipped step whose outputs and loss were finite
+    assert "on 1 of the 2 skipped steps" in monitor.findings()[1].detail
+
+
+@pytest.mark.parametrize(("module", "loss", "origin"), [
+    (None, 0.25, "backward"), (None, float("nan"), "loss"), (None, None, "outputs"), ("(input)", None, "forward")])
+def test_a_collapse_with_a_finite_forward_says_so_and_blames_no_module(module, loss, origin) -> None:
+    monitor = overflowing_forward()
+    monitor.note_forward(module, loss)
+    monitor.name_culprit("0 (Linear)")   # an AMP601 of another step names no culprit for these
+    collapse = monitor.findings()[1]
+    assert monitor.origin() == origin
+    assert "First module with a non-finite output" not in collapse.detail
+    assert (collapse.fix is None) == (origin == "forward")   # no module to upcast: the fix that fits
 
 
 def test_scale_below_one_is_a_collapse() -> None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from torch import nn
 
 from ampdoctor.core.report import Report
+from ampdoctor.core.training import TrainingSetup
 from ampdoctor.monitor.grad_stats import GradStats
 from ampdoctor.monitor.loss_scale import ScaleMonitor
 from ampdoctor.monitor.watcher import Watch, watch
@@ -210,6 +211,95 @@ def test_scale_collapse_names_the_first_non_finite_module() -> None:
     assert "AMP604" not in findings   # every step skipped: said once, as AMP612's error
     assert "forward pass" in findings["AMP603"].detail
     assert "First module with a non-finite output: 0" in findings["AMP603"].detail
+
+
+def _huge_loss_loop(steps: int = 20, **watch_kw):
+    """fp16 autocast and a GradScaler where the forward is finite and the backward is not: the loss is multiplied
+    by 1e30, finite in fp32, so its gradient overflows fp16 at every scale GradScaler tries (down to 2**-4)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    with watch(model, opt, scaler, **watch_kw) as w:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y) * 1e30
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return w
+
+
+def test_a_collapse_whose_forward_was_finite_blames_the_backward_not_the_forward() -> None:
+    w = _huge_loss_loop()
+    summary = w.summary_data()
+    assert summary["scale"]["skipped"] == 20 and summary["scale"]["current"] < 1   # every step skipped
+    assert summary["activations"]["first_nonfinite_forward"] is None   # the dense start saw every output finite
+    findings = {f.code: f for f in w.findings()}
+    assert {"AMP603", "AMP612"} <= set(findings) and "AMP601" not in findings
+    collapse = findings["AMP603"]
+    assert "forward pass already" not in collapse.detail and "First module" not in collapse.detail
+    assert "backward pass" in collapse.detail and "on the 10 skipped steps" in collapse.detail
+    assert collapse.fix is not None and "bfloat16" in collapse.fix   # not "upcast the module that overflows"
+
+
+def test_without_the_dense_start_the_look_after_the_first_skip_is_the_evidence() -> None:
+    # dense=0, every=50: no forward is looked at until the first skip arms the monitor for the next step
+    w = _huge_loss_loop(every=50, dense=0)
+    collapse = next(f for f in w.findings() if f.code == "AMP603")
+    assert "backward pass" in collapse.detail and "on the 1 skipped step " in collapse.detail
+
+
+def _bce_loop(nan_to_num: bool, steps: int = 4):
+    """A hand-written BCE under bf16 autocast (docs/rules/examples/AMP613.py): sigmoid rounds to 1.0, log(1 - p)
+    is -inf, the loss NaN, while every module output is finite. Without ``nan_to_num`` the NaN gradients reach the
+    weights, and from step 1 on the first Linear's output is NaN: a consequence of the NaN loss, not its cause."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, y = torch.randn(64, 16) * 20, (torch.rand(64, 1) > 0.5).float()
+    with watch(model, opt) as w:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                p = torch.sigmoid(model(x))
+                loss = -(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
+            loss.backward()
+            if nan_to_num:
+                for param in model.parameters():
+                    param.grad.nan_to_num_(0.0)
+            opt.step()
+            opt.zero_grad()
+    return w
+
+
+def test_amp613_stays_when_amp601_names_a_consequence_of_the_nan_loss() -> None:
+    w = _bce_loop(nan_to_num=False)
+    found = {f.code: f for f in w.findings()}
+    # step 0: every output finite, the loss NaN; step 1 on: NaN weights make the first Linear's output NaN
+    assert found["AMP601"].where == "0 (Linear)" and found["AMP601"].step == 1
+    assert "AMP613" in found and found["AMP613"].step == 0   # both said: each is true
+    assert "every module output of the model was finite on step 0" in found["AMP613"].detail
+    clean = _bce_loop(nan_to_num=True)   # the weights stay finite: no AMP601, AMP613 alone
+    assert [f.code for f in clean.findings() if f.code in ("AMP601", "AMP613")] == ["AMP613"]
+
+
+def test_amp613_is_folded_into_amp601_when_the_module_makes_the_loss_nan() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[0].weight.fill_(3e4)  # 1.2e5 > 65504 in fp16: inf on every step, and so the loss
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with watch(model, opt) as w:   # no GradScaler: the inf loss's gradients reach the optimizer
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.ones(2, 4)).float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    codes = [f.code for f in w.findings()]
+    assert "AMP601" in codes and "AMP613" not in codes   # AMP601 says where the loss's inf starts: once
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -643,6 +733,15 @@ def test_the_parameters_of_a_second_model_the_optimizer_trains_are_named_not_lef
     assert w.param_modules == ["Linear", "Linear", "Sequential.0", "Sequential.0"]   # classes: no script globals
     assert w.param_names[2:] == ["Sequential.0.weight", "Sequential.0.bias"]
     assert Watch(unet, opt, every=1).param_modules[2:] == ["(not in model)"] * 2   # without them, as before
+
+
+def test_two_models_of_one_class_are_numbered_as_the_findings_number_them() -> None:
+    # the watch put the model it follows first: the table's Sequential[0] was the findings' Sequential[1]
+    small, big = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+    opt = torch.optim.SGD([*small.parameters(), *big.parameters()], lr=0.1)
+    w = Watch(big, opt, every=1, others=[small, big])
+    assert w.param_names == [p.name for p in TrainingSetup([small, big]).params]
+    assert w.param_modules[2:] == ["Sequential[1].0", "Sequential[1].0", "Sequential[1].2", "Sequential[1].2"]
 
 
 # ---- the hot path: ATen ops a sampled step adds, counted by a dispatch mode (deterministic, no timing) -----------

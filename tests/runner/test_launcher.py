@@ -229,3 +229,36 @@ def test_a_second_model_is_named_after_the_scripts_name_for_it_once(capsys, tmp_
     wheres = [f["where"] for f in report["findings"] if f["code"] == "AMP101"]
     assert wheres == ["text_encoder.0"], wheres
     assert "every one of text_encoder's, while the other models train in float32" in report["findings"][0]["detail"]
+
+
+@pytest.mark.parametrize("mode", ["late", "half"])
+def test_a_free_standing_parameter_is_no_stale_tensor(mode, capsys, tmp_path):
+    """Was a false AMP301 error: a logit scale trained next to the model's own parameters (all in the optimizer) was
+    called a stale copy from an optimizer built before .to()/.half(). ``run`` takes AMP301 back at the first optimizer
+    step only for tensors that have a gradient by then: not for one first used after a warm-up (``late``), nor when
+    the seed error ends the run before any optimizer step (``half``, whose AMP101 stays)."""
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), script("free_parameter.py"), mode])
+    err = capsys.readouterr().err
+    codes = [f["code"] for f in json.loads(out.read_text())["findings"]]
+    assert "AMP301" not in codes, err
+    assert (code, "AMP101" in codes) == ((1, True) if mode == "half" else (0, False)), err
+
+
+@pytest.mark.parametrize("held", ["main", "list", "wrapped"])
+def test_models_are_named_as_the_script_holds_them_in_findings_and_watch(held, capsys, tmp_path):
+    """Was ``Sequential[1].2`` in the findings (and ``Sequential[0]`` for the same model in the watch's table, which
+    put the model it follows first): two models of one class local to main(), in a list at module level, or bound
+    to names as their DataParallel wrappers."""
+    out = tmp_path / "report.json"
+    assert main(["run", "--every", "1", "--json", str(out), script("models_in_main.py"),
+                 *([held] if held != "main" else [])]) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    encoder, decoder = ("models[0]", "models[1]") if held == "list" else ("encoder", "decoder")
+    assert [(f["code"], f["where"]) for f in report["findings"]] == [("AMP302", f"{decoder}.2")]
+    assert f"{decoder}.2.bias (float32, [8])" in report["findings"][0]["detail"]
+    assert set(report["watch"]["gradients"]["params"]) == {f"{encoder}.0.weight", f"{encoder}.0.bias",
+                                                           f"{encoder}.2.weight", f"{encoder}.2.bias",
+                                                           f"{decoder}.0.weight", f"{decoder}.0.bias",
+                                                           f"{decoder}.2.weight"}

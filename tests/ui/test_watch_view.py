@@ -88,3 +88,21 @@ def test_a_clip_that_shrank_nothing_is_not_called_clipping():
             optimizer.step()
         head = " ".join(_render(w.summary_data()).split())
         assert "clipping" not in head and re.search(r"\(unscaled; global norm \S+\)", head), head
+
+
+def test_an_optimizer_over_a_replaced_models_tensors_is_no_green_verdict():
+    # the model was re-created after its optimizer was built: no AMP617 names the optimizer's tensors (they are no
+    # part of what trains), and the verdict does not call the run clean either
+    stale = _model()
+    optimizer = torch.optim.SGD(stale.parameters(), lr=0.01)
+    model = _model()
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    with watch(model, optimizer, every=1) as w:
+        for _ in range(2):
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert w.findings() == []
+    text = " ".join(_render(w.summary_data()).split())
+    assert ("no numerical problems seen in 2 sampled steps, but 4 tensor(s) the optimizer steps belong to no model "
+            "that ran and never had a gradient: this is no all-clear") in text

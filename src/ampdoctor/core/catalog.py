@@ -234,7 +234,7 @@ RULES: tuple[Rule, ...] = (
         "model = AutoModel.from_pretrained(name)            # fp32 weights; fp16=True/bf16=True autocasts\n"
         "# or: ampdoctor.fix(model) before Trainer(...); or AmpDoctorCallback(fix=True)\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)",
-        WARNING, "runtime",
+        WARNING, "preflight",
     ),
     Rule(
         "AMP210", "fsdp-low-precision-reduce", "FSDP reduces gradients across ranks in fp16 or bf16",

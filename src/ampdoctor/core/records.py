@@ -394,13 +394,16 @@ class Loss:
 
 @dataclass(frozen=True)
 class Activations:
-    """What a report shows of a step's ``activations`` entry (``ActivationMonitor.step_record``)."""
+    """What a report shows of a step's ``activations`` entry (``ActivationMonitor.step_record``); ``inputs``: the
+    look began at the model's call, with its inputs (False: inside the forward, some outputs unseen; None: a log
+    written before this was recorded)."""
 
     sampled: bool
     max_abs: float | None
     ratio: float | None
     module: str | None
     nonfinite_module: str | None
+    inputs: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -532,8 +535,10 @@ def _lost(raw: dict[str, Any], old: bool) -> LostUpdates | None:
 
 def _activations(raw: dict[str, Any]) -> Activations:
     forward, headroom = _dict(raw.get("forward")), _dict(raw.get("headroom"))
+    inputs = forward.get("inputs")
     return Activations(raw.get("sampled") is True, _num(forward.get("max_abs")), _num(headroom.get("ratio")),
-                       _str(headroom.get("module")), _str(forward.get("nonfinite_module")))
+                       _str(headroom.get("module")), _str(forward.get("nonfinite_module")),
+                       inputs if isinstance(inputs, bool) else None)
 
 
 def read_step(line: Mapping[str, Any], layout: Layout = Layout(), old: bool = False) -> Step | None:

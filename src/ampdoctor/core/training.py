@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -13,7 +14,8 @@ from torch import nn
 from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
-           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "user_name"]
+           "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "note_script_names",
+           "script_bindings", "user_name"]
 
 # Modules torch puts *inside* a model, between a module and its children: an FSDP1 unit (``FullyShardedDataParallel``
 # keeps the wrapped module in ``_fsdp_wrapped_module``), activation checkpointing's ``CheckpointWrapper`` and
@@ -128,13 +130,15 @@ class TrainingSetup:
         return callable(is_enabled) and bool(is_enabled())
 
 
-_SCRIPT_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> the script's global name for it
+_SCRIPT_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> the script's name for it
+_MAX_ENTRIES = 64   # entries of one list, tuple or dict looked at for models
 
 
 def model_prefixes(models: list[nn.Module]) -> list[str]:
     """Return what each model's parameter and module names start with: nothing for one model; with several, the
-    name the script gave it at module level (``text_encoder.``), else its class (``CLIPTextModel.``), numbered
-    when two share one (``Linear[1].``).
+    name the script gave it (``text_encoder.``, ``models[1].``, ``nets['D'].``: see `script_bindings`) at module
+    level or, noted earlier (`note_script_names`), in a function's frame, else its class (``CLIPTextModel.``),
+    numbered when two share one (``Linear[1].``).
 
     >>> a, b = nn.Linear(2, 2), nn.Conv1d(1, 1, 1)
     >>> model_prefixes([a]), model_prefixes([a, b]), model_prefixes([a, nn.Linear(2, 2)])
@@ -142,13 +146,68 @@ def model_prefixes(models: list[nn.Module]) -> list[str]:
     """
     if len(models) < 2:
         return [""] * len(models)
-    main = getattr(sys.modules.get("__main__"), "__dict__", {})
-    bound = {id(v): k for k, v in reversed(list(main.items())) if isinstance(v, nn.Module) and not k.startswith("_")}
+    bound = script_bindings(getattr(sys.modules.get("__main__"), "__dict__", {}))
     for m in models:   # kept: a crash is named after the script's module is gone, and must name things the same
         if id(m) in bound:
             _SCRIPT_NAMES[m] = bound[id(m)]
     names = [_SCRIPT_NAMES.get(m, type(m).__name__) for m in models]
     return [f"{n}[{names[:i].count(n)}]." if names.count(n) > 1 else f"{n}." for i, n in enumerate(names)]
+
+
+def script_bindings(namespace: Mapping[str, Any],
+                    unwrap: Callable[[nn.Module], nn.Module] | None = None) -> dict[int, str]:
+    """Map the id of each module in ``namespace`` (a script's globals, a frame's locals) to the first name that binds
+    it there, in the namespace's order: a variable, or an entry of a list, tuple or dict one holds, as the user types
+    it. Names starting with ``_``, ``self`` and namespaces held in it (runpy's ``run_globals``) are left out. With
+    ``unwrap``, the module a wrapper delegates to (``G = DDP(G)``) has the wrapper's name too.
+
+    >>> unet, encoder = nn.Linear(2, 2), nn.Linear(2, 2)
+    >>> names = script_bindings({"unet": unet, "nets": {"text": encoder}, "parts": [encoder, unet]})
+    >>> names[id(unet)], names[id(encoder)]
+    ('unet', "nets['text']")
+    """
+    names: dict[int, str] = {}
+    for key, value in list(namespace.items()):
+        if not isinstance(key, str) or key.startswith("_") or key == "self":
+            continue
+        for name, item in _entries(key, value):
+            if isinstance(item, nn.Module):
+                names.setdefault(id(item), name)
+                if unwrap is not None:
+                    names.setdefault(id(unwrap(item)), name)
+    return names
+
+
+def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
+    """Return ``(name, item)`` for each entry of ``value`` bound to ``key``, a list, tuple or dict; else ``value``."""
+    if isinstance(value, (list, tuple)):
+        return [(f"{key}[{i}]", item) for i, item in enumerate(value[:_MAX_ENTRIES])]
+    if isinstance(value, dict):
+        if "__name__" in value:   # a namespace held in a namespace (runpy's run_globals): not the script's name
+            return []
+        return [(f"{key}[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_ENTRIES)
+                if isinstance(k, (str, int)) and not isinstance(k, bool)]
+    return [(key, value)]
+
+
+def note_script_names(models: list[nn.Module], namespaces: Iterable[Mapping[str, Any]],
+                      unwrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
+    """Remember, for each of several ``models`` without a name from the script yet, the first name ``namespaces`` give
+    it (the locals of the user's frames, outermost first; see `script_bindings` for ``unwrap``): for models local to
+    a function (``def main(): unet = ...``), or named in a crash's frames after the script's module is gone. A model
+    keeps its name once given. ``namespaces`` is read only when there is a model to name."""
+    todo = [m for m in models if m not in _SCRIPT_NAMES] if len(models) > 1 else []
+    for namespace in namespaces if todo else ():
+        bound = script_bindings(namespace, unwrap)
+        taken = {_SCRIPT_NAMES.get(m) for m in models}   # one name, one model: `model` in two frames names the first
+        for m in todo:
+            name = bound.get(id(m))
+            if name is not None and name not in taken:
+                _SCRIPT_NAMES[m] = name
+                taken.add(name)
+        todo = [m for m in todo if m not in _SCRIPT_NAMES]
+        if not todo:
+            return
 
 
 def _as_list(value: Any, kind: type, what: str, expected: str) -> list:

@@ -118,6 +118,7 @@ def _without_grad(optimizer: Any, setup: TrainingSetup,
     unused: list[ParamInfo] = []
     foreign: list[str] = []
     unsharded: list[str] = []
+    stale = _stale(setup)
     for group in optimizer.param_groups:
         for p in group["params"]:
             if not isinstance(p, torch.Tensor) or p.grad is not None:
@@ -126,7 +127,7 @@ def _without_grad(optimizer: Any, setup: TrainingSetup,
                 unsharded.append(_tensor_name(p, setup, optimizer))   # FSDP gave all its elements to other ranks
                 continue
             info = setup.info(p)
-            if info is None and (p.requires_grad and setup.models):
+            if info is None and p.requires_grad and setup.models and (stale is None or id(p) in stale):
                 foreign.append(_tensor_name(p, setup, optimizer))
             elif info is None:
                 frozen_or_unknown = ParamInfo(_tensor_name(p, setup, optimizer), label, p)
@@ -134,6 +135,14 @@ def _without_grad(optimizer: Any, setup: TrainingSetup,
             else:
                 (unused if p.requires_grad else frozen).append(info)
     return frozen, unused, foreign, unsharded
+
+
+def _stale(setup: TrainingSetup) -> set[int] | None:
+    """Return the ids of the optimizer tensors that stand for model parameters without being them (AMP301's
+    ``stale_tensors``); None when that check cannot run. Any other tensor outside the model is free-standing (a
+    learned temperature): without a gradient, the loss did not use it."""
+    # a broken rule module must not hide the explanation
+    return call_safely(lambda: importlib.import_module("ampdoctor.preflight.rules.wiring").stale_tensors(setup))
 
 
 def _empty_optimizer(label: str, rank: tuple[int, int] | None, step: int | None) -> Finding:

@@ -1,10 +1,12 @@
 """Write the fix that fits what a finding saw, where the rule's own fix assumes another setup.
 
-A rule's fix in the catalog is written for its commonest cause. Two findings need another one when what they saw
-says otherwise: AMP601 (a module's output is inf/NaN) when the module's own weights were already non-finite, so
-an optimizer step wrote them and no upcast of the forward helps; and AMP608 (a non-finite gradient norm) in a run
-with no enabled GradScaler, where ``scaler.unscale_(opt)`` is no advice. Dtypes are given by name (``"float16"``),
-as the watch keeps them.
+A rule's fix in the catalog is written for its commonest cause. Four findings need another one when what they
+saw says otherwise: AMP601 (a module's output is inf/NaN) when the module's own weights were already non-finite, so
+an optimizer step wrote them and no upcast of the forward helps; AMP603 (the loss scale keeps falling) and AMP613
+(the loss is inf/NaN) when the forward's modules were seen finite, so there is no overflowing module to upcast; and
+AMP608 (a non-finite
+gradient norm) in a run with no enabled GradScaler, where ``scaler.unscale_(opt)`` is no advice. Dtypes are given
+by name (``"float16"``), as the watch keeps them.
 
 >>> print(nonfinite_grads_fix(False, ["bfloat16"], "bfloat16").splitlines()[0])
 # no GradScaler (bf16 autocast needs none): skip the step yourself
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["UNKNOWN", "nonfinite_grads_fix", "nonfinite_weights_fix"]
+__all__ = ["UNKNOWN", "nonfinite_grads_fix", "nonfinite_loss_fix", "nonfinite_weights_fix", "scale_collapse_fix"]
 
 UNKNOWN = "unknown"   # the autocast dtype of a run whose forward the caller did not see
 
@@ -84,3 +86,39 @@ def nonfinite_grads_fix(scaler_enabled: bool, param_dtypes: Iterable[str], autoc
     tail = ("\n# under fp16 autocast, add torch.amp.GradScaler(device) instead (AMP208)"
             if autocast == UNKNOWN else "")
     return (f"{head}\n{_SKIP_STEP}\n# find where they start: ampdoctor run --activations{tail}")
+
+
+def scale_collapse_fix(origin: str | None) -> str | None:
+    """Return the fix for a collapsing loss scale whose skipped steps had a finite forward, or None where the
+    rule's own (upcast the module that overflows, AMP601) fits: ``origin`` is ``ScaleMonitor.origin()``.
+
+    >>> scale_collapse_fix("forward") is None, scale_collapse_fix(None) is None
+    (True, True)
+    >>> print(scale_collapse_fix("backward").splitlines()[0])
+    # every module output and the loss were finite: the backward makes the
+    """
+    if origin == "loss":
+        return nonfinite_loss_fix()
+    if origin in ("backward", "outputs"):
+        head = ["# every module output and the loss were finite: the backward makes the",
+                "# inf/NaN. Where it overflows fp16, train in bf16 (fp32's range):"] if origin == "backward" else \
+            ["# every module output was finite: the inf/NaN start in the loss or the",
+             "# backward. Compute the loss in fp32, and train in bf16 (fp32's range):"]
+        return "\n".join([*head, "with torch.autocast(device_type, dtype=torch.bfloat16): ...",
+                          "# or find the op and run it in fp32; AMP602 names the first module whose",
+                          "# output gradient is inf/NaN:",
+                          "ampdoctor.watch(model, opt, scaler, activations=True)"])
+    return None
+
+
+def nonfinite_loss_fix() -> str:
+    """Return the fix for a loss that is inf/NaN while every module output of the model was finite: the loss's own
+    computation makes it (AMP613, and AMP603 when such steps are skipped), so no module is to upcast.
+
+    >>> nonfinite_loss_fix().splitlines()[0]
+    '# every module output was finite and the loss was not: compute it in fp32,'
+    """
+    return ("# every module output was finite and the loss was not: compute it in fp32,\n"
+            "# from logits, in a stable form (no log of 0, no division by 0)\n"
+            "loss = F.binary_cross_entropy_with_logits(logits.float(), y)\n"
+            "# or F.cross_entropy(logits.float(), y); log_softmax, not log(softmax)")

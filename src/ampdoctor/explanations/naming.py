@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import TrainingSetup
+from ampdoctor.core.training import TrainingSetup, model_prefixes, note_script_names
 
 _MAX_NAMES = 10          # names listed in one finding
 
@@ -17,6 +18,13 @@ def with_scaler(setup: TrainingSetup, scaler: Any) -> TrainingSetup:
     if scaler is None or setup.scaler is not None:
         return setup
     return TrainingSetup(setup.models, setup.optimizers, scaler, setup.autocast_dtype, setup.accelerator)
+
+
+def with_script_names(setup: TrainingSetup, namespaces: Iterable[Mapping[str, Any]]) -> TrainingSetup:
+    """Return ``setup``, or a copy named again when ``namespaces`` (the locals of a crash's frames, outermost first)
+    give names to models it named by their class: a crash is explained after the script's module is gone."""
+    note_script_names(setup.models, namespaces)
+    return setup if model_prefixes(setup.models) == setup.prefixes else replace(setup)
 
 
 def _names(items: Sequence[str]) -> str:

@@ -11,7 +11,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -85,6 +85,12 @@ class _Crash:
     def user_locals(self) -> Iterable[tuple[str, Any]]:
         for frame in self.user_frames:
             yield from frame_values(frame)
+
+    def namespaces(self) -> Iterator[dict[str, Any]]:
+        """Yield the local variables of each user's frame, outermost first (the script's module before its
+        ``main()``)."""
+        for frame in reversed(self.user_frames):
+            yield dict(frame_values(frame))
 
     def guess_setup(self) -> TrainingSetup:
         """Build a setup from the models, optimizers and scaler found in the user's frames."""

@@ -4,7 +4,10 @@
 knows its model, its real optimizers and its GradScaler, so nothing is discovered through global hooks or the
 garbage collector. The lifecycle (pre-flight, fix, guard, watch, explanation, the end) is the session's; this adapter
 writes the JSON before the first step (so a crash at step 0 still leaves it) and after a crash, and ends with one
-report: console, JSON and the flight recorder's last line.
+report: console, JSON and the flight recorder's last line. The console gets the findings once, at the end (after a
+crash: with its explanation), as under ``ampdoctor run``. In a process that ``ampdoctor run``, ``attach()`` or the
+notebook extension already diagnoses (``runner.attached.diagnosed_by``), that run shows the process's report: the
+callback writes its JSON and its log, and shows none.
 
 Do no harm: every step of it goes through ``call_safely``; an internal error is reported once as AMP001 and
 ampdoctor steps aside, and the training continues as if no callback were attached.
@@ -25,6 +28,7 @@ from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.ranks.in_process import InProcessRanks
+from ampdoctor.runner.attached import diagnosed_by
 from ampdoctor.session.session import Session
 from ampdoctor.session.termination import Termination
 
@@ -53,7 +57,8 @@ class CallbackSession:
         activations: also run the activation monitor.
         fix: repair trainable half parameters before the first step (upcast under autocast, fp32 master weights
             without it), as ``ampdoctor run --fix`` does.
-        show: print the report to the console (the main process only, in a distributed run).
+        show: print the report to the console at the end (the main process only, in a distributed run; never
+            where another run diagnoses the process).
         console: the rich console to print to; stderr by default.
         main: whether the framework calls this process its main one. A process that is not, in a job whose rank
             cannot be read (no process group, no launcher's variables), writes no file: it would overwrite the
@@ -73,6 +78,7 @@ class CallbackSession:
         self.report = self.session.report
         self._console = console
         self.ranks: InProcessRanks | None = None   # None: a single process
+        self.outer: str | None = None   # what else diagnoses this process and shows its report (`ampdoctor run`)
         self._termination = Termination(self._terminated)
 
     @property
@@ -102,7 +108,7 @@ class CallbackSession:
     # ---- the start: before the first step -------------------------------------------------------------------
     def start(self, model: nn.Module, optimizers: list[Any], scaler: Any, autocast_dtype: torch.dtype | None, *,
               accelerator: Any = None, findings: Callable[[TrainingSetup], list[Finding]] | None = None) -> None:
-        """Pre-flight (plus the framework's own ``findings``), ``fix``, guard and watch; write and show the report.
+        """Pre-flight (plus the framework's own ``findings``), ``fix``, guard and watch; write the report's JSON.
 
         Args:
             model: the module the framework trains, named as the user knows it (the LightningModule,
@@ -117,6 +123,7 @@ class CallbackSession:
             return
         call_safely(self._termination.install, on_error=self.internal_error)   # the end also happens on SIGTERM
         call_safely(self._find_ranks, on_error=self.internal_error)
+        self.outer = call_safely(diagnosed_by, on_error=self.internal_error)
         real = list({id(o): o for o in map(unwrap_optimizer, optimizers)}.values())
         setup = call_safely(TrainingSetup, model, real, scaler, autocast_dtype, accelerator,
                             facts=self.session.observers.facts, on_error=self.internal_error)
@@ -125,9 +132,8 @@ class CallbackSession:
             self.session.observe_process()   # clip_grad_norm_ and Optimizer.load_state_dict, as under `run`
             self.session.start(setup, [model], {id(model): autocast_dtype}, checks=findings, watch_model=model,
                                watch_optimizers=optimizers)
+        # Shown once, at the end (finish); the JSON now, so a crash at step 0 still leaves it.
         call_safely(self.write, on_error=self.internal_error)
-        if self.show:
-            call_safely(self._print, self.report, on_error=self.internal_error)
 
     def _find_ranks(self) -> None:
         # Before the watch starts: each rank's flight recorder needs its own file.
@@ -167,12 +173,13 @@ class CallbackSession:
 
             call_safely(append_report, log_path, self.report.to_dict(), on_error=self.internal_error)
         failed = int(self.report.exception is not None or bool(self.report.exit_status))
+        shown = self.outer is None   # else the run that diagnoses the process shows its one report
         end = JobEnd(failed, bool(self.report.extra.get("explained_by")), self.failed_at, self.json_path,
-                     show=self.show, fix=self.session.fix, fix_name="fix=True", traceback="follows",
+                     show=self.show and shown, fix=self.session.fix, fix_name="fix=True", traceback="follows",
                      code="the training code")
         exchange = self.ranks.exchange if self.ranks is not None else None
         rank = self.ranks.info if self.ranks is not None else None
-        end_job(self.report, end, exchange, rank, self._print, write_atomic)
+        end_job(self.report, end, exchange, rank, self._print if shown else _say_nothing, write_atomic)
 
     def _terminated(self) -> None:
         """A SIGTERM stopped the training: end the run now, as at its end (the report covers the steps so far)."""
@@ -206,3 +213,7 @@ class CallbackSession:
     def internal_error(self, exc: BaseException) -> None:
         """Report ampdoctor's own failure once (AMP001) and carry on; the training never sees it."""
         self.session.internal_error(exc)
+
+
+def _say_nothing(renderable: Any) -> None:
+    """Where another run shows the process's report: the callback's own end says nothing."""

@@ -257,9 +257,10 @@ class ActivationMonitor:
             self._nonfinite_forward(rec, rec.fwd_modules[first_fwd], fwd[first_fwd])
         elif first_bwd is not None:  # with a non-finite forward every gradient is garbage: AMP601 explains it
             self._nonfinite_backward(rec, first_bwd, bwd)
+        summary = self._step_summary(rec, fwd, bwd, first_fwd, first_bwd, worst)
         rec.replay = None
         rec.fwd, rec.bwd = [], []  # probes of outputs the user keeps alive still hold `rec`: let the values go
-        return self._step_summary(rec, fwd, bwd, first_fwd, first_bwd, worst)
+        return summary
 
     def _track_forward_max(self, rec: StepRecord, fwd: list[float]) -> dict[int, float]:
         """Fold a step's forward abs-max values into each module's running maximum and format limit; return the
@@ -285,7 +286,8 @@ class ActivationMonitor:
     def _step_summary(self, rec: StepRecord, fwd: list[float], bwd: list[float], first_fwd: int | None,
                       first_bwd: int | None, worst: dict[str, Any] | None) -> dict[str, Any]:
         """Return a closed step's statistics, JSON-ready: the largest finite values and the first non-finite
-        module of each direction, and the module closest to its format's maximum."""
+        module of each direction, the module closest to its format's maximum, and whether the look began at the
+        model's call (``inputs``; False: the monitor was attached inside the forward, which ran partly unseen)."""
         if first_fwd is None:
             fwd_module = None
         elif rec.fwd_modules[first_fwd] == INPUTS:
@@ -296,7 +298,8 @@ class ActivationMonitor:
         finite_f, finite_b = [v for v in fwd if math.isfinite(v)], [v for v in bwd if math.isfinite(v)]
         return {
             "step": rec.step, "sampled": True,
-            "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None), "nonfinite_module": fwd_module},
+            "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None), "nonfinite_module": fwd_module,
+                        "inputs": rec.replay is not None},
             "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None), "nonfinite_module": bwd_module},
             "headroom": worst,
         }

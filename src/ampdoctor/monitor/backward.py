@@ -22,6 +22,10 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
   several times) are the step's own. The backward calls since the last step, with no step after them yet, are
   ``unstepped``: the loop ended (or crashed) before a step used them.
 
+* **every loss, when asked** (``count_every_loss``): where the run's log leaves inf/NaN losses out (the transformers
+  Trainer's ``logging_nan_inf_filter``), every loss given to backward, sampled or not, is checked for inf/NaN on the
+  device (a count and the first step with one), and read in the sampled steps' copies: AMP610.
+
 A GradScaler's skipped step ends the step (``scaler.update()``): those skips are the ``ScaleMonitor``'s to count.
 """
 
@@ -85,6 +89,9 @@ class BackwardMonitor:
         self._handed = (0, 0)    # (_since, _dropped_since) as pending() handed them over
         self.losses: list[tuple[int, float]] = []   # (sampled step, loss), up to LOSS_HISTORY
         self.hand_scaled = False   # a loss given to backward was multiplied by a loss scale of its own
+        self.hidden_by: str | None = None   # count_every_loss: what leaves the inf/NaN losses out of the log
+        self._every: torch.Tensor | None = None   # [inf/NaN losses, first step with one (-1: none)], on the device
+        self.every = {"losses": 0, "nonfinite": 0, "first": None}   # of every loss counted, as read so far
 
     def attach(self) -> "BackwardMonitor":
         """Observe ``torch.autograd.backward`` (and ``scaler.scale``); return ``self``."""
@@ -98,6 +105,11 @@ class BackwardMonitor:
                 self._handles.append(observe(self._scaler, "scale", after=self._after_scale,
                                              on_error=self.on_error))
         return self
+
+    def count_every_loss(self, hidden_by: str) -> None:
+        """Also check every loss given to backward for inf/NaN, not only the sampled steps' (a few device ops per
+        backward, read with the sampled steps' copies); ``hidden_by`` names what keeps them out of the run's log."""
+        self.hidden_by = hidden_by
 
     def detach(self) -> None:
         """Remove the observers (last installed first) and drop the references; the counts stay."""
@@ -129,6 +141,8 @@ class BackwardMonitor:
             self._note_reset()
         self._entering = self._state()
         loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
+        if self.hidden_by is not None and isinstance(loss, torch.Tensor):
+            self._count_nonfinite(loss)
         if self.sampling and isinstance(loss, torch.Tensor) and loss.numel() == 1:
             with torch.no_grad():
                 value = local_tensor(loss.detach())   # a DTensor loss (FSDP2, tensor parallel): replicated
@@ -142,6 +156,20 @@ class BackwardMonitor:
                     if factor is not None and factor >= HAND_SCALE:
                         value, self.hand_scaled = value / factor, True
                 self._value = value.clone()
+
+    def _count_nonfinite(self, loss: torch.Tensor) -> None:
+        with torch.no_grad():
+            value = local_tensor(loss.detach())
+            if value is None:
+                return
+            bad = (~torch.isfinite(value)).any().to(torch.float64)
+            step = float(self.steps_ended)
+            every = None if self._every is None else self._every.to(bad.device)
+            if every is None:
+                self._every = torch.stack([bad, torch.where(bad > 0, step, -1.0)])
+            else:
+                self._every = torch.stack([every[0] + bad, torch.where((every[1] < 0) & (bad > 0), step, every[1])])
+        self.every["losses"] += 1
 
     def _after(self, result: Any, *args: Any, **kwargs: Any) -> None:
         if self.disabled:
@@ -226,6 +254,8 @@ class BackwardMonitor:
             out["loss"], self._value = self._value, None
         if self._zeroed is not None:
             out["zeroed"], self._zeroed = self._zeroed, None
+        if self._every is not None:
+            out["every"], self._every = self._every, None
         return out
 
     def consume(self, values: dict[str, list[float]], step: int, partial: bool = False) -> dict[str, Any] | None:
@@ -237,6 +267,11 @@ class BackwardMonitor:
             self.dropped += int(zeroed[0])
             self.dropped_early += int(zeroed[1])
             dropped += int(zeroed[0])
+        every = values.get("every")
+        if every:
+            self.every["nonfinite"] += int(every[0])
+            if self.every["first"] is None and every[1] >= 0:
+                self.every["first"] = int(every[1])
         loss = values.get("loss")
         if not loss or partial:
             return None
@@ -261,6 +296,8 @@ class BackwardMonitor:
                 out.update(first=finite[0], last=finite[-1], head_min=min(v for _, v in head),
                            peak=max(finite, key=lambda sv: sv[1]))
             out["identical"] = _longest_identical(self.losses)
+        if self.hidden_by is not None:
+            out["every"] = {**self.every, "hidden_by": self.hidden_by}
         return out
 
 

@@ -6,7 +6,10 @@ step line's ``"gradients"`` entry (``ampdoctor.core.records.gradients_entry``). 
 
 * AMP608: some gradient entry is inf/NaN (its tensor's abs-max is not finite), so the global norm is too, and no
   GradScaler skipped the step. A norm whose float32 sum of squares overflowed is not one: ``GradStats`` computes it
-  without overflow, and the abs-max says whether an entry is really non-finite.
+  without overflow, and the abs-max says whether an entry is really non-finite. With sharded gradients the
+  statistics are merged over the ranks, but each rank steps its own shard: a rank whose own entries were all finite
+  took no step on inf/NaN gradients and raises none; the rank whose shard held them does, if nothing skipped its
+  step (ranks that decided differently are AMP411's, at the end of the job).
 * AMP605: with a GradScaler, at least ``UNDERFLOW_FRACTION`` of a parameter's signal gradient entries would flush
   to 0 in fp16 at the loss scale, or at least ``SUBNORMAL_FRACTION`` are fp16 subnormals (below 2**-14 after
   scaling). Signal: finite entries above 2**-24 times the largest gradient entry (``grad_stats.FLOOR``), what fp32
@@ -84,6 +87,8 @@ class GradientReader:
         self._loss_scale: torch.Tensor | None = None  # the loss scale the pending statistics assumed
         self._read = "none"
         self._clip: torch.Tensor | None = None  # [pre-clip norm, 1 if it clipped scaled grads, 1 if a norm came back]
+        self._own: torch.Tensor | None = None   # sharded: whether this rank's own entries held an inf/NaN
+        self.own_nonfinite: bool | None = None   # ... read with the last consumed step; None: the rows are all its own
         self.last_rows: list[list[float]] = []       # the last consumed step's rows of counts, one per parameter
         self._last: dict[str, dict[str, float]] | None = {}  # their per-parameter statistics, made when asked
         self.last_pre_clip: float | None = None       # the norm the last clip returned, before clipping
@@ -158,6 +163,8 @@ class GradientReader:
             return
         begun, self._begun = self._begun, None
         out = None if begun is None else begun.out
+        if out is not None:   # before the merge: this rank steps its own entries, whatever the other ranks hold
+            self._own = ((out[:, COL["has_grad"]] > 0) & ~torch.isfinite(out[:, COL["absmax"]])).any().reshape(1)
         merged = self.reduction.exchange(out, lambda absmax: self._stats.finish(begun, absmax))
         if merged is not None:
             self._pending = merged
@@ -190,11 +197,13 @@ class GradientReader:
             out["scale"] = self._loss_scale
         if self._clip is not None:
             out["clip"] = self._clip
+        if self._own is not None:
+            out["own"] = self._own
         return out
 
     def clear(self) -> None:
         """Drop what was read and not consumed."""
-        self._pending = self._loss_scale = self._clip = self._begun = None
+        self._pending = self._loss_scale = self._clip = self._begun = self._own = None
         self._rows_read = set()
 
     def release(self) -> None:
@@ -202,19 +211,25 @@ class GradientReader:
         self._params = []
         self.clear()
 
-    def summary(self, modules: Sequence[str]) -> dict[str, Any]:
+    def summary(self, modules: Sequence[str], trained: Sequence[bool] | None = None) -> dict[str, Any]:
         """Return the JSON-ready summary: the last step's statistics by parameter and by module (``modules``: the
-        module of each parameter; pooled by ``core.records.rollup``), and the norms."""
+        module of each parameter; pooled by ``core.records.rollup``), the norms, and which trainable tensors got a
+        gradient (``arrival``) among those ``trained`` marks as part of what the run trains (default: all); the
+        others that never got one are counted as ``outside``."""
         out: dict[str, Any] = {"params": self.last, "modules": rollup(self.last_rows, COLUMNS, modules)}
         if self.unsummarised:
             out["unsummarised"] = dict(self.unsummarised)
         if self.reduction is not None:
             out["merged_over_ranks"] = {"params": len(self.reduction.rows),
                                         "collectives": self.reduction.collectives}
-        trainable = [n for n, t in zip(self.names, self._trainable) if t]
-        out["arrival"] = {"reads": self.reads, "params": len(trainable),
-                          "without": [n for k, n in enumerate(self.names) if self._trainable[k] and
-                                      k not in self.arrived and n not in self.unsummarised]}
+        trained = [True] * len(self.names) if trained is None else trained
+        counted = [k for k, t in enumerate(self._trainable) if t and trained[k]]
+        out["arrival"] = {"reads": self.reads, "params": len(counted),
+                          "without": [self.names[k] for k in counted if k not in self.arrived and
+                                      self.names[k] not in self.unsummarised]}
+        outside = sum(1 for k, t in enumerate(self._trainable) if t and not trained[k])
+        if outside:   # in the optimizer, in no model the run trains, and never with a gradient
+            out["arrival"]["outside"] = outside
         if self.clipped_nothing:
             out["clipped_nothing"] = [list(sn) for sn in self.clipped_nothing]
         if self.last_pre_clip is not None:
@@ -234,6 +249,8 @@ class GradientReader:
         entry = gradients_entry(rows, COLUMNS, read=self._read, loss_scale=scale[0] if scale else None,
                                 clip=values.get("clip"))
         self.last_rows, self._last = rows, None  # the per-parameter dicts are made when read (``last``)
+        own = values.get("own")
+        self.own_nonfinite = bool(own[0]) if own else None
         read = read_step({"step": step, "gradients": entry}).gradients
         self.last_pre_clip, self.last_clipped_scaled = read.pre_clip_norm, read.clipped_scaled
         self.reads += 1
@@ -251,7 +268,8 @@ def _combine(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
 
 
 def gradient_alarms(record: Step, rows: Sequence[Sequence[float] | None], names: Sequence[str], *, scaler: bool,
-                    stats: str, skips_known: bool = True) -> Iterator[tuple[str, Severity, str, str]]:
+                    stats: str, skips_known: bool = True,
+                    own_nonfinite: bool | None = None) -> Iterator[tuple[str, Severity, str, str]]:
     """Yield ``(code, severity, where, detail)`` for the alarms a step line raises (AMP608, AMP605).
 
     Args:
@@ -262,6 +280,8 @@ def gradient_alarms(record: Step, rows: Sequence[Sequence[float] | None], names:
         stats: the watch's statistics level; ``"norms"`` has no counts, so no AMP605.
         skips_known: whether a skipped step would be in the record (False: the GradScaler's part of the watch is
             off after an internal error, and "not skipped" cannot be said: no AMP608).
+        own_nonfinite: with rows merged over the ranks (sharded gradients), whether this rank's own entries held an
+            inf/NaN; False: this rank's step took finite gradients, no AMP608 here. None: the rows are its own.
 
     The rows are read column by column, without the per-parameter dicts of ``param_stats`` (made only for a
     parameter that raises AMP605): this runs at every sampled step.
@@ -272,7 +292,8 @@ def gradient_alarms(record: Step, rows: Sequence[Sequence[float] | None], names:
     present = [(n, row) for n, row in zip(names, rows) if row is not None and row[COL["has_grad"]]]
     absmax = COL["absmax"]
     bad = [n for n, row in present if not math.isfinite(row[absmax])]  # abs-max is inf/NaN iff an entry is
-    if not math.isfinite(grads.global_norm) and bad and not record.skipped and skips_known:
+    if not math.isfinite(grads.global_norm) and bad and not record.skipped and skips_known \
+            and own_nonfinite is not False:
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
                f"global gradient norm {grads.global_norm} at step {step} and the step was not skipped "
                f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")

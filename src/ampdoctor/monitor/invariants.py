@@ -8,10 +8,15 @@ numbers were measured on the device on sampled steps and read in the step's one 
   used them (``monitor.backward``: skipped iterations, zero_grad() between backward() and step()); sampled steps
   on which the optimizer moved none of the entries it had gradients for (``monitor.updates``). Up to
   ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
-* AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped, bit-identical over
-  ``FROZEN`` sampled steps while the weights moved, or ending ``DIVERGED``x above the lowest of its first quarter.
+* AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped (saying so where every module
+  output of that step's forward was seen finite), bit-identical over ``FROZEN`` sampled steps while the weights
+  moved, or ending ``DIVERGED``x above the lowest of its first quarter.
+* AMP610 inf/NaN losses, any step, where the run's log leaves them out (the watch was told what does:
+  ``Watch.count_every_loss``, the transformers Trainer's ``logging_nan_inf_filter``).
 * AMP616 weights inf/NaN at the end of a sampled step (on one the GradScaler reported as skipped: it was bypassed).
-* AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one).
+* AMP617 trainable parameters that had no gradient on any sampled step (an error when none had one): parameters of
+  the models the run trains, not the optimizer's tensors of a model the script replaced (``Watch._trained``), which
+  the all-clear says it could not verify.
 * AMP618 a gradient clip that returned a norm of 0 over non-zero gradients: it was given no parameters.
 """
 
@@ -21,6 +26,7 @@ from typing import Any, Iterator
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.explanations.fixes import nonfinite_loss_fix
 
 __all__ = ["invariant_findings", "verified", "CALIBRATION", "FROZEN", "DIVERGED"]
 
@@ -33,8 +39,8 @@ MIN_LOSSES = 8       # AMP615 needs this many finite sampled losses
 
 def invariant_findings(summary: dict[str, Any]) -> list[Finding]:
     """Return the findings of every invariant that failed (``summary``: ``Watch.summary_data()``)."""
-    checks = (_all_skipped, _dropped, _unmoved, _weights, _loss_finite, _loss_frozen, _loss_diverging,
-              _arrival, _clip)
+    checks = (_all_skipped, _dropped, _unmoved, _weights, _loss_finite, _loss_hidden, _loss_frozen,
+              _loss_diverging, _arrival, _clip)
     return [finding for check in checks for finding in check(summary)]
 
 
@@ -128,7 +134,26 @@ def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
               f"(steps {shown})" + ("; the last sampled loss is one of them" if last else "")
               + (f"; {len(applied)} of those steps were not skipped, so their gradients reached the optimizer"
                  if applied else ""))
-    yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING)
+    finite = [step for step, module in loss.get("nonfinite_forward") or [] if module is None]
+    if finite:   # the activation monitor saw those forwards: no module's output was inf/NaN
+        seen = ", ".join(map(str, finite[:6])) + (" …" if len(finite) > 6 else "")
+        detail += (f"; every module output of the model was finite on step{'s' if len(finite) > 1 else ''} {seen}, "
+                   f"so there the inf/NaN come after the model, where the loss is computed from its output")
+    yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING,
+                                     fix=nonfinite_loss_fix() if finite else None)
+
+
+def _loss_hidden(s: dict[str, Any]) -> Iterator[Finding]:
+    every = (s.get("loss") or {}).get("every") or {}
+    bad, first = every.get("nonfinite") or 0, every.get("first")
+    if not bad or not every.get("hidden_by"):
+        return
+    skipped = (s.get("scale") or {}).get("skipped")
+    also = f"; the GradScaler skipped {skipped} step(s)" if isinstance(skipped, int) and skipped else ""
+    yield get_rule("AMP610").finding(every["hidden_by"], (
+        f"{bad} of {every.get('losses')} training losses were NaN/inf, the first at step {first}{also}. With "
+        "logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in their "
+        "place, so the logged loss looks finite; set logging_nan_inf_filter=False to see them."), first)
 
 
 def _loss_frozen(s: dict[str, Any]) -> Iterator[Finding]:
@@ -212,11 +237,15 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
                         "sampled steps")
     else:
         missing.append("the loss (no backward seen)")
-    if arrival.get("reads"):
+    outside = arrival.get("outside") or 0
+    if arrival.get("reads") and (arrival.get("params") or not outside):
         got = (arrival.get("params") or 0) - len(arrival.get("without") or [])
         measured.append(f"gradients reached {got} of {arrival.get('params')} trainable parameters")
-    else:
+    elif not outside:
         missing.append("gradients")
+    if outside:   # no AMP617 names them (they are no part of what trains), so nothing is verified of them either
+        missing.append(f"{outside} tensor(s) the optimizer steps that belong to no model that ran (none had a "
+                       f"gradient)")
     unsampled = steps - (summary.get("sampled_steps") or 0)
     if unsampled > 0:
         measured.append(f"{unsampled} steps not sampled")

@@ -21,7 +21,10 @@ Alarms (host side, at each consume):
   last ``window`` (32) steps. The reference is the highest scale a step succeeded with; before any did, the first
   scale used but at most 2**16, GradScaler's default ``init_scale`` (halvings from a larger ``init_scale`` are
   calibration). A scale that fell early and then held (calibration skips, then clean steps) is not a collapse,
-  and neither is a lone backoff after a growth, however far below the peak the settled scale is.
+  and neither is a lone backoff after a growth, however far below the peak the settled scale is. Its detail says
+  where the inf/NaN come from only as far as the owner saw it (``note_forward``): the forward (a module's output
+  or the model's input) on the skipped steps whose forward was looked at, a finite forward with a non-finite loss,
+  or a finite forward and loss (then the backward pass); with no skipped step's forward looked at, nowhere.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import scale_entry
+from ampdoctor.explanations.fixes import scale_collapse_fix
 
 __all__ = ["ScaleMonitor"]
 
@@ -93,6 +97,11 @@ class ScaleMonitor:
         self.longest_later: tuple[int, int] = (0, 0)  # the longest run that started after step 0
         self.warmup: tuple[int, bool] = (0, False)  # skips from step 0 on, and whether a step succeeded since
         self.first_scale: float | None = None
+        # what the forward of the skipped steps the owner looked at showed (note_forward), by kind, for AMP603
+        self.forwards: dict[str, int] = {}
+        self._first_module: str | None = None   # the first module seen with a non-finite output on a skipped step
+        self._culprit: str | None = None        # its label, as the activation monitor's AMP601 names it
+        self._collapse: str | None = None       # AMP603's numbers, the last time the scale was seen collapsing
         self._findings: list[Finding] = []
         self._reported: set[str] = set()
 
@@ -235,8 +244,11 @@ class ScaleMonitor:
     def _check(self) -> None:
         if "AMP604" not in self._reported and self._skips() is not None:
             self._report("AMP604", Severity.WARNING, 0, "")  # its place in the order; findings() writes it
-        if "AMP603" not in self._reported and self.collapsing():
-            self._report("AMP603", Severity.ERROR, self.steps - 1, self.collapse_detail())
+        if not self.collapsing():
+            return
+        self._collapse = self._collapse_numbers()   # findings() says them with what the forward showed
+        if "AMP603" not in self._reported:
+            self._report("AMP603", Severity.ERROR, self.steps - 1, "")
 
     def _skips(self) -> Finding | None:
         """Return the AMP604 finding the skips so far call for, with today's counts, or None."""
@@ -277,26 +289,81 @@ class ScaleMonitor:
         at = bisect.bisect_right(self.history, (step, math.inf)) - 1  # history is in step order
         return self.history[max(at, 0)][1]
 
-    def collapse_detail(self, first_nonfinite_module: str | None = None) -> str:
-        """Describe the fall of the scale; name the first non-finite module when one is known."""
+    def _collapse_numbers(self) -> str:
         ref_step, ref = self.reference or (0, math.nan)
         low = self.current_scale if self.current_scale is not None else math.nan
         since = "the highest a step succeeded with" if self.succeeded is not None else "its start, at most 65536"
-        text = (f"loss scale fell from {ref:g} (step {ref_step}, {since}) to {low:g} after step {self.steps - 1}, "
-                f"{self.skipped} of {self.steps} steps skipped, the last {self.run} in a row. When the scale keeps "
-                f"halving, the inf/NaN come from the forward pass (an activation above 65504, or weights that already "
-                f"hold inf/NaN), not from the scaling: no smaller scale can fix them.")
-        if first_nonfinite_module:
-            text += f" First module with a non-finite output: {first_nonfinite_module}."
+        return (f"loss scale fell from {ref:g} (step {ref_step}, {since}) to {low:g} after step {self.steps - 1}, "
+                f"{self.skipped} of {self.steps} steps skipped, the last {self.run} in a row.")
+
+    def note_forward(self, module: str | None, loss: float | None) -> None:
+        """Record what the forward of a skipped step showed, for AMP603 to say where the inf/NaN come from.
+
+        Args:
+            module: the first module whose output was inf/NaN (``"(input)"``: the model's input already was);
+                None when every module output was finite.
+            loss: the loss given to backward on that step (unscaled), None when it was not read.
+        """
+        if module == "(input)":
+            kind = "input"
+        elif module is not None:
+            kind, self._first_module = "module", self._first_module or module
+        elif loss is None:
+            kind = "outputs"   # the model's outputs were finite; the loss was not read
         else:
-            text += " Run with activations=True to name the first module whose output is inf/NaN."
-        return text
+            kind = "backward" if math.isfinite(loss) else "loss"
+        self.forwards[kind] = self.forwards.get(kind, 0) + 1
+
+    def collapse_detail(self) -> str:
+        """Describe the fall of the scale (at the last sampled step that showed it falling), then where the inf/NaN
+        come from as far as the forwards looked at show it (``note_forward``)."""
+        return f"{self._collapse or self._collapse_numbers()} {self._origin()}"
+
+    def origin(self) -> str | None:
+        """Return where the forwards of the skipped steps looked at place the inf/NaN: ``"forward"`` (a module's
+        output or the model's input), ``"loss"`` (finite outputs, a non-finite loss), ``"backward"`` (finite outputs
+        and loss), ``"outputs"`` (finite outputs, the loss not read), or None when none was looked at."""
+        seen = self.forwards
+        if seen.get("module") or seen.get("input"):
+            return "forward"
+        return next((kind for kind in ("loss", "backward", "outputs") if seen.get(kind)), None)
+
+    def _origin(self) -> str:
+        seen, kind = self.forwards, self.origin()
+        looked = sum(seen.values())
+
+        def on(k: int) -> str:
+            steps = f"the {looked} skipped step{'s' if looked > 1 else ''}" if k == looked else \
+                f"{k} of the {looked} skipped steps"
+            return f"on {steps} whose forward was looked at"
+
+        if kind == "forward":
+            bad = seen.get("module", 0) + seen.get("input", 0)
+            rest = f"; on the other {looked - bad} every module output was finite" if bad < looked else ""
+            if self._first_module is None:   # the model's input, never a module
+                return f"The model's input already held inf/NaN {on(bad)}{rest} (AMP609): no loss scale can fix that."
+            culprit = self._culprit or ""
+            named = culprit if culprit.startswith(f"{self._first_module} (") else self._first_module
+            return (f"The forward pass already produced inf/NaN {on(bad)}{rest}: no smaller scale can fix that. "
+                    f"First module with a non-finite output: {named}.")
+        if kind == "loss":
+            return (f"Every module output was finite {on(seen['loss'])}, and the loss given to backward was inf/NaN: "
+                    f"the inf/NaN come from computing the loss, after the model.")
+        if kind == "backward":
+            return (f"Every module output and the loss were finite {on(seen['backward'])}, so the inf/NaN arise in "
+                    f"the backward pass: gradients that overflow fp16 at every scale tried, or that are inf/NaN at "
+                    f"any scale. With activations=True, AMP602 names the first module whose output gradient is "
+                    f"inf/NaN.")
+        if kind == "outputs":
+            return (f"Every module output was finite {on(seen['outputs'])}, so the inf/NaN arise after the model: "
+                    f"in the loss or the backward pass.")
+        return ("Where the inf/NaN arise (forward or backward) was not seen: no skipped step's forward was looked "
+                "at. With activations=True the watch looks at the forward of every sampled step.")
 
     def name_culprit(self, module: str | None) -> None:
-        """Add the activation monitor's first non-finite module to an AMP603 finding already made."""
-        for k, f in enumerate(self._findings):
-            if f.code == "AMP603" and module and module not in f.detail:
-                self._findings[k] = replace(f, detail=self.collapse_detail(module))
+        """Name the first non-finite module as the activation monitor's AMP601 does (``"2 (Linear)"``, with its
+        class), when it is the one the forward of a skipped step showed first."""
+        self._culprit = module or self._culprit
 
     def _report(self, code: str, severity: Severity, step: int, detail: str) -> None:
         self._reported.add(code)
@@ -307,8 +374,13 @@ class ScaleMonitor:
         return get_rule(code).finding("GradScaler", detail, step, severity=severity)
 
     def findings(self) -> list[Finding]:
-        """Return AMP603 and AMP604 findings so far (each at most once), AMP604 with the counts of today."""
-        return [self._skips() or f if f.code == "AMP604" else f for f in self._findings]
+        """Return AMP603 and AMP604 findings so far (each at most once): AMP604 with the counts of today, AMP603
+        with what the forwards looked at so far show."""
+        return [self._skips() or f if f.code == "AMP604" else self._collapsed(f) if f.code == "AMP603" else f
+                for f in self._findings]
+
+    def _collapsed(self, finding: Finding) -> Finding:
+        return replace(finding, detail=self.collapse_detail(), fix=scale_collapse_fix(self.origin()))
 
     def summary(self) -> dict[str, Any]:
         """Return a JSON-ready summary of the scale and the skipped steps."""

@@ -27,7 +27,8 @@ from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
 
-__all__ = ["watched_chain", "refuse_meta", "name_params", "steps_through", "scaler_of", "EngineCopies"]
+__all__ = ["watched_chain", "refuse_meta", "name_params", "param_owners", "steps_through", "scaler_of",
+           "EngineCopies"]
 
 
 def watched_chain(model: Any, optimizer: Any) -> list[Any]:
@@ -87,11 +88,27 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     >>> name_params(model, [model.weight, torch.zeros(1)])
     (['weight', 'optimizer.param1'], ['(root)', '(not in model)'], ['float32', 'float32'])
     """
-    setup = TrainingSetup([model, *[m for m in others if m is not model]])   # one model: no prefix
+    # in the order of ``others`` (the run's models), as the findings number two models of one class (``Linear[1].``)
+    models = list(others) if any(m is model for m in others) else [model, *others]
+    setup = TrainingSetup(models)   # one model: no prefix
     infos = [setup.info(p) for p in params]
     names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
     modules = [i.module if i else "(not in model)" for i in infos]
     return names, modules, [dtype_name(p) for p in params]
+
+
+def param_owners(models: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[int | None]:
+    """Return, for each of ``params``, the index of the first of ``models`` that holds it, None for none.
+
+    >>> a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    >>> param_owners([a, b], [b.weight, a.bias, torch.zeros(1)])
+    [1, 0, None]
+    """
+    owner: dict[int, int] = {}
+    for k, model in enumerate(models):
+        for p in model.parameters():
+            owner.setdefault(id(p), k)
+    return [owner.get(id(p)) for p in params]
 
 
 def closure_calls_back(args: tuple, kwargs: dict, after: Callable[[], Any]) -> tuple[tuple, dict] | None:

@@ -31,6 +31,8 @@ removes every hook and drops the references. An internal exception is reported o
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -67,6 +69,7 @@ from ampdoctor.monitor.watched import (
     EngineCopies,
     closure_calls_back,
     name_params,
+    param_owners,
     refuse_meta,
     scaler_of,
     steps_through,
@@ -155,6 +158,13 @@ class Watch:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others)
         self._params: list[torch.Tensor] = params
+        # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
+        # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
+        # their tensors got a gradient), not those of a model the script replaced (a resume, a re-run cell).
+        self._models: list[nn.Module] = [model, *[m for m in others if m is not model]]
+        self._owners = param_owners(self._models, params)
+        self._ran: set[int] = set()   # models (by index in _models) whose forward ran while watched
+        self._ran_hooks: dict[int, Any] = {}
         copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules, optimizer)
         self._stepper = copies.stepper  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
         layouts = {**fsdp1_layouts(model), **copies.layouts}
@@ -182,6 +192,9 @@ class Watch:
         self._autocast: str | None = None   # the autocast dtype of the model's first forward after attach, if any
         self._activations: Any = None
         self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
+        # the activation monitor's looks at the forward of sampled steps whose loss was inf/NaN: [step, the first
+        # module with a non-finite output ("(input)": the model's input; None: every output finite)], up to 20
+        self._bad_loss_forwards: list[list[Any]] = []
         self._recorder: FlightRecorder | None = None
         self._deferred: tuple[HostCopy, int, float, dict[str, Any], bool] | None = None  # a step's copy, not read
         self._parts = WatchParts()
@@ -227,9 +240,11 @@ class Watch:
             self._handles.append(opt.register_step_post_hook(ended) if self._stepper is None else
                                  observe(self._stepper, "step", after=ended, on_error=lambda e: self._fail("watch", e)))
             self._guard("averages", self._attach_averages)
-            if self._model is not None:   # once: the forward's autocast dtype names the run's format
-                self._autocast_hook = self._model.register_forward_pre_hook(self._note_autocast)
-                self._handles.append(self._autocast_hook)
+            # once per model: that its forward ran, and the model's forward's autocast dtype (the run's format)
+            for k, model in enumerate(self._models):
+                if k == 0 or k in self._owners:
+                    self._ran_hooks[k] = model.register_forward_pre_hook(functools.partial(self._note_call, k))
+                    self._handles.append(self._ran_hooks[k])
             if self._want_activations:
                 self._guard("activations", self._attach_activations)
             elif self._sampling.dense:
@@ -242,13 +257,16 @@ class Watch:
             raise
         return self
 
-    def _note_autocast(self, module: nn.Module, args: Any) -> None:
-        self._guard("watch", self._read_autocast)
+    def _note_call(self, index: int, module: nn.Module, args: Any) -> None:
+        self._guard("watch", self._called, index=index)
 
-    def _read_autocast(self) -> None:
-        self._autocast_hook.remove()   # safe in a hook: torch calls a copy of the hook list
+    def _called(self, index: int) -> None:
+        handle = self._ran_hooks.pop(index, None)
+        if handle is not None:
+            handle.remove()   # safe in a hook: torch calls a copy of the hook list
+        self._ran.add(index)
         device = next((p.device.type for p in self._params), "cpu")
-        if torch.is_autocast_enabled(device):
+        if index == 0 and torch.is_autocast_enabled(device):   # the watched model's forward names the run's format
             self._autocast = dtype_name(torch.get_autocast_dtype(device))
 
     def _attach_averages(self) -> None:
@@ -307,7 +325,7 @@ class Watch:
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
                 "findings": self.findings()}))
         self._model = self._optimizer = self._scaler = self._stepper = None
-        self._chain, self._params = [], []
+        self._chain, self._params, self._models = [], [], []
         self._grads.release()
         self.attached = False
 
@@ -356,6 +374,12 @@ class Watch:
     def follows(self, optimizer: Any) -> bool:
         """Whether ``optimizer`` is the one this watch follows (as given, or one it wraps)."""
         return any(o is optimizer for o in self._chain)
+
+    def count_every_loss(self, hidden_by: str) -> None:
+        """Check every loss given to backward for inf/NaN, sampled step or not (AMP610): where the run's log leaves
+        them out, ``hidden_by`` names what does (``"TrainingArguments(logging_nan_inf_filter=True)"``)."""
+        if self._backward is not None and "loss" not in self._parts.off:
+            self._backward.count_every_loss(hidden_by)
 
     def read_step(self, optimizer: Any) -> None:
         """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
@@ -484,11 +508,24 @@ class Watch:
         view = read_step(record)
         self._guard("gradients", lambda: self._check_gradients(view, partial))
         if not partial:
+            self._guard("watch", lambda: self._note_look(view))
             self._guard("watch", lambda: self._escalate(view, step))
             self.sampled_steps += 1
         self.last_record = record
         if self._recorder is not None and "recorder" not in self._parts.off:
             self._guard("recorder", lambda: self._recorder.write(record))
+
+    def _note_look(self, record: Step) -> None:
+        """Keep what the activation monitor saw in this step's forward, for the findings that say where the inf/NaN
+        come from: AMP603 on a skipped step, AMP613 (and whether AMP601 explains it) on a step with an inf/NaN loss."""
+        looked = record.activations
+        if looked is None or not looked.sampled or not looked.inputs:
+            return   # no forward seen on this step, or only part of it (the monitor was attached inside it)
+        loss = None if record.loss is None else record.loss.value
+        if record.skipped and self._scale_monitor is not None and "scale" not in self._parts.off:
+            self._scale_monitor.note_forward(looked.nonfinite_module, loss)
+        if loss is not None and not math.isfinite(loss) and len(self._bad_loss_forwards) < 20:
+            self._bad_loss_forwards.append([record.step, looked.nonfinite_module])
 
     # ---- escalation -----------------------------------------------------------------------------------------
     def _escalate(self, record: Step, step: int) -> None:
@@ -508,7 +545,7 @@ class Watch:
         skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
         grads = self._grads
         for alarm in gradient_alarms(record, grads.last_rows, grads.names, scaler=self._scaler is not None,
-                                     stats=self.stats, skips_known=skips):
+                                     stats=self.stats, skips_known=skips, own_nonfinite=grads.own_nonfinite):
             # AMP608's own fix unscales with a GradScaler; this run may have none: the fix that fits it
             fix = nonfinite_grads_fix(is_enabled(self._scaler), self.param_dtypes) if alarm[0] == "AMP608" else None
             self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3], fix=fix)
@@ -545,8 +582,16 @@ class Watch:
         summary["verified"] = verified(summary)
         return summary
 
+    def _trained(self) -> list[bool]:
+        """Per watched tensor: whether it is part of what this run trains, for AMP617: it got a gradient, or it is
+        a parameter of a model whose forward ran while watched or one of whose tensors got a gradient. A tensor of a
+        replaced model (an optimizer built before the model was re-created) is not."""
+        arrived = self._grads.arrived
+        trained = self._ran | {self._owners[k] for k in arrived}
+        return [k in arrived or (owner is not None and owner in trained) for k, owner in enumerate(self._owners)]
+
     def _measured(self) -> dict[str, Any]:
-        grads = self._grads.summary(self.param_modules)
+        grads = self._grads.summary(self.param_modules, self._trained())
         activations = self._activations.summary() if self._activations is not None else (
             self._activation_result[0] if self._activation_result else None)
         return {
@@ -560,10 +605,18 @@ class Watch:
             self._lost.summary(),
             "activations": activations,
             "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
-            "loss": None if self._backward is None else self._backward.summary(),
+            "loss": self._loss_summary(),
             "averages": self._averages_summary(),
             "off": sorted(self._parts.off),
         }
+
+    def _loss_summary(self) -> dict[str, Any] | None:
+        if self._backward is None:
+            return None
+        summary = self._backward.summary()
+        if self._bad_loss_forwards:   # what the forward of steps with an inf/NaN loss looked like (AMP613)
+            summary["nonfinite_forward"] = [list(look) for look in self._bad_loss_forwards]
+        return summary
 
     def _averages_summary(self) -> list[dict[str, Any]] | None:
         if self._averages is None or "averages" in self._parts.off:
@@ -605,9 +658,21 @@ class Watch:
             "invariants", e)) or []
         if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
             out = [f for f in out if f.code != "AMP604"]  # every step skipped: said once, as the error it is
-        if culprit is not None:   # AMP601 names where the inf/NaN the loss ends with starts: said once
+        if culprit is not None and self._loss_explained(activation):   # AMP601 says where the loss's starts: once
             invariants = [f for f in invariants if f.code != "AMP613"]
         return out + activation + invariants
+
+    def _loss_explained(self, activation: list[Finding]) -> bool:
+        """Whether AMP601 explains the inf/NaN loss: on the first sampled step whose loss was inf/NaN a module's
+        output already was (as the look at that forward, or AMP601's own step, shows), and every other step with an
+        inf/NaN loss whose forward was looked at had a module's output inf/NaN too (not the input, not none)."""
+        bad = (self._backward.summary().get("nonfinite") or []) if self._backward is not None else []
+        looks = dict(map(tuple, self._bad_loss_forwards))
+        if not bad or any(module in (None, "(input)") for module in looks.values()):
+            return False
+        # a look at the first bad step that began inside its forward (the watch attached there) is not in `looks`;
+        # an AMP601 of that step is the activation monitor's word that a module's output was inf/NaN on it
+        return bad[0] in looks or any(f.code == "AMP601" and f.step == bad[0] for f in activation)
 
     def _activation_findings(self) -> list[Finding]:
         live, kept = self._activations, self._activation_result

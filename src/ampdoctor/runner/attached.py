@@ -48,7 +48,7 @@ ENV = "AMPDOCTOR"   # runner.startup.ENV; startup imports this module, so it is 
 # never reaches its atexit report. Said once, by rank 0, at the first look (a with block has been entered by then).
 RAY_WORKER_LINE = "ampdoctor: no report at exit in Ray: wrap the loop in `with ampdoctor.attach():`"
 
-__all__ = ["Attached", "attach", "chain_excepthook", "watched_by"]
+__all__ = ["Attached", "attach", "chain_excepthook", "diagnosed_by", "watched_by"]
 
 _active: list["Attached"] = []   # the one attached run of this process, while it runs
 _watchers: list[str] = []        # what else diagnoses this process now: `ampdoctor run`, its child hook, a notebook
@@ -62,6 +62,19 @@ def watched_by(what: str) -> Iterator[None]:
         yield
     finally:
         _watchers.remove(what)
+
+
+def diagnosed_by() -> str | None:
+    """Return what diagnoses this process now (``"ampdoctor run"``, the notebook extension, ``attach()``), or None.
+
+    That run shows the process's one report; a framework callback that also runs in it shows none of its own.
+
+    >>> diagnosed_by() is None
+    True
+    """
+    if _watchers:
+        return _watchers[-1]
+    return "ampdoctor.attach()" if _active else None
 
 
 def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | os.PathLike[str] | None = None,

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ampdoctor._compat.accelerate import accelerator_built
+from ampdoctor._torch.frames import frame_values
 from ampdoctor._torch.module_hooks import any_global_module_hook, silence_compile_hook_warning
 from ampdoctor._torch.scaler import is_enabled
+from ampdoctor.core.callsite import is_user_file
 from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
-from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, note_script_names, owns_any, unwrap_optimizer
 from ampdoctor.monitor.watched import closure_calls_back
 from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.runner.discovery import (
@@ -263,6 +265,8 @@ class Doctor:
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
         live = scan(self.ended)
         models = trained_models(self.models, live.optimizers, live.modules)
+        # models local to the script's main(), or bound to a name as DDP(model)
+        note_script_names(models, _user_namespaces(), unwrap_module)
         scalers = [scaler] if scaler is not None else live.scalers
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
@@ -323,6 +327,19 @@ def _autocast_dtype(device: str) -> torch.dtype | None:
     except RuntimeError:  # a device type autocast does not know, e.g. "meta"
         return None
 
+
+
+def _user_namespaces() -> Iterator[dict[str, Any]]:
+    """Yield the local variables of the user's frames on the stack now, outermost first: the script's module, then
+    its ``main()``, then what that calls (read when the first one is asked for)."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            frames.append(frame)
+        frame = frame.f_back
+    for frame in reversed(frames):
+        yield dict(frame_values(frame))
 
 
 def _accelerator() -> Any:

@@ -9,6 +9,10 @@ module runs, so it needs nothing here.
 
 The ``load_state_dict`` that is not a resume: accelerate's placement reload (``is_placement_reload``, from
 ``ampdoctor._compat.accelerate``, where the frames it reads are described).
+
+The losses a framework's log leaves out: the transformers Trainer that holds the run's Accelerator, with
+``logging_nan_inf_filter=True`` (its default), logs the average of the earlier losses in place of a NaN/inf one
+(``hidden_losses``), so the watch checks every loss for them (AMP610).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from torch import nn
 
 from ampdoctor._compat.accelerate import accelerator_autocast, is_placement_reload, prepared_forward
 from ampdoctor._compat.lightning import fabric_autocast, is_fabric_module
+from ampdoctor._compat.transformers import trainer_of
 
-__all__ = ["framework_autocast", "autocast_ahead", "is_placement_reload"]
+__all__ = ["framework_autocast", "autocast_ahead", "hidden_losses", "is_placement_reload"]
 
 
 def framework_autocast(module: nn.Module, accelerator: Any = None) -> torch.dtype | None:
@@ -53,3 +58,17 @@ def autocast_ahead(accelerator: Any, scalers: list[Any]) -> torch.dtype | None:
     from ampdoctor._torch.scaler import is_enabled
 
     return torch.float16 if any(is_enabled(s) for s in scalers) else None
+
+
+def hidden_losses(accelerator: Any) -> str | None:
+    """Return what keeps inf/NaN training losses out of the run's logged loss, as the finding names it, or None.
+
+    The transformers Trainer that holds ``accelerator`` (it built it), with ``logging_nan_inf_filter=True``.
+
+    >>> hidden_losses(None) is None
+    True
+    """
+    args = getattr(trainer_of(accelerator), "args", None)
+    if not getattr(args, "logging_nan_inf_filter", False):
+        return None
+    return "TrainingArguments(logging_nan_inf_filter=True)"

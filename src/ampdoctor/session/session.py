@@ -31,6 +31,7 @@ from ampdoctor.core.isolation import StepAside, call_safely
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
+from ampdoctor.session.frameworks import hidden_losses
 from ampdoctor.session.observers import GlobalObservers
 from ampdoctor.session.repair import RunRepairs
 from ampdoctor.session.watching import watch_coverage, watched_pair, watched_size
@@ -191,6 +192,9 @@ class Session:
             return   # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
                            activations=self.activations, others=setup.models).attach()
+        hidden_by = hidden_losses(setup.accelerator)
+        if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
+            self.watch.count_every_loss(hidden_by)
         self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup)   # the watch follows one optimizer
         self._stage_optimizers = {id(unwrap_optimizer(o)) for o in setup.optimizers}
 

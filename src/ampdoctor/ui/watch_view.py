@@ -137,6 +137,11 @@ def _verdict(data: dict[str, Any]) -> tuple[str, str]:
                 "yellow")
     off = data.get("off") or []
     left_out = f" (off after an internal error: {', '.join(off)})" if off else ""
+    outside = ((data.get("gradients") or {}).get("arrival") or {}).get("outside")
+    if outside:   # the optimizer steps tensors of no model that ran: nothing says they train
+        return (f"no numerical problems seen in {_count(data['sampled_steps'], 'sampled step')}{left_out}, but "
+                f"{outside} tensor(s) the optimizer steps belong to no model that ran and never had a gradient: "
+                f"this is no all-clear", "yellow")
     return (f"no numerical problems seen in {_count(data['sampled_steps'], 'sampled step')}{left_out}", "green")
 
 

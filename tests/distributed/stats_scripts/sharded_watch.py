@@ -8,7 +8,9 @@ to the watch as ``ampdoctor run`` does), ``fsdp1`` (FullyShardedDataParallel, FU
 ``fsdp1_orig`` (FSDP1 FULL_SHARD with ``use_orig_params=True``: the optimizer steps views into the flat parameter,
 some split across the ranks, some with no entry on a rank), ``dp_tp`` (4 ranks: a ("dp", "tp") mesh, tensor
 parallelism over tp and fully_shard over dp; a layer whose shards are empty on the dp=1 ranks),
-``collective_forward`` (no wrapper; a module all-reduces in its forward, rank 1's forward overflows at step 1).
+``collective_forward`` (no wrapper; a module all-reduces in its forward, rank 1's forward overflows at step 1),
+``inf_plain``, ``inf_sharded``, ``inf_none`` (FSDP1 FULL_SHARD with a plain GradScaler, a ShardedGradScaler or none:
+at step 1 an inf is written into rank 0's own gradient shard, after backward, before the step).
 Every rank writes ``OUT.<rank>.json``. Nothing runs on import (pytest imports modules for doctests).
 """
 from __future__ import annotations
@@ -82,6 +84,9 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
                             timeout=datetime.timedelta(seconds=60))
     result: dict = {"rank": rank}
     try:
+        if mode.startswith("inf_"):
+            _inf_in_rank_0_shard(torch, nn, mode, rank, result)
+            return
         model = _wrapped(torch, nn, dist, mode, _model(torch, nn), result)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu") if mode == "ddp_overflow" else None
@@ -109,6 +114,40 @@ def run(rank: int, mode: str, world: int, out: str, store: str) -> None:
             json.dump(result, f, default=str)
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _inf_in_rank_0_shard(torch, nn, mode, rank, result):
+    """FSDP1 with a plain GradScaler, a ShardedGradScaler or none; at step 1 rank 0's own gradient shard holds an
+    inf. Record each rank's findings, its loss scales and whether its step changed its shard."""
+    import ampdoctor
+
+    model = _wrapped(torch, nn, None, "fsdp1", _model(torch, nn), result)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kind = mode.removeprefix("inf_")
+    if kind == "sharded":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        scaler = ShardedGradScaler("cpu")
+    else:
+        scaler = torch.amp.GradScaler("cpu") if kind == "plain" else None
+    watch = ampdoctor.watch(model, opt, scaler, every=1)
+    for step in range(2):
+        x, y = _batch(torch, rank, same=False)
+        loss = nn.functional.mse_loss(model(x).float(), y)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        if step == 1 and rank == 0:
+            model._handle.flat_param.grad.view(-1)[0] = float("inf")   # this rank's shard: entry 0 is rank 0's
+        before = [p.detach().clone() for p in model.parameters()]
+        if scaler is None:
+            opt.step()
+        else:
+            scaler.step(opt)
+            scaler.update()
+            result.setdefault("scales", []).append(scaler.get_scale())
+        result.setdefault("stepped", []).append(not all(torch.equal(b, p.detach())
+                                                        for b, p in zip(before, model.parameters())))
+        opt.zero_grad()
+    watch.detach()
+    result["findings"] = [f.to_dict() for f in watch.findings()]
 
 
 def _wrapped(torch, nn, dist, mode, model, result):

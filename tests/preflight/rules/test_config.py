@@ -1,4 +1,5 @@
-"""AMP201–AMP205 on real GradScalers, a real accelerate Accelerator and real FSDP wrappers (gloo, one process)."""
+"""AMP201–AMP205 and AMP209 on real GradScalers, a real accelerate Accelerator, a real transformers Trainer and real
+FSDP wrappers (gloo, one process)."""
 
 import socket
 import warnings
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.preflight.engine import check
 from ampdoctor.preflight.rules.config import (
     accelerate_fp16_not_in_effect,
     closure_with_scaler,
@@ -145,6 +147,47 @@ def test_amp203_premise_prepared_forward_is_not_autocast(accelerator_factory):
 def test_amp203_quiet(accelerator_factory, mixed_precision):
     accelerator = accelerator_factory(mixed_precision=mixed_precision)
     assert list(accelerate_fp16_not_in_effect(TrainingSetup(nn.Linear(10, 10), accelerator=accelerator))) == []
+
+
+# ---- AMP209 -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def trainer_factory(tmp_path):
+    """A real transformers ``Trainer`` over ``model`` with these ``TrainingArguments`` flags (not trained)."""
+    transformers = pytest.importorskip("transformers")
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # the state is a process-wide singleton
+
+    def make(model, **flags):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[],
+                                              save_strategy="no", **flags)
+        return transformers.Trainer(model=model, args=args)
+
+    yield make
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _two_layers(dtype=torch.float32) -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)).to(dtype)
+
+
+def test_amp209_fires_for_the_trainers_bf16_flag_on_a_half_model(trainer_factory):
+    # check() given the Trainer's Accelerator: what ampdoctor run and the Trainer callback hand the rules too
+    model = _two_layers(torch.bfloat16)
+    trainer = trainer_factory(model, bf16=True)
+    report = check(model, torch.optim.AdamW(model.parameters()), accelerator=trainer.accelerator)
+    [finding] = [f for f in report.findings if f.code == "AMP209"]
+    assert finding.where == "TrainingArguments(bf16=True)"
+    assert "all 4 trainable parameters are bfloat16" in finding.detail and "0.weight" in finding.detail
+
+
+@pytest.mark.parametrize("case", ["fp32 model", "no flag", "no accelerator given"])
+def test_amp209_quiet(trainer_factory, case):
+    model = _two_layers(torch.float32 if case == "fp32 model" else torch.bfloat16)
+    trainer = trainer_factory(model, bf16=case != "no flag")
+    accelerator = None if case == "no accelerator given" else trainer.accelerator
+    report = check(model, torch.optim.AdamW(model.parameters()), accelerator=accelerator)
+    assert "AMP209" not in report.codes()
 
 
 # ---- AMP204 -----------------------------------------------------------------------------------------------------

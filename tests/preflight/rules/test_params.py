@@ -133,6 +133,30 @@ def test_amp101_lists_a_module_with_many_parameters_in_bounded_form():
     assert len(finding.detail) < 1000
 
 
+def test_amp101_names_a_free_standing_fp16_parameter_the_optimizer_steps_next_to_the_model():
+    # a logit scale kept outside the model, created in fp16: the first unscale_() raises on it. Was AMP301 (a stale
+    # copy from an optimizer built before .half()), and once AMP301 knew it is free-standing, nothing at all.
+    model = mlp()
+    scale = nn.Parameter(torch.ones((), dtype=torch.float16))
+    opt = torch.optim.AdamW([{"params": model.parameters()}, {"params": [scale], "weight_decay": 0.0}], eps=1e-4)
+    (finding,) = fp16_trainable_params(TrainingSetup(model, opt, cpu_scaler()))
+    assert finding.where == "optimizer[0] group 1"
+    assert "params[0] (float16, [])" in finding.detail and "1 of 5 trainable parameters" in finding.detail
+    assert check(model, opt, cpu_scaler()).codes() == ["AMP101"]
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.randn(4, 10)).float().sum() * scale
+    scaler = cpu_scaler()
+    scaler.scale(loss).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(opt)
+
+
+def test_amp101_leaves_out_stale_fp16_copies_which_get_no_gradient():
+    old = mlp().half()
+    opt = torch.optim.SGD(old.parameters(), lr=0.1)   # then the model is re-created in fp32: AMP301, not AMP101
+    assert check(mlp(), opt, cpu_scaler()).codes() == ["AMP301", "AMP302"]
+
+
 @pytest.mark.parametrize("setup", [
     pytest.param(lambda: TrainingSetup(mlp(), scaler=cpu_scaler()), id="fp32 params"),
     pytest.param(lambda: TrainingSetup(mlp().half(), scaler=cpu_scaler(enabled=False)), id="disabled scaler"),

@@ -35,12 +35,70 @@ def test_amp301_fires_when_the_model_got_new_parameters_after_the_optimizer_was_
 
 def test_amp301_says_when_no_model_parameter_has_the_shape():
     model = mlp()
-    opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [nn.Parameter(torch.zeros(7, 3))]}], lr=0.1)
+    other = nn.Sequential(nn.Linear(7, 3))   # the optimizer of another model: none of its tensors is the model's
+    opt = torch.optim.SGD([{"params": other[0].weight}, {"params": other[0].bias}], lr=0.1)
     findings = list(optimizer_tensors_not_in_model(TrainingSetup(model, opt)))
 
-    assert [f.where for f in findings] == ["optimizer[0] group 1"]
-    assert "params[0] (float32, [7, 3], cpu)" in findings[0].detail
+    assert [f.where for f in findings] == ["optimizer[0] group 0", "optimizer[0] group 1"]
+    assert "params[0] (float32, [3, 7], cpu)" in findings[0].detail
     assert "no model parameter has this shape" in findings[0].detail
+
+
+# A parameter trained next to the model but kept outside it (CLIP's logit scale, a temperature, learned loss weights)
+# was a false AMP301 error ("Was the optimizer built before .to()/.half()...?"): every trainable parameter of the
+# model is stepped, so it stands for none of them.
+@pytest.mark.parametrize("shape", [(), (4,), (10,)], ids=["scalar", "vector", "shape-of-a-held-bias"])
+@pytest.mark.parametrize("grouping", ["same-group", "own-group"])
+def test_amp301_quiet_for_a_free_standing_parameter_next_to_the_model(shape, grouping):
+    model = mlp()
+    free = nn.Parameter(torch.ones(shape))
+    groups = [*model.parameters(), free] if grouping == "same-group" else \
+        [{"params": model.parameters()}, {"params": [free], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=1e-3)
+    setup = TrainingSetup(model, opt, torch.amp.GradScaler("cpu"), torch.float16)
+
+    assert list(optimizer_tensors_not_in_model(setup)) == []
+    assert list(params_missing_from_optimizer(setup)) == []
+
+
+def test_amp301_quiet_for_an_optimizer_of_its_own_over_a_free_standing_parameter():
+    # SAC's entropy coefficient: log_alpha has an optimizer of its own; the model's are all in the other one
+    model = mlp()
+    log_alpha = nn.Parameter(torch.zeros(1))
+    opts = [torch.optim.AdamW(model.parameters(), lr=1e-3), torch.optim.AdamW([log_alpha], lr=3e-4)]
+    assert list(optimizer_tensors_not_in_model(TrainingSetup(model, opts))) == []
+
+
+def test_amp301_names_a_stale_copy_next_to_a_free_standing_parameter():
+    # the head was re-created after the optimizer was built: its old tensors stand for the new head's, in no optimizer
+    model = mlp()
+    scale = nn.Parameter(torch.ones(()))
+    opt = torch.optim.AdamW([*model.parameters(), scale], lr=1e-3)
+    model[2] = nn.Linear(10, 4)
+    setup = TrainingSetup(model, opt)
+    (finding,) = optimizer_tensors_not_in_model(setup)
+
+    assert finding.where == "optimizer[0] group 0"
+    assert "2 of 5 tensors" in finding.detail and "params[2] (float32, [4, 10], cpu)" in finding.detail
+    assert "params[4]" not in finding.detail   # the logit scale stands for nothing
+    assert [f.where for f in params_missing_from_optimizer(setup)] == ["2"]
+
+
+def test_amp301_names_a_flat_stale_copy_next_to_the_models_parameters():
+    model = mlp()
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in model[2].parameters()]))   # 44 entries
+    opt = torch.optim.SGD([*model[0].parameters(), flat], lr=0.1)
+    (finding,) = optimizer_tensors_not_in_model(TrainingSetup(model, opt))
+    assert "1 of 3 tensors" in finding.detail and "params[2] (float32, [44], cpu)" in finding.detail
+
+
+def test_amp301_keeps_an_optimizer_of_other_tensors_only_when_the_model_trains_nowhere():
+    # all foreign and the model in no optimizer: the wrong model, or the optimizer built before it was re-created
+    model = mlp()
+    opt = torch.optim.AdamW([nn.Parameter(torch.ones(())), nn.Parameter(torch.ones(3))], lr=1e-3)
+    setup = TrainingSetup(model, opt)
+    assert [f.code for f in optimizer_tensors_not_in_model(setup)] == ["AMP301"]
+    assert "see AMP301" in " ".join(f.detail for f in params_missing_from_optimizer(setup))
 
 
 def test_amp301_prefers_a_same_shape_twin_that_no_optimizer_holds():

@@ -8,11 +8,11 @@ never print or mutate. A check is called with the setup alone: ``fp16_trainable_
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.findings import Finding
-from ampdoctor.core.training import TrainingSetup
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
 
 CheckFn = Callable[[TrainingSetup], Iterable[Finding]]
 CHECKS: dict[str, CheckFn] = {}
@@ -49,3 +49,17 @@ def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
     """
     shown = ", ".join(items[:limit])
     return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
+
+
+def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
+    """Yield one finding of ``rule`` per owning module naming its ``params``; they share one ``cause``, so they show
+    as one row.
+
+    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``; the cause is ``{state}. {summary}``.
+    """
+    summary = summary[:1].upper() + summary[1:]
+    end = " " if state.endswith((".", ".'")) else ". "
+    cause = f"{state}{end}{summary}"
+    for module, members in group_by_module(params).items():
+        verb = "is" if len(members) == 1 else "are"
+        yield rule.finding(module, f"{listing([p.describe() for p in members])} {verb} {cause}", cause=cause)

@@ -1,4 +1,5 @@
-"""Pre-flight rules AMP201–AMP205: how the GradScaler, autocast, accelerate and FSDP are configured.
+"""Pre-flight rules AMP201–AMP205 and AMP209: how the GradScaler, autocast, accelerate (and the transformers
+Trainer that builds an Accelerator) and FSDP are configured.
 
 The scaler helpers here (`is_sharded_scaler`, `plain_scaler_enabled`, `scaler_label`) are shared with the other
 rule modules. Nothing here imports ``torch.distributed`` or ``accelerate``: a user object can only be an instance of
@@ -8,19 +9,19 @@ a class whose module is already imported, so the rules look the class up in ``sy
 
 from __future__ import annotations
 
-import gc
 import inspect
 import sys
 from typing import Any, Iterator
 
 import torch
 
+from ampdoctor._compat.transformers import trainer_of
 from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp16, scaler_device
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
-from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.preflight.rules import check, listing
 from ampdoctor.preflight.rules.fsdp import fsdp_units, loaded_class
 
@@ -192,8 +193,7 @@ _PRECISION_FIX = {"transformers": "args = TrainingArguments(..., bf16=True)",
 def _framework(setup: TrainingSetup) -> tuple[str, str]:
     """Return which framework built the run's Accelerator, and how fp16 was asked of it: ``"transformers"`` (a
     Trainer holds it), ``"lightning"`` (a LightningModule is trained), else ``"accelerate"`` (the script's own)."""
-    trainer = loaded_class("transformers.trainer", "Trainer")
-    owner = next((o for o in _holders(setup.accelerator) if isinstance(o, trainer)), None) if trainer else None
+    owner = trainer_of(setup.accelerator)
     if owner is not None:
         flag = "TrainingArguments(fp16=True)" if getattr(getattr(owner, "args", None), "fp16", False) else \
             "ACCELERATE_MIXED_PRECISION=fp16"
@@ -204,15 +204,6 @@ def _framework(setup: TrainingSetup) -> tuple[str, str]:
     if lightning and any(isinstance(m, lightning) for m in setup.models):
         return "lightning", asked
     return "accelerate", asked
-
-
-def _holders(obj: Any) -> list[Any]:
-    """Return the objects that refer to ``obj``, an instance ``__dict__`` standing for its owner (one gc query
-    each, only on this rule's rare path)."""
-    out = []
-    for ref in gc.get_referrers(obj):
-        out += gc.get_referrers(ref) if isinstance(ref, dict) else [ref]
-    return out
 
 
 def _what_runs(setup: TrainingSetup) -> str:
@@ -228,6 +219,42 @@ def _what_runs(setup: TrainingSetup) -> str:
     each = " and ".join(f"those with {d} weights in {d}" for d in dtypes)
     return (f"{said}. With no autocast each layer computes in its weights' dtype ({each}), with no loss "
             "scaling: not the fp16 mixed precision asked for.")
+
+
+_NAMED = 5   # half parameters named in AMP209's detail
+
+
+@check("AMP209")
+def trainer_flag_on_half_model(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
+    """Flag ``TrainingArguments(fp16=True)``/``(bf16=True)`` on a model whose trainable parameters are half.
+
+    The flags ask accelerate for fp32 weights under fp16/bf16 autocast; a model loaded with ``dtype=torch.float16``
+    (or cast with ``.half()``) has half weights instead, updated in half precision by a plain optimizer. The
+    Trainer is the one that holds the run's Accelerator (``_compat.transformers.trainer_of``): found by the
+    Trainer callback, ``ampdoctor run`` and ``check(..., accelerator=trainer.accelerator)`` alike.
+
+    >>> list(trainer_flag_on_half_model(TrainingSetup(torch.nn.Linear(2, 2).half())))  # no Trainer
+    []
+    """
+    trainable = setup.trainable()
+    half = [p for p in trainable if p.dtype in (torch.float16, torch.bfloat16)]
+    if not half or setup.accelerator is None:
+        return   # the cheap checks first: the Trainer is found through gc
+    args = getattr(trainer_of(setup.accelerator), "args", None)
+    flag = "fp16" if getattr(args, "fp16", False) else "bf16" if getattr(args, "bf16", False) else None
+    if flag is None or getattr(args, "deepspeed", None) or any(keeps_fp32_masters(o) for o in setup.optimizers):
+        return   # DeepSpeed and MasterWeights keep fp32 master weights of half parameters
+    dtypes = " and ".join(sorted({dtype_name(p.dtype) for p in half}))
+    names = ", ".join(p.describe() for p in half[:_NAMED]) + (f" and {len(half) - _NAMED} more"
+                                                               if len(half) > _NAMED else "")
+    whole = "all" if len(half) == len(trainable) else f"{len(half)} of"
+    consequence = ("a GradScaler refuses their float16 gradients ('Attempting to unscale FP16 gradients')"
+                   if setup.scaler_enabled and any(p.dtype == torch.float16 for p in half) else
+                   "the optimizer updates them in half precision, where small updates round away")
+    yield rule.finding(f"TrainingArguments({flag}=True)", (
+        f"{flag}=True means fp32 weights with {flag} autocast, but {whole} {len(trainable)} trainable parameters are "
+        f"{dtypes}: {names}. The model was loaded or cast in half precision (from_pretrained(..., "
+        f"dtype=torch.{dtypes.split()[0]}) or .half()), so {consequence}."))
 
 
 def _requires_closure(opt: torch.optim.Optimizer) -> bool:

@@ -18,7 +18,7 @@ backward the scaler, the optimizer and its state see fp32.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -31,26 +31,12 @@ from ampdoctor.core.training import (
     HALF,
     ParamInfo,
     TrainingSetup,
-    group_by_module,
     keeps_fp32_masters,
     unwrap_optimizer,
 )
-from ampdoctor.preflight.rules import check, listing
+from ampdoctor.preflight.rules import check, findings_by_module, listing
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
-
-
-def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:
-    """Yield one finding of ``rule`` per owning module naming its ``params``; they share one ``cause``, so they show
-    as one row.
-
-    Each detail reads ``name (dtype, shape), ... are {state}. {summary}``; the cause is ``{state}. {summary}``.
-    """
-    summary = summary[:1].upper() + summary[1:]
-    end = " " if state.endswith((".", ".'")) else ". "
-    cause = f"{state}{end}{summary}"
-    for module, members in group_by_module(params).items():
-        verb = "is" if len(members) == 1 else "are"
-        yield rule.finding(module, f"{listing([p.describe() for p in members])} {verb} {cause}", cause=cause)
+from ampdoctor.preflight.rules.wiring import stale_tensors
 
 
 def _lr(value: Any) -> str:
@@ -152,12 +138,27 @@ def fp16_trainable_params(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]
     if not plain_scaler_enabled(setup):
         return
     trainable, frozen = _trainable_counts(setup)
-    fp16 = _unmastered(setup, trainable, torch.float16)
+    free = _free_standing(setup, torch.float16)
+    fp16 = _unmastered(setup, trainable, torch.float16) + free
     if not fp16:
         return
     state = (f"trainable float16 while {scaler_label(setup.scaler)} is enabled, so scaler.unscale_() will raise "
              "'Attempting to unscale FP16 gradients.'")
-    yield from findings_by_module(rule, fp16, state, _share(fp16, trainable, torch.float16, frozen, setup))
+    yield from findings_by_module(rule, fp16, state, _share(fp16, trainable + free, torch.float16, frozen, setup))
+
+
+def _free_standing(setup: TrainingSetup, dtype: torch.dtype) -> list[ParamInfo]:
+    """Return the trainable ``dtype`` tensors outside the models that the optimizers step next to the models' own
+    (a logit scale kept outside the model), named ``params[i]`` in ``optimizer[o] group g``: they get gradients as
+    the model's parameters do. Stale tensors (AMP301's) get none, so they are left out."""
+    if not setup.models:
+        return []
+    stale, mastered = stale_tensors(setup), has_master(setup)
+    return [ParamInfo(f"params[{i}]", f"optimizer[{oi}] group {gi}", t)
+            for oi, opt in enumerate(setup.optimizers) for gi, group in enumerate(opt.param_groups)
+            for i, t in enumerate(group["params"])
+            if t.dtype == dtype and t.requires_grad and setup.info(t) is None and id(t) not in stale
+            and not mastered(t)]
 
 
 @check("AMP102")

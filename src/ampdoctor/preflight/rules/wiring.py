@@ -11,6 +11,14 @@ and the weights back), or a learnable tensor kept outside the module. A stale te
 are no AMP301, and the model parameters they stand for (same shapes, or the same number of entries when flat) are
 no AMP302. Before the first backward no tensor has a gradient: ``ampdoctor run`` checks the pre-flight's AMP301 and
 AMP302 again at the first optimizer step (``confirm_wiring``), and keeps what still holds.
+
+An optimizer tensor outside the model without a ``.grad`` is stale (AMP301) only when it stands for model parameters
+(``stale_tensors``): its optimizer holds none of the model's parameters while some trainable parameter is in no
+optimizer (or no optimizer holds any parameter of the model), or it has the shape of a trainable parameter that no
+optimizer holds (or, flat, as many entries as one of them or all of them together). Any other one is free-standing,
+trained next to the model's own parameters (CLIP's logit scale kept outside the model, a learned temperature or loss
+weight, SAC's entropy coefficient in an optimizer of its own): no model parameter goes unstepped for want of it, and
+it may get its first gradient after the first optimizer step (after a warm-up), or a crash may end the run before it.
 """
 
 from __future__ import annotations
@@ -24,8 +32,7 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import ParamInfo, TrainingSetup
-from ampdoctor.preflight.rules import check
-from ampdoctor.preflight.rules.params import findings_by_module
+from ampdoctor.preflight.rules import check, findings_by_module
 
 MAX_STRAYS = 5  # stray tensors described one by one per param group
 WIRING = ("AMP301", "AMP302")
@@ -54,17 +61,16 @@ def optimizer_tensors_not_in_model(setup: TrainingSetup, rule: Rule) -> Iterator
     >>> [f.where for f in optimizer_tensors_not_in_model(TrainingSetup(model, opt))]
     ['optimizer[0] group 0']
     """
-    if not setup.models:
+    stale = stale_tensors(setup)
+    if not stale:
         return
-    same_shape: dict[tuple[int, ...], ParamInfo] | None = None  # built on the first stray only
+    same_shape = _twins_by_shape(setup)
     for oi, opt in enumerate(setup.optimizers):
         for gi, group in enumerate(opt.param_groups):
             tensors = group["params"]
-            strays = [(i, t) for i, t in enumerate(tensors) if setup.info(t) is None and t.grad is None]
+            strays = [(i, t) for i, t in enumerate(tensors) if id(t) in stale]
             if not strays:
                 continue
-            if same_shape is None:
-                same_shape = _twins_by_shape(setup)
             described = [f"params[{i}] ({dtype_name(t.dtype)}, {list(t.shape)}, {t.device}): "
                          f"{_hint(t, same_shape.get(tuple(t.shape)))}" for i, t in strays[:MAX_STRAYS]]
             more = f"; and {len(strays) - MAX_STRAYS} more" if len(strays) > MAX_STRAYS else ""
@@ -74,6 +80,37 @@ def optimizer_tensors_not_in_model(setup: TrainingSetup, rule: Rule) -> Iterator
                 f"{'; '.join(described)}{more}. Was the optimizer built before .to()/.half()/wrapping or re-creating "
                 "the model? It steps these stale tensors, and the model parameters they stand for are never updated.",
             )
+
+
+def stale_tensors(setup: TrainingSetup) -> set[int]:
+    """Return the ids of the optimizer tensors that stand for model parameters without being them (see the module's
+    docstring): no model owns them, they have no ``.grad``, and they are not free-standing.
+
+    >>> model = torch.nn.Linear(2, 2)
+    >>> scale = torch.nn.Parameter(torch.ones(()))   # a logit scale kept outside the model
+    >>> stale_tensors(TrainingSetup(model, torch.optim.SGD([*model.parameters(), scale], lr=0.1)))
+    set()
+    >>> stale = torch.nn.Linear(2, 2)   # the model the optimizer was built over, since re-created
+    >>> len(stale_tensors(TrainingSetup(model, torch.optim.SGD(stale.parameters(), lr=0.1))))
+    2
+    """
+    if not setup.models:
+        return set()
+    held = [[t for group in opt.param_groups for t in group["params"]] for opt in setup.optimizers]
+    in_optimizer = {id(t) for tensors in held for t in tensors}
+    holds_model = [any(setup.info(t) is not None for t in tensors) for tensors in held]
+    missing = [p for p in setup.trainable() if id(p.param) not in in_optimizer]
+    shapes = {p.shape for p in missing}
+    sizes = {p.param.numel() for p in missing} | {sum(p.param.numel() for p in missing)}
+    stale = set()
+    for tensors, own in zip(held, holds_model):
+        # built over other tensors only: another model's, or an earlier one's that the model's own replaced
+        whole = not own and (bool(missing) or not any(holds_model))
+        for t in tensors:
+            if setup.info(t) is None and t.grad is None and (
+                    whole or tuple(t.shape) in shapes or (t.dim() == 1 and missing and t.numel() in sizes)):
+                stale.add(id(t))
+    return stale
 
 
 def _twins_by_shape(setup: TrainingSetup) -> dict[tuple[int, ...], ParamInfo]:
@@ -107,7 +144,7 @@ def params_missing_from_optimizer(setup: TrainingSetup, rule: Rule) -> Iterator[
         return
     if len(missing) == len(trainable):
         # AMP301 names the optimizers' stale tensors when there are any: point to it only then
-        if any(setup.info(t) is None and t.grad is None for t in held):
+        if stale_tensors(setup):
             built = "over other tensors (see AMP301) or another model."
         elif held:
             built = ("over frozen parameters of the model (requires_grad=False) only: build them over the "
