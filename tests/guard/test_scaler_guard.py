@@ -172,6 +172,34 @@ def test_explicit_unscale_then_step_without_grads_is_amp406():
     assert "not used in the forward pass" in findings[0].detail
 
 
+@pytest.mark.parametrize("unscale", [False, True])
+def test_gradients_zeroed_between_backward_and_step_are_amp612_not_amp406(unscale: bool):
+    # the backward reached every parameter; zero_grad() set the gradients to None before the step used them: not
+    # "unused in the forward pass" (AMP406), as it said
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0)).backward()
+        opt.zero_grad()
+        if unscale:
+            scaler.unscale_(opt)
+        with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer") as info:
+            scaler.step(opt)
+        explained = guard.explain(info.value)
+    assert [(f.code, f.where, f.step, f.severity.value) for f in explained] == \
+        [("AMP612", "optimizer[0] (SGD)", 0, "error")]
+    assert codes(guard.findings()) == ["AMP612"]
+
+
+def test_a_scaled_loss_never_backpropagated_is_still_amp406():
+    # scale() without .backward(): the gradients were never there, so no zero_grad() took them
+    model, opt, scaler, setup = parts()
+    with ScalerGuard(scaler, setup) as guard:
+        scaler.scale(loss_of(model, 0))
+        with pytest.raises(AssertionError, match="No inf checks") as info:
+            scaler.step(opt)
+    assert codes(guard.explain(info.value)) == ["AMP406"]
+
+
 def test_update_without_step_is_amp407():
     model, opt, scaler, setup = parts()
     with ScalerGuard(scaler, setup) as guard:
@@ -520,6 +548,73 @@ def test_an_optimizer_outside_the_scaled_loss_stepped_directly_is_not_amp412():
             scaler.step(opt_d)
             scaler.update()
             opt_g.zero_grad(), opt_d.zero_grad()
+    assert guard.findings() == []
+
+
+# ---- iterations that no update() ends: direct steps the scaler took no part in ------------------------------------
+
+def test_direct_steps_end_iterations_and_a_crash_is_explained_at_its_step():
+    # AMP412's loop never calls update(): every iteration used to be iteration 0, the crash's step too
+    model, opt, scaler, setup = parts(mlp().half())
+    with ScalerGuard(scaler, setup) as guard:
+        for i in range(3):
+            scaler.scale(loss_of(model, i)).backward()
+            opt.step()
+            opt.zero_grad()
+            assert guard.iteration == i + 1
+        scaler.scale(loss_of(model, 3)).backward()
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients") as raised:
+            scaler.step(opt)
+        assert {(f.code, f.step) for f in guard.explain(raised.value)} == {("AMP101", 3)}
+    [amp412] = [f for f in guard.findings() if f.code == "AMP412"]
+    assert amp412.step == 0 and "(seen in 3 iterations, 0 to 2)" in amp412.detail
+
+
+@pytest.mark.parametrize("shape", ["scaler unused", "two optimizers stepped directly", "update(new_scale)"])
+def test_each_iteration_the_scaler_takes_no_part_in_counts_once(shape: str):
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerGuard(scaler, TrainingSetup([disc, gen], [opt_d, opt_g], scaler)) as guard:
+        for i in range(4):
+            fake = gen(torch.randn(4, 4))
+            loss = disc(fake).pow(2).mean()
+            (scaler.scale(loss) if shape == "update(new_scale)" else loss).backward()
+            opt_d.step()
+            if shape == "two optimizers stepped directly":   # a GAN's generator, after its discriminator
+                opt_g.step()
+            if shape == "update(new_scale)":
+                scaler.update(2.0**10)
+            opt_g.zero_grad(), opt_d.zero_grad()
+            assert guard.iteration == i + 1
+    assert codes(guard.findings()) == (["AMP412"] if shape == "update(new_scale)" else [])
+
+
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_a_plain_optimizer_next_to_a_scaled_one_ends_no_iteration_of_its_own(plain_first: bool):
+    # the GAN loop above, the fp32 generator's step first: before the first update() it ends iteration 0, and the
+    # discriminator's update() that follows is part of it, not one more; last: after an update(), which ends them
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerGuard(scaler, TrainingSetup([disc, gen], [opt_d, opt_g], scaler)) as guard:
+        for i in range(3):
+            fake = gen(torch.randn(4, 4))
+            if plain_first:
+                fake.pow(2).mean().backward(retain_graph=True)   # fp32, unscaled
+                opt_g.step()
+            with torch.autocast("cpu", dtype=torch.float16):
+                d_loss = disc(fake.detach()).float().pow(2).mean()
+            scaler.scale(d_loss).backward()
+            scaler.step(opt_d)
+            scaler.update()
+            if not plain_first:
+                fake.pow(2).mean().backward()
+                opt_g.step()
+            opt_g.zero_grad(), opt_d.zero_grad()
+            assert guard.iteration == i + 1
     assert guard.findings() == []
 
 

@@ -63,8 +63,8 @@ def fp16_steps(model: nn.Module, opt, scaler, steps: int, factor: float = 1.0) -
 def test_a_hand_written_scaler_skipping_most_iterations_is_an_error_naming_the_count(tmp_path):
     report, text = run_cli(tmp_path, "hand_loss_scaler.py", "broken")
     [f] = findings(report, "AMP612")
-    assert f["severity"] == "error" and "8 of 10 backward calls had their gradients dropped" in f["detail"]
-    assert "hand-written loss scaler" in f["detail"] and "stepped 2 time(s)" in f["detail"]
+    assert f["severity"] == "error" and f["detail"].startswith("8 of 10 backward calls had gradients that no")
+    assert "hand-written loss scaler" in f["detail"] and "stepped 2 times" in f["detail"]
     assert "no mixed-precision problems found" not in text and report["ok"] is False
 
 
@@ -72,6 +72,23 @@ def test_a_correct_hand_written_scaler_with_a_few_calibration_skips_is_quiet(tmp
     report, text = run_cli(tmp_path, "hand_loss_scaler.py", "healthy")
     assert report["findings"] == []
     assert "ampdoctor: no mixed-precision problems found in 38 steps: 2 of 40 backward calls skipped" in text
+
+
+def test_a_hand_written_scaler_that_skips_every_iteration_counts_the_last_one_too():
+    # docs/rules/examples/AMP612.py: 10 iterations, each skipped; it said "9 of 10 ... dropped" as the last
+    # iteration's gradients, left unused when the loop ended, were not counted
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, every=1) as w:
+        for _ in range(10):
+            opt.zero_grad()
+            (model(torch.randn(8, 16)).pow(2).mean() * 2.0**24).backward()
+            # the scaler's overflow check fails every time: no opt.step()
+    loss = w.summary_data()["loss"]
+    assert (loss["backwards"], loss["dropped"], loss["unstepped"], loss["steps_ended"]) == (10, 9, 1, 0)
+    [f] = [f for f in w.findings() if f.code == "AMP612"]
+    assert f.severity.value == "error" and f.detail.startswith("10 of 10 backward calls")
+    assert "the last one had no step after it" in f.detail and "stepped 0 times" in f.detail
 
 
 def test_a_run_whose_every_step_was_skipped_is_an_error_and_no_all_clear():
@@ -91,6 +108,29 @@ def test_a_second_model_optimizer_and_scaler_built_later_are_watched(tmp_path):
     assert [s["steps"] for s in report["watch"]["stages"]] == [5]   # stage 1, then the resumed stage
     assert report["watch"]["steps"] >= 9   # the watch moved to the resumed stage after its STAGE_AFTER-th step
     assert findings(report, "AMP612") and findings(report, "AMP612")[0]["severity"] == "error"
+
+
+# fp16 with a GradScaler and None gradients raises in scaler.step(): tests/guard/test_scaler_guard.py explains it
+@pytest.mark.parametrize(("amp", "set_to_none", "owner"),
+                         [(False, True, "opt"), (False, False, "opt"), (True, False, "opt"), (False, True, "model")])
+def test_zero_grad_between_backward_and_step_is_amp612_alone(amp: bool, set_to_none: bool, owner: str):
+    # every step finds its gradients gone (None) or zeroed: it was AMP617 "never receive a gradient" (None), or
+    # nothing at all (zeroed)
+    model, scaler = mlp(), torch.amp.GradScaler("cpu", enabled=amp)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x = torch.randn(8, 16)
+    with watch(model, opt, scaler if amp else None, every=1) as w:
+        for _ in range(12):
+            with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            (opt if owner == "opt" else model).zero_grad(set_to_none=set_to_none)   # wrong place: before the step
+            scaler.step(opt)
+            scaler.update()
+    assert [(f.code, f.where, f.severity.value) for f in w.findings()] == [("AMP612", "training loop", "error")]
+    loss, verified = w.summary_data()["loss"], w.summary_data()["verified"]
+    assert (loss["dropped"], loss["zeroed_before_step"], loss["steps_ended"]) == (12, 12, 12)
+    assert "loss finite and bit-identical on 12 sampled steps" in verified["measured"]   # not "changing"
 
 
 def test_no_lost_updates_are_counted_on_steps_whose_learning_rate_is_0():
@@ -282,6 +322,19 @@ def test_the_all_clear_says_what_was_verified_and_the_json_carries_it():
             "weights moved on 12 of 12 sampled steps and stayed finite; loss finite and changing on 12 sampled "
             "steps; gradients reached 4 of 4 trainable parameters; 8 steps not sampled") in text
     assert w.summary_data()["verified"]["ok"] is True and w.summary_data()["verified"]["not_measured"] == []
+
+
+def test_the_all_clear_counts_only_the_steps_the_grad_scaler_took():
+    # a GradScaler created and never used: the 5 steps were not its to update or skip
+    model, scaler = mlp(), torch.amp.GradScaler("cpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with watch(model, opt, scaler, every=1) as w:
+        for _ in range(5):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert "no mixed-precision problems found in 5 steps: weights moved on 5 of 5 sampled steps" in text_of(w)
+    assert not any("GradScaler" in m for m in w.summary_data()["verified"]["measured"])
 
 
 def test_an_unmeasured_loss_is_no_all_clear():

@@ -531,6 +531,8 @@ def test_gradients_are_read_inside_a_closure_step_and_training_is_unchanged() ->
     assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), watched.parameters()))
     assert w.sampled_steps == 3 and sorted(w.last_grads) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert all(s["l2"] > 0 for s in w.last_grads.values())
+    # opt.step(closure) passes it positionally: read when it returns, at step 0 too (no gradient exists before it)
+    assert [step for step, _ in w.norm_history] == [0, 1, 2]
 
 
 def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
@@ -544,6 +546,101 @@ def test_a_lightning_bf16_run_records_gradients(tmp_path) -> None:
     watch_data = json.loads((tmp_path / "r.json").read_text())["watch"]
     assert watch_data["sampled_steps"] == 10 and watch_data["host_syncs"] >= 9  # the first: attached mid-step
     assert watch_data["gradients"]["params"]   # Lightning steps with a closure: read when it returns
+
+
+# ---- where a step ends with a GradScaler in the loop -------------------------------------------------------------
+SHAPES = ("canonical", "canonical, fused", "direct", "direct, update(new_scale)", "unscale_, direct, update",
+          "scaler unused")
+
+
+def _scaler_loop(shape: str, steps: int = 4, lr: float = 1e-6, **watch_kw) -> Watch:
+    """Train a small MLP with a GradScaler ``steps`` times, the loop ``shape`` (``direct``: ``opt.step()`` after
+    ``scaler.scale(loss).backward()``, AMP412); return its (detached) watch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True) if "fused" in shape else \
+        torch.optim.SGD(model.parameters(), lr=lr)
+    sc = torch.amp.GradScaler("cpu")
+    w = watch(model, opt, sc, **watch_kw)
+    x, y = torch.randn(32, 16), torch.randn(32, 1)
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16, enabled=shape != "scaler unused"):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        opt.zero_grad()
+        (loss if shape == "scaler unused" else sc.scale(loss)).backward()
+        if shape.startswith("canonical"):
+            sc.step(opt)   # fused: the optimizer unscales in its kernel, its stage is READY inside the step
+        elif shape == "unscale_, direct, update":
+            sc.unscale_(opt)
+            opt.step()
+        else:
+            opt.step()
+        if shape.startswith("canonical") or shape == "unscale_, direct, update":
+            sc.update()
+        elif shape == "direct, update(new_scale)":
+            sc.update(2.0**10)
+    w.detach()
+    return w
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_iteration_ends_one_step_whatever_the_scaler_does(shape: str, tmp_path) -> None:
+    # a scaler never updated (AMP412's loop, one never used) used to leave every step at 0; one that steps or
+    # unscales the optimizer ends the step at update(), after the optimizer's post-hook: once, with its scale
+    w = _scaler_loop(shape, every=1, log_dir=str(tmp_path))
+    loss = w.summary_data()["loss"]
+    assert (w.steps, w.sampled_steps, loss["steps_ended"], loss["dropped"]) == (4, 4, 4, 0)
+    assert "AMP612" not in [f.code for f in w.findings()]
+    from ampdoctor.monitor.recorder import read_log
+
+    lines = [r for r in read_log(tmp_path)[1] if r["type"] == "step"]
+    assert [r["step"] for r in lines] == [0, 1, 2, 3]
+    if shape.startswith("canonical") or shape.startswith("unscale_"):
+        assert [r["scale"]["steps"] for r in lines] == [[k, k + 1] for k in range(4)]
+
+
+def test_a_scaler_never_used_is_watched_as_a_loop_without_one() -> None:
+    w = _scaler_loop("scaler unused", steps=6, lr=1e-2, every=1)
+    summary = w.summary_data()
+    assert summary["gradients"]["arrival"]["reads"] == 6 and not summary["gradients"]["arrival"]["without"]
+    assert w.findings() == [] and summary["verified"]["ok"]
+
+
+def test_findings_of_direct_steps_name_their_real_steps(tmp_path) -> None:
+    # docs/rules/examples/AMP412.py: the update is 65536x too large, the weights are NaN after step 1, the forward
+    # of step 2 is NaN; it used to say step -1 and step 0
+    w = _scaler_loop("direct", steps=3, lr=1e-3, log_dir=str(tmp_path))
+    found = {f.code: f.step for f in w.findings()}
+    assert found["AMP616"] == 1 and found["AMP601"] == 2
+    from ampdoctor.monitor.recorder import read_log
+
+    assert [r["step"] for r in read_log(tmp_path)[1] if r["type"] == "step"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("plain_first", [True, False])
+@pytest.mark.parametrize("follow", ["plain", "scaled"])
+def test_a_plain_optimizer_next_to_a_scaled_one_ends_one_step_an_iteration(plain_first: bool, follow: str) -> None:
+    # a GAN's fp32 generator stepped directly, its fp16 discriminator through the scaler: update() ends the steps
+    torch.manual_seed(0)
+    gen, disc = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.01), torch.optim.SGD(disc.parameters(), lr=0.01)
+    sc = torch.amp.GradScaler("cpu")
+    w = watch(*((gen, opt_g) if follow == "plain" else (disc, opt_d)), sc, every=1)
+    for _ in range(4):
+        fake = gen(torch.randn(4, 4))
+        if plain_first:
+            fake.pow(2).mean().backward(retain_graph=True)
+            opt_g.step()
+        with torch.autocast("cpu", dtype=torch.float16):
+            sc.scale(disc(fake.detach()).float().pow(2).mean()).backward()
+        sc.step(opt_d)
+        sc.update()
+        if not plain_first:
+            fake.pow(2).mean().backward()
+            opt_g.step()
+        opt_g.zero_grad(), opt_d.zero_grad()
+    w.detach()
+    assert w.steps == 4 and w.summary_data()["scale"]["steps"] == 4
 
 
 # ---- the look at activations during the dense start----------------------------------------------------------------

@@ -28,6 +28,9 @@ __all__ = ["Family", "GuardHistory", "closest_family", "explain", "explain_excep
 
 _STATE_MACHINE = {"AMP401", "AMP402", "AMP403", "AMP404", "AMP405", "AMP406", "AMP407"}
 _SAME_TEXT = {"AMP401": "AMP402", "AMP402": "AMP401"}   # one torch message, two causes
+# a guard finding that explains another rule's torch message: "No inf checks were recorded for this optimizer"
+# after the loop's own zero_grad() between backward and step set the gradients to None (AMP612's cause)
+_EXPLAINS = {"AMP612": "AMP406"}
 
 
 class GuardHistory(Protocol):
@@ -171,9 +174,10 @@ def _from_guard(guard: GuardHistory, codes: set[str]) -> tuple[list[Finding], se
     findings: list[Finding] = []
     handled: set[str] = set()
     for f in guard.crash_findings():
-        if f.code in codes and f.code in _STATE_MACHINE:
+        code = _EXPLAINS.get(f.code, f.code)
+        if code in codes and code in _STATE_MACHINE:
             findings.append(f)
-            handled |= {f.code, _SAME_TEXT.get(f.code, f.code)}
+            handled |= {code, _SAME_TEXT.get(code, code)}
     return findings, handled
 
 

@@ -21,7 +21,7 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
-from ampdoctor.explanations.naming import with_scaler
+from ampdoctor.explanations.naming import optimizer_label, with_scaler
 from ampdoctor.guard.history import Call, Iteration, grads_reset
 
 _Pending = tuple[Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
@@ -44,19 +44,34 @@ SCHEDULE_LR_DRIFT = 2.0
 _MULTIPLICATIVE = ("StepLR", "MultiStepLR", "ExponentialLR", "MultiplicativeLR")
 
 
-def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int) -> list[Finding]:
-    """Return the findings of a ``step``/``unscale_`` that raised with none predicted: missing or fp16 gradients."""
+def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int, reset: bool = False) -> list[Finding]:
+    """Return the findings of a ``step``/``unscale_`` that raised with none predicted: missing or fp16 gradients.
+    ``reset``: a backward of a loss scaled in this iteration reached the optimizer's parameters."""
     opt = call.optimizer
     if opt is None or call.kind not in ("step", "unscale_"):
         return []
     where = stage(scaler, opt)
     if call.kind == "step" and where is OptState.UNSCALED and not optimizer_found_inf(scaler, opt):
-        return no_grad_findings(opt, setup, step)
+        return missing_grads(opt, setup, step, reset)
     if where is OptState.READY:   # raised inside _unscale_grads_
         if any(getattr(p, "grad", None) is not None and p.grad.dtype == torch.float16
                for g in opt.param_groups for p in g["params"]):
             return fp16_culprits(with_scaler(setup, scaler), opt, step=step)
     return []
+
+
+def missing_grads(optimizer: Any, setup: TrainingSetup, step: int, reset: bool) -> list[Finding]:
+    """Say why ``optimizer``'s parameters have no gradient at its ``scaler.step()`` ("No inf checks were recorded
+    for this optimizer"). ``reset``: a backward of this iteration's scaled loss reached them, so they were set to
+    None after it (AMP612: zero_grad() between backward and step); else what AMP406 knows (frozen, unused, ...)."""
+    if not reset:
+        return no_grad_findings(optimizer, setup, step)
+    label = optimizer_label(optimizer, setup)
+    return [get_rule("AMP612").finding(
+        label, f"scaler.scale(loss).backward() reached the parameters of {label} in this iteration, yet none had a "
+        f"gradient at scaler.step({label}) ('No inf checks were recorded for this optimizer'): they were set to "
+        "None in between, by a zero_grad() between backward() and step(); zero the gradients after the step (or "
+        "before the forward)", step, severity=Severity.ERROR)]
 
 
 def no_scale(method: str, label: str, site: str, step: int) -> Finding:

@@ -36,7 +36,7 @@ class Call:
 
 @dataclass(eq=False)
 class Iteration:
-    """Everything observed between two ``update()`` calls."""
+    """Everything observed between two ``update()`` calls (or direct optimizer steps, see ``ScalerGuard.iteration``)."""
 
     index: int
     scale_calls: int = 0
@@ -46,6 +46,7 @@ class Iteration:
     scheduler_steps: list[tuple[int, str, str]] = field(default_factory=list)   # (id(opt), class, site)
     found_inf: dict[int, list[torch.Tensor]] | None = None   # per optimizer, captured before update()
     last_clip: tuple[int, torch.Tensor] | None = None          # (call number, returned norm)
+    backward: bool = False   # a backward of a loss scaled in this iteration ran
     flagged: set[str] = field(default_factory=set)
 
 

@@ -10,6 +10,7 @@ decisions: `.checks`; clips: `.clipping`.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import deque
 from typing import Any
 
@@ -34,7 +35,6 @@ from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
-from ampdoctor.explanations.culprits import no_grad_findings
 from ampdoctor.guard.checks import (
     ScheduleDrift,
     SkipTally,
@@ -42,6 +42,7 @@ from ampdoctor.guard.checks import (
     infer_failure,
     keep_found_inf,
     loss_reaches,
+    missing_grads,
     no_scale,
     resume_finding,
     scheduler_classes,
@@ -107,6 +108,11 @@ class ScalerGuard:
         self._scaler_steps = 0                              # scaler.step() calls, to tell a wrapper's step
         self._direct: dict[int, tuple[int, str]] = {}       # AMP412 candidates: id(opt) -> (scaler steps, site)
         self._reached: dict[int, bool] = {}                 # AMP412: does a scaled loss reach this optimizer
+        self._entered: dict[int, tuple[int, Iteration]] = {}   # id(opt) -> (scaler steps, iteration) at its step
+        self._updated = False            # update() returned once: from then on it alone ends an iteration
+        self._closed_directly = False    # an iteration ended at a direct optimizer step since the last update()
+        self._lead: weakref.ref | None = None   # the optimizer whose direct steps end iterations
+        self._others: set[int] = set()   # other optimizers stepped directly since the last such end
         self._roots: list[Any] = []   # the graph roots of this iteration's last scaled losses (nodes; saved tensors
         #                               are freed by their backward), until update()
 
@@ -183,7 +189,8 @@ class ScalerGuard:
     # ---- results --------------------------------------------------------------------------------------------
     @property
     def iteration(self) -> int:
-        """The number of ``update()`` calls seen so far."""
+        """The number of iterations ended so far: ``update()`` calls, and before the first of them, direct
+        optimizer steps the scaler took no part in."""
         return getattr(self._cur, "index", 0)
 
     @property
@@ -277,7 +284,8 @@ class ScalerGuard:
         call = self._stack[0]
         self._stack.clear()
         self._expect_implicit = None
-        found = call.predicted or infer_failure(self.scaler, self.setup, call, self._cur.index)
+        found = call.predicted or infer_failure(self.scaler, self.setup, call, self._cur.index,
+                                                self._reset_after_backward(call))
         for f in found:
             self._record(f)
         self._crash = found
@@ -314,12 +322,14 @@ class ScalerGuard:
         if not self._live() or not self._stack:
             return
         call = self._stack.pop()
-        if call.autocast is not None and isinstance(result, torch.Tensor) and result.requires_grad:
+        if isinstance(result, torch.Tensor) and result.requires_grad:
             # runs as backward starts, where the caller's autocast state is seen (the engine carries it)
-            result.register_hook(functools.partial(self._scaled_backward, *call.autocast))
+            result.register_hook(functools.partial(self._scaled_backward, self._cur, call.autocast))
 
-    def _scaled_backward(self, device: str, scale_site: str, grad: Any) -> None:
-        self._forward(self._check_backward_autocast, device, scale_site)
+    def _scaled_backward(self, iteration: Iteration, autocast: tuple[str, str] | None, grad: Any) -> None:
+        iteration.backward = True
+        if autocast is not None:
+            self._forward(self._check_backward_autocast, *autocast)
 
     def _check_backward_autocast(self, device: str, scale_site: str) -> None:
         """AMP413: the backward of a scaled loss started while autocast was enabled for its device."""
@@ -395,8 +405,15 @@ class ScalerGuard:
                 if not fused:
                     self._expect_implicit = id(optimizer)
             elif not fused and optimizer_found_inf(self.scaler, optimizer) == []:   # unscale_ saw no gradients
-                call.predicted = no_grad_findings(optimizer, self.setup, cur.index)
+                call.predicted = missing_grads(optimizer, self.setup, cur.index, self._reset_after_backward(call))
         self._stack.append(call)
+
+    def _reset_after_backward(self, call: Call) -> bool:
+        """Whether a backward of a loss scaled in this iteration reached ``call``'s optimizer's parameters: when
+        they have no gradient at its step, something reset them in between (zero_grad() between backward and
+        step: AMP612, not AMP406)."""
+        return call.optimizer is not None and self._cur.backward and \
+            loss_reaches(self._roots, call.optimizer) is True
 
     def _after_step(self, result: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if not self._live():
@@ -430,12 +447,20 @@ class ScalerGuard:
             return
         if self._stack:
             self._stack.pop()
-        self._history.append(self._cur)
-        self._cur = Iteration(self._cur.index + 1)
-        self._roots = []
-        self._window_complete = True
+        cur, closed, self._closed_directly, self._updated = self._cur, self._closed_directly, False, True
+        lead = self._lead() if self._lead is not None else None
+        # the lead's direct step ended this iteration already, and the scaler did not step it: this update() is
+        # part of that iteration (update(new_scale) after AMP412's step; a GAN's scaled half after its fp32 one)
+        same = closed and lead is not None and id(lead) not in cur.stepped and id(lead) not in cur.unscaled
+        self._close_iteration(advance=not same)
         if len(self._pending) >= _RESOLVE_EVERY:
             self._resolve()
+
+    def _close_iteration(self, advance: bool = True) -> None:
+        self._history.append(self._cur)
+        self._cur = Iteration(self._cur.index + int(advance))
+        self._roots = []
+        self._window_complete = True
 
     # ---- observers: the optimizers' own steps ----------------------------------------------------------------
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -447,6 +472,7 @@ class ScalerGuard:
     def _optimizer_step_started(self, optimizer: Any) -> None:
         if not self._live():
             return
+        self._entered[id(optimizer)] = (self._scaler_steps, self._cur)
         device = first_param_device(optimizer)
         if device is not None and autocast_on(device):
             label = self._label(optimizer)
@@ -460,10 +486,37 @@ class ScalerGuard:
             self._direct[id(optimizer)] = (self._scaler_steps, user_call_site())
 
     def _optimizer_step_finished(self, optimizer: Any) -> None:
+        entered = self._entered.pop(id(optimizer), None)
+        if not self._live() or entered is None:
+            return
+        self._check_direct_step(optimizer)
+        cur = self._cur
+        if entered != (self._scaler_steps, cur) or self._updated or cur.stepped or cur.unscaled \
+                or any(c.kind == "step" for c in self._stack):
+            return   # the scaler takes part: update() ends the iteration
+        if cur.scale_calls and not self._scaled_by_loss(optimizer):
+            return   # the loss scaled in this iteration trains another optimizer (a GAN's): its update() ends it
+        self._end_direct_iteration(optimizer)
+
+    def _end_direct_iteration(self, optimizer: Any) -> None:
+        """End the iteration at a step the scaler took no part in (no ``scaler.step()``, ``unscale_()`` or
+        ``update()`` in this iteration, none inside the step; a loss scaled in it reached this optimizer), before
+        the scaler's first ``update()``: AMP412's loop, or a scaler never used, calls none, and the iterations must
+        still count (the steps of a crash explanation, as the watch's). One optimizer's steps end them (the first
+        to step so, held weakly); another takes over when it steps twice in one of them (a new stage's)."""
+        lead = self._lead() if self._lead is not None else None
+        if lead is not None and lead is not optimizer and id(optimizer) not in self._others:
+            self._others.add(id(optimizer))   # a second optimizer of the same iteration (a GAN's)
+            return
+        self._lead, self._others = weakref.ref(optimizer), set()
+        self._closed_directly = True
+        self._close_iteration()
+
+    def _check_direct_step(self, optimizer: Any) -> None:
         """AMP412: a step outside scaler.step() on gradients a scaled loss produced (no scaler.step() inside it:
         a wrapper whose step calls scaler.step() is the right way)."""
         started = self._direct.pop(id(optimizer), None)
-        if not self._live() or started is None or started[0] != self._scaler_steps:
+        if started is None or started[0] != self._scaler_steps:
             return
         if not self._scaled_by_loss(optimizer):
             return

@@ -8,12 +8,19 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
   loss scaler multiplied it by (``loss * 2**lg_loss_scale``, read from the graph node); the step's last
   one is the step line's loss.
 * **dropped iterations**: a probe parameter (the first watched one that had a gradient) tells whether a backward
-  reached the watched parameters (its ``.grad`` changed). When the next backward starts and no optimizer step
-  ended in between, a probe gradient that was reset (``zero_grad()``: set to None, replaced, or zeroed in place)
-  means the earlier backward's gradients were thrown away unused: a skipped step of a hand-written loss scaler,
-  or a loop that zeroes before it steps. Gradient accumulation leaves the gradient alone and is not counted. A
-  reset seen on the host (None, a new tensor) is counted at once; a gradient changed in place is checked for
-  all-zero on the device and read at the next sampled step, so no step syncs.
+  reached the watched parameters (its ``.grad`` changed). Gradients a backward wrote are dropped when they are
+  reset before an optimizer step used them. ``Optimizer.zero_grad`` and ``Module.zero_grad`` are observed
+  (pass-through, process-wide like ``torch.autograd.backward``): the watched optimizer's or model's, when it
+  changes the probe's gradient (set to None or zeroed in place) after a backward and outside a step, discards
+  them (a layer's own zero_grad() may only freeze that layer). When the optimizer step follows, it
+  had no gradient to use: zero_grad() between backward() and step() (``zeroed_before_step``); when the next
+  backward follows, the iteration was skipped (a hand-written loss scaler). A reset by other means is seen when
+  the next backward starts with no step in between: on the host (None, a new tensor), or, changed in place,
+  checked for all-zero on the device and read at the next sampled step, so no step syncs (a gradient set to None
+  before a step proves nothing: engines move it out themselves, ZeRO into its partitions). Gradient accumulation
+  leaves the gradient alone and is not counted; the backward calls of a ``step(closure)`` (LBFGS evaluates it
+  several times) are the step's own. The backward calls since the last step, with no step after them yet, are
+  ``unstepped``: the loop ended (or crashed) before a step used them.
 
 * **every loss, when asked** (``count_every_loss``): where the run's log leaves inf/NaN losses out (the transformers
   Trainer's ``logging_nan_inf_filter``), every loss given to backward, sampled or not, is checked for inf/NaN on the
@@ -48,11 +55,14 @@ class BackwardMonitor:
         params: the watched parameters (the probe is the first of them with a gradient).
         scaler: the run's GradScaler, if any: a loss it scaled is divided by its scale.
         on_error: called with an exception raised in an observer (the user's backward still runs).
+        owners: the watched optimizer (and its wrappers) and model: their ``zero_grad()`` resets every watched
+            gradient. Another's (a layer's, to freeze it) may reset the probe's alone: it is not counted.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], scaler: Any = None,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
+                 on_error: Callable[[BaseException], None] | None = None, owners: Sequence[Any] = ()) -> None:
         self._params = [p for p in params if p.requires_grad]
+        self._owners = list(owners)
         self._scaler = scaler
         self.on_error = on_error
         self.sampling = False
@@ -62,6 +72,10 @@ class BackwardMonitor:
         self._mark: tuple[int, int] | None = None    # the probe's gradient (id, version) after the last backward
         self._entering: tuple[int, int] | None = None  # ... when the backward under way started
         self._unstepped = 0      # backward calls that reached the probe since the last step ended
+        self._discarded = 0      # of those, the ones a zero_grad() reset since the last backward: not counted yet
+        self._in_step = False    # an optimizer step is under way (a step(closure)'s backward calls are its own)
+        self._zero_state: tuple[int, int] | None = None   # the probe's gradient as the last zero_grad() started
+        self.step_discarded = False   # the step under way found the gradients of its backward calls reset
         self._scaled: tuple[int, torch.Tensor] | None = None   # id of scaler.scale's last output, and its scale
         self._value: torch.Tensor | None = None      # the sampled step's last loss, on the device
         self._zeroed: torch.Tensor | None = None     # [dropped, dropped before the first step]: in-place zeroing
@@ -69,6 +83,7 @@ class BackwardMonitor:
         self.backwards = 0       # every backward call seen
         self.dropped = 0         # of those, dropped (the device-counted ones are added at consume)
         self.dropped_early = 0   # dropped before the first step ended (calibration of a hand-written scaler)
+        self.zeroed_before_step = 0   # dropped by a zero_grad() between backward() and the step that followed
         self._since = 0          # backward calls since the last step line
         self._dropped_since = 0
         self._handed = (0, 0)    # (_since, _dropped_since) as pending() handed them over
@@ -83,6 +98,9 @@ class BackwardMonitor:
         if not self._handles and self._params:
             self._handles.append(observe(torch.autograd, "backward", before=self._before, after=self._after,
                                          on_error=self.on_error))
+            for owner in (torch.optim.Optimizer, torch.nn.Module):   # the classes: copies of a model stay plain
+                self._handles.append(observe(owner, "zero_grad", before=self._before_zero_grad,
+                                             after=self._after_zero_grad, on_error=self.on_error))
             if self._scaler is not None:
                 self._handles.append(observe(self._scaler, "scale", after=self._after_scale,
                                              on_error=self.on_error))
@@ -101,7 +119,7 @@ class BackwardMonitor:
                 handle.remove()
             except Exception:
                 pass
-        self._params, self._probe, self._scaler, self._scaled = [], None, None, None
+        self._params, self._probe, self._scaler, self._scaled, self._owners = [], None, None, None, []
 
     # ---- observers: host work, and one device op when a gradient was changed in place -------------------------
     def _after_scale(self, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -116,7 +134,11 @@ class BackwardMonitor:
             return
         self.backwards += 1
         self._since += 1
-        self._note_reset()
+        if not self._in_step:   # a step(closure)'s evaluations are the step's own
+            if self._discarded:   # zeroed, then another backward and no step: a skipped iteration
+                n, self._discarded = self._discarded, 0
+                self._count(n)
+            self._note_reset()
         self._entering = self._state()
         loss = tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else tensors
         if self.hidden_by is not None and isinstance(loss, torch.Tensor):
@@ -157,6 +179,34 @@ class BackwardMonitor:
             self._unstepped += 1
             self._mark = now
 
+    def _before_zero_grad(self, owner: Any, *args: Any, **kwargs: Any) -> None:
+        if not self.disabled and self._unstepped and not self._in_step and any(owner is o for o in self._owners):
+            self._zero_state = self._state()
+
+    def _after_zero_grad(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        """A zero_grad() that reset the probe's gradient after a backward, outside a step, discards that backward's
+        gradients (counted when the step or the next backward says which it was)."""
+        before, self._zero_state = self._zero_state, None
+        if self.disabled or before is None or not self._unstepped or self._state() == before:
+            return
+        self._discarded += self._unstepped
+        self._unstepped, self._mark = 0, None
+
+    def step_started(self) -> None:
+        """The watched optimizer's step starts (``scaler.step()`` or the optimizer's own): count the backward calls
+        whose gradients were reset before it, which it has none of to use (``step_discarded``)."""
+        if self.disabled or self._in_step:
+            return
+        self._in_step = True
+        # only a zero_grad() says so: engines move .grad out between backward and step themselves (ZeRO's
+        # partitions, Megatron's main_grad buffers), so a probe gradient that is None now proves nothing
+        n, self._discarded = self._discarded, 0
+        self.step_discarded = n > 0
+        if n:   # not a skipped iteration (no calibration): a step that had no gradient to use
+            self.dropped += n
+            self._dropped_since += n
+            self.zeroed_before_step += n
+
     def _state(self) -> tuple[int, int] | None:
         if self._probe is None:
             self._probe = next((p for p in self._params if p.grad is not None), None)
@@ -189,7 +239,9 @@ class BackwardMonitor:
     def step_ended(self) -> None:
         """An optimizer step (or a GradScaler's skipped one) ended: the gradients were used."""
         self.steps_ended += 1
-        self._unstepped, self._mark = 0, None
+        self._in_step = self.step_discarded = False
+        # a GradScaler's skipped step used them too: its decision (zero_grad() before update() is ordinary then)
+        self._discarded, self._unstepped, self._mark = 0, 0, None
 
     # ---- the owner's sync ------------------------------------------------------------------------------------
     def pending(self) -> dict[str, torch.Tensor]:
@@ -228,9 +280,12 @@ class BackwardMonitor:
         return loss_entry(loss[0], since, dropped)
 
     def summary(self) -> dict[str, Any]:
-        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it)."""
-        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped,
+        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it). ``unstepped``: the
+        backward calls since the last step, with no step after them (yet): the loop ended before one used them;
+        ``dropped`` includes those a zero_grad() discarded that no step or backward has followed yet."""
+        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped + self._discarded,
                                "dropped_early": self.dropped_early, "steps_ended": self.steps_ended,
+                               "zeroed_before_step": self.zeroed_before_step, "unstepped": self._unstepped,
                                "sampled": len(self.losses), "hand_scaled": self.hand_scaled}
         if self.losses:
             finite = [(s, v) for s, v in self.losses if math.isfinite(v)]

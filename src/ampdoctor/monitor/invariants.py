@@ -4,9 +4,10 @@ The rules name causes; these checks name effects, so a run that fails for a reas
 finding, and the all-clear says what was verified. Each reads the watch's summary (``Watch.summary_data``), whose
 numbers were measured on the device on sampled steps and read in the step's one host copy:
 
-* AMP612 progress: every step skipped; backward calls whose gradients were dropped with no optimizer step
-  (``monitor.backward``); sampled steps on which the optimizer moved none of the entries it had gradients for
-  (``monitor.updates``). Up to ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
+* AMP612 progress: every step skipped; backward calls whose gradients were dropped before an optimizer step
+  used them (``monitor.backward``: skipped iterations, zero_grad() between backward() and step()); sampled steps
+  on which the optimizer moved none of the entries it had gradients for (``monitor.updates``). Up to
+  ``CALIBRATION`` drops before the first step are a loss scaler calibrating.
 * AMP613/614/615 the loss given to backward: inf/NaN on a step that was not skipped (saying so where every module
   output of that step's forward was seen finite), bit-identical over ``FROZEN`` sampled steps while the weights
   moved, or ending ``DIVERGED``x above the lowest of its first quarter.
@@ -70,12 +71,26 @@ def _dropped(s: dict[str, Any]) -> Iterator[Finding]:
         return
     stepped = loss.get("steps_ended") or 0
     severity = Severity.ERROR if dropped > calls / 2 or not stepped else Severity.WARNING
-    why = ("the skipped steps of the hand-written loss scaler (loss x its own scale)"
-           if loss.get("hand_scaled") else "a skipped step of a hand-written loss scaler, or zero_grad() before step()")
-    detail = (f"{dropped} of {calls} backward calls had their gradients dropped with no optimizer step in between "
-              f"(zeroed or replaced before a step used them: {why}); the optimizer stepped {stepped} time(s)")
-    if loss.get("first") and loss.get("last"):
-        detail += f", while the loss went from {loss['first'][1]:.4g} to {loss['last'][1]:.4g}"
+    # the backward calls no step used: reset before the step that followed (zero_grad() between backward() and
+    # step()), reset before any step (a skipped iteration), and the last ones, with no step after them
+    zeroed = min(loss.get("zeroed_before_step") or 0, dropped)
+    skipped, last = dropped - zeroed, loss.get("unstepped") or 0
+    why = ("the skipped steps of the hand-written loss scaler: loss x its own scale" if loss.get("hand_scaled")
+           else "skipped iterations, e.g. of a hand-written loss scaler")
+    kinds = [(n, what) for n, what in (
+        (zeroed, "reset between backward() and the optimizer step that followed (zero_grad() before step()), "
+                 "which never saw them"),
+        (skipped, f"zeroed or replaced before a step used them ({why})")) if n]
+    said = [f"{n} {what}" for n, what in kinds]
+    if last:
+        said.append("the last one had no step after it" if last == 1 else f"the last {last} had no step after them")
+    body = kinds[0][1] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]   # one kind: all of them
+    detail = (f"{dropped + last} of {calls} backward calls had gradients that no optimizer step used: {body}; the "
+              f"optimizer stepped {stepped} time{'' if stepped == 1 else 's'}")
+    first, end = loss.get("first"), loss.get("last")
+    if first and end:
+        detail += (f", while the loss stayed at {end[1]:.4g}" if f"{first[1]:.4g}" == f"{end[1]:.4g}" else
+                   f", while the loss went from {first[1]:.4g} to {end[1]:.4g}")
     yield get_rule("AMP612").finding("training loop", detail, None, severity=severity)
 
 
@@ -204,9 +219,9 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
     loss, arrival = summary.get("loss") or {}, (summary.get("gradients") or {}).get("arrival") or {}
     measured: list[str] = []
     missing: list[str] = []
-    skipped = scale.get("skipped") or 0
-    if scale:
-        measured.append(f"{steps - skipped} updated, {skipped} skipped by the GradScaler")
+    skipped, scaler_steps = scale.get("skipped") or 0, scale.get("steps") or 0
+    if scaler_steps:   # its own count: steps it took no part in (a direct optimizer.step()) are not its
+        measured.append(f"{scaler_steps - skipped} updated, {skipped} skipped by the GradScaler")
     if loss.get("dropped"):
         measured.append(f"{loss['dropped']} of {loss.get('backwards')} backward calls skipped with no "
                         f"optimizer step")
@@ -217,7 +232,9 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
     else:
         missing.append("weight updates")
     if loss.get("sampled"):
-        measured.append(f"loss finite and changing on {loss['sampled']} sampled steps")
+        frozen = (loss.get("identical") or [0])[0] == loss["sampled"] > 1   # the same value on every one
+        measured.append(f"loss finite and {'bit-identical' if frozen else 'changing'} on {loss['sampled']} "
+                        "sampled steps")
     else:
         missing.append("the loss (no backward seen)")
     outside = arrival.get("outside") or 0

@@ -114,16 +114,18 @@ def param_owners(models: Sequence[nn.Module], params: Sequence[torch.Tensor]) ->
 def closure_calls_back(args: tuple, kwargs: dict, after: Callable[[], Any]) -> tuple[tuple, dict] | None:
     """Return ``(args, kwargs)`` of ``optimizer.step`` with its closure wrapped to call ``after()`` once it returns.
 
-    For an optimizer step pre-hook (which may return new arguments): ``step(closure)`` computes the gradients inside
-    the step, after the pre-hook. The wrapper returns the closure's own loss; nothing else changes. None when the
-    step has no closure.
+    For an optimizer step pre-hook (which may return new arguments; torch gives it the optimizer as ``args[0]``):
+    ``step(closure)`` computes the gradients inside the step, after the pre-hook. The wrapper returns the closure's
+    own loss; nothing else changes. None when the step has no closure.
 
-    >>> args, kwargs = closure_calls_back((lambda: 1.0,), {}, lambda: print("read"))
-    >>> args[0]()
+    >>> opt = torch.optim.LBFGS([torch.zeros(1, requires_grad=True)])
+    >>> args, kwargs = closure_calls_back((opt, lambda: 1.0), {}, lambda: print("read"))
+    >>> args[0] is opt, args[1]()
     read
-    1.0
+    (True, 1.0)
     """
-    closure = kwargs.get("closure", args[0] if args else None)
+    first = 1 if args and isinstance(args[0], torch.optim.Optimizer) else 0   # step(closure): after the optimizer
+    closure = kwargs.get("closure", args[first] if len(args) > first else None)
     if not callable(closure):
         return None
 
@@ -134,7 +136,7 @@ def closure_calls_back(args: tuple, kwargs: dict, after: Callable[[], Any]) -> t
 
     if "closure" in kwargs:
         return args, {**kwargs, "closure": closure_then_read}
-    return (closure_then_read, *args[1:]), kwargs
+    return (*args[:first], closure_then_read, *args[first + 1:]), kwargs
 
 
 _EMPTY_OPTIMIZER = "it held no tensors when the watch attached, so no gradient was read"

@@ -4,10 +4,10 @@ Where and when things are read. Gradients, lost updates and activations are look
 ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampling``); the loss scale on every step:
 
 * **Gradients**, on a sampled step, just before ``scaler.step(optimizer)`` (observed, pass-through) with an enabled
-  GradScaler, else in an optimizer step pre-hook (or when a ``step(closure)``'s closure returns). The grads are then
-  final (clipped, if the loop clips) and not yet consumed; the scaler's stage for this optimizer (or the
-  ``optimizer.grad_scale`` it sets for fused optimizers, which unscale ``.grad`` in place in their kernel) says
-  whether they still carry the loss scale.
+  GradScaler, else in an optimizer step pre-hook (or when a ``step(closure)``'s closure returns; also with a
+  GradScaler that never scaled a loss). The grads are then final (clipped, if the loop clips) and not yet
+  consumed; the scaler's stage for this optimizer (or the ``optimizer.grad_scale`` it sets for fused optimizers,
+  which unscale ``.grad`` in place in their kernel) says whether they still carry the loss scale.
 * **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
 * **Updates** around the optimizer step of a sampled step: lost to rounding, moved, weights finite
   (``UpdateMonitor``).
@@ -19,9 +19,11 @@ ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampli
 
 Wrapped optimizers (accelerate's, ``MasterWeights``, DeepSpeed's, stacked) are seen through: ``monitor.watched``. A step
 ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a DeepSpeed optimizer's ``step()``,
-which steps it once per group). A sampled step copies the monitors' device tensors to the host in one read (at once
-on CPU, after the next step on CUDA: ``monitor.host_sync``), the activation monitor's in one more (``host_syncs``
-counts every read: ``core.host_reads``); sharded gradients are merged over their ranks first (``monitor.reduction``).
+which steps it once per group; with one, also a direct ``optimizer.step()`` it took no part in before its first
+``update()``: AMP412's loop, or a scaler never used, calls none). A sampled step copies the monitors' device
+tensors to the host in one read (at once on CPU, after the next step on CUDA: ``monitor.host_sync``), the
+activation monitor's in one more (``host_syncs`` counts every read: ``core.host_reads``); sharded gradients are
+merged over their ranks first (``monitor.reduction``).
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -40,6 +42,7 @@ import torch
 from torch import nn
 
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
+from ampdoctor._torch.modules import delegate_of
 from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.environment import environment
@@ -168,7 +171,10 @@ class Watch:
         self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
                                      layouts=[param_layout(p, layouts) for p in params], padding=copies.padding)
         self._grads.unsummarised.update({} if params else {type(optimizer).__name__: copies.why_empty()})  # say why
-        self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler)
+        self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler, and direct steps)
+        self._through_scaler = False   # scaler.step() of the watched optimizer since the last update()
+        self._ended_directly = False   # a step ended at a direct optimizer.step() since the last update()
+        self._updated = False          # scaler.update() returned once: from then on it ends every step
         self.sampled_steps = 0
         self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
         # seconds spent computing statistics and closing steps (sync, record, log line), and in the forward hooks of
@@ -214,19 +220,25 @@ class Watch:
             self._lost.attach(opt)
             # the probe may be a model parameter the optimizer does not hold (a hand-written fp32 master copy)
             probes = [*self._params, *(self._model.parameters() if self._model is not None else ())]
-            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e)).attach()
+            owners = [*self._chain, self._model]   # whose zero_grad() resets the watched gradients
+            while owners[-1] is not None and len(owners) < len(self._chain) + 4:   # the model inside DDP, compile
+                owners.append(delegate_of(owners[-1]))
+            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e),
+                                             owners=owners).attach()
             if scaler is not None:
                 self._scale_monitor = ScaleMonitor(scaler, capacity=min(self.every, 1024),
                                                    on_error=lambda e: self._fail("scale", e)).attach()
                 # installed after ScaleMonitor's: ours wraps it, so the step ends after its observer ran
                 self._handles.append(observe(scaler, "step", before=self._before_scaler_step,
                                              on_error=lambda e: self._fail("gradients", e)))
-                self._handles.append(observe(scaler, "update", after=self._step_done,
+                self._handles.append(observe(scaler, "update", after=self._after_update,
                                              on_error=lambda e: self._fail("watch", e)))
-            else:  # an engine optimizer's groups are each read as stepped; the step ends with the engine's step()
-                end = opt.register_step_post_hook(self._step_done) if self._stepper is None else \
-                    observe(self._stepper, "step", after=self._step_done, on_error=lambda e: self._fail("watch", e))
-                self._handles += [opt.register_step_pre_hook(self._optimizer_pre_hook), end]
+            self._handles.append(opt.register_step_pre_hook(self._optimizer_pre_hook))
+            # an engine optimizer's groups are each read as stepped; the step ends with the engine's step(). With a
+            # scaler, only a step it takes no part in ends there (optimizer.step() called directly)
+            ended = self._step_done if scaler is None else self._after_direct_step
+            self._handles.append(opt.register_step_post_hook(ended) if self._stepper is None else
+                                 observe(self._stepper, "step", after=ended, on_error=lambda e: self._fail("watch", e)))
             self._guard("averages", self._attach_averages)
             # once per model: that its forward ran, and the model's forward's autocast dtype (the run's format)
             for k, model in enumerate(self._models):
@@ -325,13 +337,29 @@ class Watch:
 
     # ---- hooks ----------------------------------------------------------------------------------------------
     def _before_scaler_step(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        if not self._sampled_now or "gradients" in self._parts.off or not steps_through(optimizer, self._chain):
+        if not steps_through(optimizer, self._chain):
+            return
+        self._through_scaler = True   # this step ends at update(), not at the optimizer's post-hook
+        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
             return
         scaler = self._scaler  # its stage is kept for the object it is given, wrapper or not
         self._read_grads(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
 
+    def _discarded_now(self) -> bool:
+        """The step starts: tell the backward monitor; whether the gradients of its backward calls were reset
+        before it (zero_grad() between backward() and step()). Those are not read: what the step finds is not
+        what backward computed, and AMP612 says what happened."""
+        backward = self._backward
+        if backward is None:
+            return False
+        self._guard("loss", backward.step_started)
+        return backward.step_discarded
+
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if not self._sampled_now or "gradients" in self._parts.off:
+        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
+            return None
+        if self._scaler is not None and (self._through_scaler or live_scale(self._scaler) is not None):
+            # read in scaler.step(); or a direct step after scale(): whether its gradients carry the scale is unknown
             return None
         # A GradScaler we were not given sets grad_scale on a fused optimizer: its grads are still scaled.
         grad_scale = getattr(optimizer, "grad_scale", None)
@@ -363,8 +391,32 @@ class Watch:
         if self._sampled_now:  # other steps do no device work for it
             self._guard("gradients", lambda: self._grads.note_clip(total_norm, scaled))
 
+    def _after_update(self, *args: Any, **kwargs: Any) -> None:
+        """``scaler.update()`` returned: the end of the step, unless it ended already at a direct
+        ``optimizer.step()`` the scaler took no part in (``update(new_scale)`` after it: one step, not two)."""
+        through, self._through_scaler = self._through_scaler, False
+        ended, self._ended_directly = self._ended_directly, False
+        self._updated = True
+        if through or not ended:
+            self._step_done()
+
+    def _after_direct_step(self, *args: Any, **kwargs: Any) -> None:
+        """With a GradScaler, the optimizer's post-hook. Until the scaler's first ``update()``, a step it took no
+        part in (``optimizer.step()`` called directly, no ``scaler.step()`` or ``unscale_()`` of it since) ends
+        here: AMP412's loop, or a scaler never used, calls no ``update()``. Once ``update()`` runs, it ends every
+        step, as the ``ScaleMonitor``'s and the guard's steps do (a second optimizer stepped without the scaler)."""
+        if self._updated:
+            return
+        took_part = call_safely(lambda: self._through_scaler or any(
+            stage(self._scaler, o) is not OptState.READY for o in self._chain), on_error=lambda e: self._fail(
+            "watch", e))
+        if took_part is False:   # None: the check failed; the step is left to update()
+            self._ended_directly = True
+            self._step_done()
+
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
-        """The end of a step: ``scaler.update()`` returned, or (without a scaler) the optimizer step post-hook."""
+        """The end of a step: ``scaler.update()`` returned, or the optimizer step post-hook (without a scaler, or a
+        step the scaler took no part in)."""
         if "watch" in self._parts.off:
             if self._sampled_now and self._grads.reduces:  # the other ranks' collectives still need this one
                 call_safely(self._grads.finish)
