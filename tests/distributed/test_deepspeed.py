@@ -61,7 +61,7 @@ def test_amp212_says_what_the_bf16_config_says_training_is_unchanged_and_fix_ref
     assert [f["code"] for f in report["findings"]] == ["AMP212"]
     detail = report["findings"][0]["detail"]
     for said in ("DeepSpeed", "bf16 enabled", "ZeRO stage 2", "AdamW", "bf16 needs no loss scale",
-                 "6 model parameter(s)"):
+                 "6 model parameters"):
         assert said in detail, detail
     for unsaid in ("dynamic loss scale", "current loss scale", "OVERFLOW"):   # bf16 scales no loss
         assert unsaid not in detail, detail
@@ -114,7 +114,7 @@ def test_zero2_on_two_ranks_merges_the_partitions_into_one_process_numbers(zero2
 def test_zero3_is_one_engine_and_the_watch_says_it_read_no_gradient(tmp_path):
     out, report = _single(tmp_path, "--stage", "3", ampdoctor=[])
     assert [(f["code"], f["where"]) for f in report["findings"]] == [("AMP212", "DeepSpeedEngine")]
-    assert "6 model parameter(s)" in report["findings"][0]["detail"]
+    assert "6 model parameters" in report["findings"][0]["detail"]
     left = report["watch"]["gradients"]["unsummarised"]
     assert list(left) == ["AdamW"] and "ZeRO stage 3" in left["AdamW"]
     assert "left out of the gradient statistics (1): AdamW" in out

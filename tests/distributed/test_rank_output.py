@@ -114,7 +114,7 @@ def test_a_killed_rank_leaves_readable_logs_that_report_renders(tmp_path: Path, 
     assert header0["rank"] == 0 and len(records0) >= 6
     assert main(["report", str(logs)]) == 0
     shown = capsys.readouterr().out
-    assert "rank 1: 6 sampled step(s), last sampled step 5; no end line" in " ".join(shown.split())
+    assert "rank 1: 6 sampled steps, last sampled step 5; no end line" in " ".join(shown.split())
     assert "findings: all 2 ranks" in shown
 
 

@@ -82,12 +82,12 @@ def test_amp208_fires_for_fsdp_fp16_compute_with_nothing_to_scale_the_loss(two_r
     for case in ("fsdp1_fp16_no_scaler", "fsdp1_fp16_disabled_scaler", "fsdp2_fp16_no_scaler"):
         assert _codes(two_ranks, case) == [[("AMP208", "warning")]] * 2, case
     fsdp1 = two_ranks[0]["fsdp1_fp16_no_scaler"][0][2]
-    assert fsdp1.startswith("1 FSDP unit(s) compute in float16 (FSDP(mixed_precision=MixedPrecision("
+    assert fsdp1.startswith("1 FSDP unit computes in float16 (FSDP(mixed_precision=MixedPrecision("
                             "param_dtype=float16)): (root)) and no enabled GradScaler scales the loss (no GradScaler)")
     assert "ShardedGradScaler" in fsdp1
     assert "(ShardedGradScaler('cpu') is disabled)" in two_ranks[0]["fsdp1_fp16_disabled_scaler"][0][2]
     fsdp2 = two_ranks[0]["fsdp2_fp16_no_scaler"][0][2]
-    assert fsdp2.startswith("2 FSDP unit(s) compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
+    assert fsdp2.startswith("2 FSDP units compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
                             "param_dtype=float16)): (root), 0)")
 
 
@@ -113,7 +113,7 @@ def test_amp411_the_ranks_of_a_plain_scaler_really_disagree(two_ranks):
     assert records[0]["skipped_steps"] == [1] and records[1]["skipped_steps"] == []   # the premise, really run
     [finding] = rank_disagreements(records)
     assert finding.code == "AMP411" and finding.step == 1
-    assert "rank(s) 0 skipped the step while rank(s) 1 applied it" in finding.detail
+    assert "rank 0 skipped the step while rank 1 applied it" in finding.detail
     assert "rank 0 32768, rank 1 65536" in finding.detail
 
 

@@ -46,7 +46,7 @@ def test_an_optimizer_over_a_frozen_adapter_says_none_requires_grad():
     findings = explain_exception(no_inf_checks(model, opt, scaler), TrainingSetup(model, opt, scaler))
     assert {f.code for f in findings} == {"AMP406"}
     assert {f.where for f in findings} == {"base_model.model.proj.lora_A.other", "base_model.model.proj.lora_B.other"}
-    assert all("optimizer[0] (AdamW) holds 2 parameter(s), none of which requires grad" in f.detail
+    assert all("optimizer[0] (AdamW) holds 2 parameters, none of which requires grad" in f.detail
                for f in findings)
 
 

@@ -131,7 +131,7 @@ def test_a_loop_without_update_is_amp404_saying_update_is_missing():
     f = findings[0]
     assert f.where == "optimizer[0] (SGD)" and f.step == 0
     assert "no scaler.update() completed since the first" in f.detail
-    assert "1 scaler.scale() call(s) ran between the two steps" in f.detail
+    assert "1 scaler.scale() call ran between the two steps" in f.detail
     assert "call scaler.update() after every scaler.step()" in f.detail
 
 

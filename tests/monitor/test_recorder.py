@@ -191,7 +191,7 @@ def test_a_restart_appends_a_new_run_instead_of_truncating(tmp_path: Path, capsy
     assert main(["report", str(tmp_path / LOG_NAME)]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert f"this file holds 2 runs (a restart appends): showing the last, run 2 from line {runs[1].line}" in shown
-    assert "run 1 from line 1 (3 sampled step(s), ended)" in shown
+    assert "run 1 from line 1 (3 sampled steps, ended)" in shown
 
 
 def test_each_rank_writes_its_own_file_and_a_single_process_keeps_the_old_name(tmp_path: Path,

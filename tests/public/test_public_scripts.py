@@ -582,7 +582,7 @@ def test_fsdp2_fp16_policy_without_a_scaler_is_amp208_on_both_ranks(runs):
     [finding] = [f for f in doctor.findings if f["code"] == "AMP208"]
     assert finding["ranks"] == [0, 1] and finding["where"] == "(root)"
     detail = finding["detail"]
-    assert detail.startswith("4 FSDP unit(s) compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
+    assert detail.startswith("4 FSDP units compute in float16 (fully_shard(mp_policy=MixedPrecisionPolicy("
                              "param_dtype=float16)): (root), layers.0, layers.1, layers.2)"), detail
     # the watch read the gradients after clip_grad_norm_(max_norm=1.0) shrank them: no fp16 shares claimed
     assert "after a clip had shrunk them" in detail and "%" not in detail, detail

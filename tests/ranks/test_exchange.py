@@ -57,7 +57,7 @@ def test_rank_0_waits_until_its_deadline_then_names_the_missing_rank(tmp_path: P
     merged = zero.collect(_report(), 0, False, None)
     assert 0.25 < time.monotonic() - started < 5
     assert merged.missing_ranks == [1] and not merged.ok
-    assert "no report from rank(s) 1 (none within 0.3 s)" in merged.extra["ranks"]["notes"][0]
+    assert "no report from rank 1 (none within 0.3 s)" in merged.extra["ranks"]["notes"][0]
 
 
 def test_a_file_an_earlier_launch_left_behind_is_not_merged(tmp_path: Path, monkeypatch) -> None:
@@ -118,7 +118,7 @@ def test_sigterm_while_rank_0_waits_ends_the_wait_and_is_delivered_again(tmp_pat
         started = time.monotonic()
         merged = zero.collect(_report(), 0, False, None)
         assert time.monotonic() - started < 10 and termination.received
-        assert "no report from rank(s) 1 (the job was stopped first)" in merged.extra["ranks"]["notes"][0]
+        assert "no report from rank 1 (the job was stopped first)" in merged.extra["ranks"]["notes"][0]
         signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
         termination._previous = signal.getsignal(signal.SIGTERM)   # the script's handler, to see the delivery
         signal.signal(signal.SIGTERM, termination._on_sigterm)

@@ -108,8 +108,8 @@ def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeyp
     loaded = load_any(str(tmp_path))
     assert [(f.code, f.ranks) for f in loaded.report.findings] == [("AMP101", (0, 1)), ("AMP603", (0, 1))]
     assert loaded.report.findings[1].detail.endswith("\nOn rank 1: 12% underflow")
-    assert loaded.notes[0] == "rank 0: 1 sampled step(s), last sampled step 0; ended"
-    assert loaded.notes[1].startswith("rank 1: 1 sampled step(s), last sampled step 0; no end line")
+    assert loaded.notes[0] == "rank 0: 1 sampled step, last sampled step 0; ended"
+    assert loaded.notes[1].startswith("rank 1: 1 sampled step, last sampled step 0; no end line")
     assert sorted(loaded.ranks) == [0, 1] and loaded.run.header.rank == 0
 
 

@@ -15,6 +15,8 @@ import re
 import sys
 from pathlib import Path
 
+from ampdoctor.core.words import counted
+
 README = Path(__file__).with_name("README.md")
 
 
@@ -32,7 +34,7 @@ def today(results: dict[str, dict], name: str) -> str:
     cell = ", ".join(parts) or "no findings"
     fixed = results.get(f"{name} --fix")
     if fixed is not None:
-        cell += f"; `--fix`: exit {fixed['exit']}, {fixed['changes']} change(s)"
+        cell += f"; `--fix`: exit {fixed['exit']}, {counted(fixed['changes'], 'change')}"
     return cell
 
 

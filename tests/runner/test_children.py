@@ -146,7 +146,7 @@ def test_a_rank_child_is_merged_by_rank_and_a_killed_one_is_named_missing_withou
     merged = children.merge_ranks(own, RankInfo(0, 2))
     assert time.monotonic() - began < 5
     assert merged.missing_ranks == [1] and not merged.ok
-    assert "no report from rank(s) 1" in merged.extra["ranks"]["notes"][0]
+    assert "no report from rank 1" in merged.extra["ranks"]["notes"][0]
 
 
 def test_a_child_that_exited_unreaped_is_not_taken_for_running(tmp_path):

@@ -211,7 +211,7 @@ def test_groups_beyond_the_first_few_of_a_code_are_counted():
     text = render(findings_table(findings), 80, False)
     assert [line.split(" ")[2] for line in text.splitlines() if line.startswith("AMP104")] == [
         "optimizer[0]", "optimizer[1]", "optimizer[2]", "optimizer[3]", "and"]
-    assert "AMP104 error and 2 more AMP104 finding(s) like the above" in text
+    assert "AMP104 error and 2 more AMP104 findings like the above" in text
 
 
 def test_a_child_process_and_a_step_are_named():

@@ -55,11 +55,11 @@ def test_a_line_said_while_a_bar_is_open_in_a_log_ends_the_bars_line_once():
     bar = tqdm(range(10), file=out, mininterval=0, ascii=True)
     for i in bar:
         if i == 3:
-            _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)")
+            _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
             _say(console, "  0.weight: upcast torch.float16 -> torch.float32")
     bar.close()
     lines = out.getvalue().split("\n")
-    said = lines.index("ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)")
+    said = lines.index("ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
     assert lines[said + 1] == "  0.weight: upcast torch.float16 -> torch.float32"
     assert "3/10" in lines[said - 1]   # the bar's line, ended
     assert "10/10" in lines[-2]   # the bar goes on below
@@ -116,8 +116,8 @@ def test_a_line_said_into_a_log_left_mid_line_without_tqdm_starts_its_own_line(t
     with open(log, "w") as stream:
         stream.write("step 3/10 loss 0.52")
         console = Console(file=stream, width=80, highlight=False)
-        _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)")
+        _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
         _say(console, "  0.weight: upcast torch.float16 -> torch.float32")   # at a line start: no blank line
     assert log.read_text().split("\n") == ["step 3/10 loss 0.52",
-                                           "ampdoctor --fix: upcast trainable parameters to float32; 4 change(s)",
+                                           "ampdoctor --fix: upcast trainable parameters to float32; 4 changes",
                                            "  0.weight: upcast torch.float16 -> torch.float32", ""]

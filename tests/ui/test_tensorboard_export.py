@@ -58,5 +58,5 @@ def test_report_tensorboard_option(tmp_path, capsys):
 
     _log(tmp_path)
     assert main(["report", str(tmp_path / "logs"), "--tensorboard", str(tmp_path / "tb")]) == 0
-    assert "scalar value(s) written for TensorBoard" in capsys.readouterr().out
+    assert "scalar values written for TensorBoard" in capsys.readouterr().out
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir())

@@ -11,6 +11,7 @@ from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import REPORT_SCHEMA, report_fields, report_to_dict
 from ampdoctor.core.views import Drawn
+from ampdoctor.core.words import counted, word_for
 
 SCHEMA = REPORT_SCHEMA
 NOTHING_OBSERVED = ("nothing was trained in a process ampdoctor could see: no model ran a forward pass with "
@@ -132,7 +133,7 @@ def rank_spans(ranks: list[int]) -> str:
 def missing_ranks_sentence(missing: list[int]) -> str:
     """Return why a distributed run's report is not ``ok``: the ranks that sent none."""
     names = ", ".join(map(str, missing))
-    return (f"no report from rank{'s' if len(missing) > 1 else ''} {names}: not diagnosed (killed, still running, "
+    return (f"no report from {word_for(len(missing), 'rank')} {names}: not diagnosed (killed, still running, "
             "or on a node whose files rank 0 cannot read)")
 
 
@@ -140,7 +141,7 @@ def exit_sentence(report: Report) -> str:
     """Return why a run that exited with a non-zero status and no exception is not ``ok``."""
     watch = report.extra.get("watch") or {}
     steps = watch.get("steps")
-    after = f" after {steps} optimizer step{'' if steps == 1 else 's'}" if isinstance(steps, int) else ""
+    after = f" after {counted(steps, 'optimizer step')}" if isinstance(steps, int) else ""
     if report.extra.get("terminated"):
         return (f"the run was stopped by {report.extra['terminated']}{after} (exit status {report.exit_status}): "
                 "the report covers the steps until then; this is no all-clear")

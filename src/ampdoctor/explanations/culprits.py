@@ -16,6 +16,7 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.core.words import counted
 from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 
 _LOADED_CHECKS = False
@@ -95,7 +96,7 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
     for module, params in group_by_module(frozen).items():
         why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
         if not trainable:
-            why = (f"{label} holds {len(held)} parameter(s), none of which requires grad; {why}; make them "
+            why = (f"{label} holds {counted(len(held), 'parameter')}, none of which requires grad; {why}; make them "
                    "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
                    "over the trainable ones")
         findings.append(get_rule("AMP406").finding(module, why, step))
@@ -168,7 +169,8 @@ def _no_local_shard(label: str, unsharded: list[str], rank: tuple[int, int], ste
 
 def _foreign_tensors(label: str, foreign: list[str], setup: TrainingSetup, step: int | None) -> list[Finding]:
     """Return AMP406 and AMP301 for tensors of the optimizer that are not parameters of the model."""
-    detail = (f"{len(foreign)} tensor(s) in {label} are not parameters of the model: {_names(foreign)}; "
-              "the optimizer was built over different tensors (before a move, cast, wrap or re-creation)")
+    are = "is not a parameter" if len(foreign) == 1 else "are not parameters"
+    detail = (f"{counted(len(foreign), 'tensor')} in {label} {are} of the model: {_names(foreign)}; the optimizer "
+              "was built over different tensors (before a move, cast, wrap or re-creation)")
     return [get_rule("AMP406").finding(label, detail, step),
             *(_from_check("AMP301", setup, step) or [get_rule("AMP301").finding(label, detail, step)])]

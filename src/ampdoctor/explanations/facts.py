@@ -21,6 +21,7 @@ from ampdoctor._torch.scaler import is_enabled, live_scale, scaler_device
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.core.words import word_for
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.naming import _names, optimizer_label
 
@@ -42,7 +43,7 @@ def crash_facts(exc: BaseException, setup: TrainingSetup | None, scaler: Any = N
 def _optimizer(setup: TrainingSetup, index: int, opt: torch.optim.Optimizer) -> str:
     counts = Counter(dtype_name(p.dtype) for g in opt.param_groups for p in g["params"])
     tensors = ", ".join(f"{n} {d}" for d, n in counts.most_common()) or "no"
-    return f"{optimizer_label(opt, setup)} steps {tensors} tensor{'' if sum(counts.values()) == 1 else 's'}"
+    return f"{optimizer_label(opt, setup)} steps {tensors} {word_for(sum(counts.values()), 'tensor')}"
 
 
 def _no_grad(setup: TrainingSetup) -> list[str]:

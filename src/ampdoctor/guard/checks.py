@@ -20,6 +20,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.core.words import counted
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
 from ampdoctor.explanations.naming import optimizer_label, with_scaler
 from ampdoctor.guard.history import Call, Iteration, grads_reset
@@ -96,13 +97,14 @@ def unscale_twice(cur: Iteration, optimizer: Any, label: str, site: str) -> list
     if grads_reset(prev.grad):
         return [get_rule("AMP402").finding(
             label, f"scaler.unscale_({label}) at {prev.site} was followed by neither scaler.step() nor "
-            f"scaler.update(); the gradients were then zeroed and recomputed ({backwards} backward pass(es)), and "
-            f"unscale_ at {site} raised{norm}", cur.index)]
+            f"scaler.update(); the gradients were then zeroed and recomputed "
+            f"({counted(backwards, 'backward pass', 'backward passes')}), and unscale_ at {site} raised{norm}",
+            cur.index)]
     if backwards:
         return [get_rule("AMP401").finding(
-            label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with {backwards} backward "
-            f"pass(es) accumulating gradients in between and no scaler.step(){norm}; unscale and clip once, at the "
-            "accumulation boundary", cur.index)]
+            label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with "
+            f"{counted(backwards, 'backward pass', 'backward passes')} accumulating gradients in between and no "
+            f"scaler.step(){norm}; unscale and clip once, at the accumulation boundary", cur.index)]
     return [get_rule("AMP401").finding(
         label, f"scaler.unscale_({label}) ran at {prev.site} and again at {site} with no backward in between: an "
         "explicit unscale_ plus a helper that unscales again (e.g. accelerator.clip_grad_norm_)", cur.index)]
@@ -251,8 +253,8 @@ def escalated_finding(f: Finding, skipped: int, iterations: int, lr_factor: floa
     if severity is f.severity or f.code != "AMP409":
         return f
     if length:
-        drift = (f"{skipped} skipped optimizer steps, {skipped / length:.0%} of its {length} steps: it ends "
-                 f"{skipped} steps ahead of the weights")
+        drift = (f"{counted(skipped, 'skipped optimizer step')}, {skipped / length:.0%} of its {length} steps: it "
+                 f"ends {counted(skipped, 'step')} ahead of the weights")
     else:
         drift = f"skipped optimizer steps in {skipped} of {iterations} iterations"
         if lr_factor != 1.0:
@@ -463,7 +465,7 @@ def second_step_finding(first: Call | None, label: str, site: str, scale_calls: 
               f"since the first, at {first.site if first else '<unknown>'}")
     between = scale_calls - first.scale_calls if first is not None else None
     if between:
-        detail += (f"; {between} scaler.scale() call(s) ran between the two steps (one loss each): call "
+        detail += (f"; {counted(between, 'scaler.scale() call')} ran between the two steps (one loss each): call "
                    "scaler.update() after every scaler.step(), or sum the losses and step once")
     elif between == 0:
         detail += ("; no scaler.scale() ran between them, so the second step reuses the same gradients: drop it, "

@@ -34,6 +34,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely, internal_error_finding
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.training import TrainingSetup
+from ampdoctor.core.words import counted
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.guard.checks import (
     ScheduleDrift,
@@ -437,7 +438,7 @@ class ScalerGuard:
             site = user_call_site()
             call.predicted = [get_rule("AMP407").finding(
                 "GradScaler", f"scaler.update() at {site} with no scaler.step() or unscale_() since the last update() "
-                f"({cur.scale_calls} scale() call(s) this iteration)", cur.index)]
+                f"({counted(cur.scale_calls, 'scale() call')} this iteration)", cur.index)]
         else:
             cur.found_inf = keep_found_inf(found, scale)
         self._stack.append(call)

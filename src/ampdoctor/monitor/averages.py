@@ -33,6 +33,7 @@ from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.monitor.grad_stats import sample_index
 from ampdoctor.monitor.sampling import Sampling
 
@@ -215,9 +216,10 @@ def average_findings(summary: Iterable[dict[str, Any]]) -> list[Finding]:
         worst = sorted(lost, key=lambda name: -lost[name])
         dtypes = sorted(set(copy["dtypes"][name] for name in lost))
         detail = (f"{copy['label']}: {copy['lost'] / copy['apart']:.1%} of the sampled entries that differed from "
-                  f"the model did not move on {copy['sampled']} sampled update(s) of {copy['calls']}; "
-                  f"{len(lost)} {'/'.join(dtypes)} tensor(s) lost more than half, worst {worst[0]} "
-                  f"({lost[worst[0]]:.0%}): the average step (1 - decay) * (w - average) is below half an ulp")
+                  f"the model did not move on {counted(copy['sampled'], 'sampled update')} of {copy['calls']}; "
+                  f"{len(lost)} {'/'.join(dtypes)} {word_for(len(lost), 'tensor')} lost more than half, worst "
+                  f"{worst[0]} ({lost[worst[0]]:.0%}): the average step (1 - decay) * (w - average) is below half "
+                  "an ulp")
         out.append(rule.finding(", ".join(worst[:3]) + (" …" if len(worst) > 3 else ""), detail))
     return out
 

@@ -30,6 +30,7 @@ import torch
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.records import Step, gradient_rows, gradients_entry, param_stats, read_step, rollup
+from ampdoctor.core.words import counted
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, GradStats, local_tensor
 from ampdoctor.monitor.reduction import ShardReduction
 
@@ -296,7 +297,7 @@ def gradient_alarms(record: Step, rows: Sequence[Sequence[float] | None], names:
             and own_nonfinite is not False:
         yield ("AMP608", Severity.WARNING, ", ".join(bad[:3]) + (" …" if len(bad) > 3 else ""),
                f"global gradient norm {grads.global_norm} at step {step} and the step was not skipped "
-               f"(no GradScaler skipped it); {len(bad)} parameter(s) with non-finite gradients")
+               f"(no GradScaler skipped it); {counted(len(bad), 'parameter')} with non-finite gradients")
     if not scaler or stats == "norms" or grads.clipped_scaled:
         return  # clipping the still-scaled gradients shrank them by the scale: their underflow is an artefact
     flagged = []

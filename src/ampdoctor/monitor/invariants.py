@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.explanations.fixes import nonfinite_loss_fix
 
 __all__ = ["invariant_findings", "verified", "CALIBRATION", "FROZEN", "DIVERGED"]
@@ -86,7 +87,7 @@ def _dropped(s: dict[str, Any]) -> Iterator[Finding]:
         said.append("the last one had no step after it" if last == 1 else f"the last {last} had no step after them")
     body = kinds[0][1] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]   # one kind: all of them
     detail = (f"{dropped + last} of {calls} backward calls had gradients that no optimizer step used: {body}; the "
-              f"optimizer stepped {stepped} time{'' if stepped == 1 else 's'}")
+              f"optimizer stepped {counted(stepped, 'time')}")
     first, end = loss.get("first"), loss.get("last")
     if first and end:
         detail += (f", while the loss stayed at {end[1]:.4g}" if f"{first[1]:.4g}" == f"{end[1]:.4g}" else
@@ -112,7 +113,7 @@ def _weights(s: dict[str, Any]) -> Iterator[Finding]:
         return
     first = min(bad.values())
     names = sorted(bad, key=lambda n: bad[n])
-    detail = (f"{len(bad)} parameter(s) inf/NaN at the end of sampled step {first}"
+    detail = (f"{counted(len(bad), 'parameter')} inf/NaN at the end of sampled step {first}"
               + (" and later" if len(set(bad.values())) > 1 else ""))
     skipped = set((s.get("scale") or {}).get("skipped_steps") or [])
     if first in skipped:
@@ -137,7 +138,7 @@ def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
     finite = [step for step, module in loss.get("nonfinite_forward") or [] if module is None]
     if finite:   # the activation monitor saw those forwards: no module's output was inf/NaN
         seen = ", ".join(map(str, finite[:6])) + (" …" if len(finite) > 6 else "")
-        detail += (f"; every module output of the model was finite on step{'s' if len(finite) > 1 else ''} {seen}, "
+        detail += (f"; every module output of the model was finite on {word_for(len(finite), 'step')} {seen}, "
                    f"so there the inf/NaN come after the model, where the loss is computed from its output")
     yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING,
                                      fix=nonfinite_loss_fix() if finite else None)
@@ -149,7 +150,7 @@ def _loss_hidden(s: dict[str, Any]) -> Iterator[Finding]:
     if not bad or not every.get("hidden_by"):
         return
     skipped = (s.get("scale") or {}).get("skipped")
-    also = f"; the GradScaler skipped {skipped} step(s)" if isinstance(skipped, int) and skipped else ""
+    also = f"; the GradScaler skipped {counted(skipped, 'step')}" if isinstance(skipped, int) and skipped else ""
     yield get_rule("AMP610").finding(every["hidden_by"], (
         f"{bad} of {every.get('losses')} training losses were NaN/inf, the first at step {first}{also}. With "
         "logging_nan_inf_filter=True (the default) the Trainer adds the average of the earlier losses in their "
@@ -186,14 +187,16 @@ def _arrival(s: dict[str, Any]) -> Iterator[Finding]:
     if not without or not reads:
         return
     names = ", ".join(without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+    # what was seen is the sampled steps: a tensor first used after them (a warm-up) is not said never to train
+    looked = f"any of the {counted(reads, 'sampled step')}" if reads > 1 else "the one sampled step"
     if len(without) == params:
         yield get_rule("AMP617").finding(
-            "model", f"none of the {params} trainable parameters had a gradient on any of the {reads} sampled "
-            f"steps: nothing trains", None, severity=Severity.ERROR)
+            "model", f"none of the {params} trainable parameters had a gradient on {looked}: nothing trained on "
+            f"{'them' if reads > 1 else 'it'}", None, severity=Severity.ERROR)
         return
     yield get_rule("AMP617").finding(
-        names, f"{len(without)} of {params} trainable parameters had no gradient on any of the {reads} sampled "
-        f"steps: they are never updated", None)
+        names, f"{len(without)} of {params} trainable parameters had no gradient on {looked}, so "
+        f"{'those steps' if reads > 1 else 'it'} did not update them", None)
 
 
 def _clip(s: dict[str, Any]) -> Iterator[Finding]:
@@ -244,11 +247,12 @@ def verified(summary: dict[str, Any]) -> dict[str, Any]:
     elif not outside:
         missing.append("gradients")
     if outside:   # no AMP617 names them (they are no part of what trains), so nothing is verified of them either
-        missing.append(f"{outside} tensor(s) the optimizer steps that belong to no model that ran (none had a "
-                       f"gradient)")
+        belong = "belongs" if outside == 1 else "belong"
+        missing.append(f"{counted(outside, 'tensor')} the optimizer steps that {belong} to no model that ran (none had "
+                       "a gradient)")
     unsampled = steps - (summary.get("sampled_steps") or 0)
     if unsampled > 0:
-        measured.append(f"{unsampled} steps not sampled")
+        measured.append(f"{counted(unsampled, 'step')} not sampled")
     ok = not invariant_findings(summary)
     return {"ok": ok, "steps": steps, "measured": measured, "not_measured": missing}
 

@@ -41,6 +41,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import scale_entry
+from ampdoctor.core.words import counted
 from ampdoctor.explanations.fixes import scale_collapse_fix
 
 __all__ = ["ScaleMonitor"]
@@ -333,7 +334,7 @@ class ScaleMonitor:
         looked = sum(seen.values())
 
         def on(k: int) -> str:
-            steps = f"the {looked} skipped step{'s' if looked > 1 else ''}" if k == looked else \
+            steps = f"the {counted(looked, 'skipped step')}" if k == looked else \
                 f"{k} of the {looked} skipped steps"
             return f"on {steps} whose forward was looked at"
 

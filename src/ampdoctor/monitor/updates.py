@@ -48,6 +48,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.records import lost_updates_entry, updates_entry
+from ampdoctor.core.words import counted
 from ampdoctor.monitor.grad_stats import local_tensor
 
 __all__ = ["UpdateMonitor", "LOST_FRACTION"]
@@ -335,8 +336,8 @@ class UpdateMonitor:
                 self._findings.append(get_rule("AMP607").finding(
                     name,
                     f"{lost / moved:.0%} of sampled {dtype} entries with a non-zero gradient did not change in the "
-                    f"optimizer step ({lost} of {moved} over {self.steps} sampled step(s) with a learning rate "
-                    f"above 0): each update was below half an ulp of its weight", step))
+                    f"optimizer step ({lost} of {moved} over {counted(self.steps, 'sampled step')} with a learning "
+                    f"rate above 0): each update was below half an ulp of its weight", step))
 
     def findings(self) -> list[Finding]:
         """Return AMP607 findings (at most 5 parameters)."""

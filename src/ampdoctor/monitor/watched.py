@@ -26,6 +26,7 @@ from ampdoctor._compat.engines import engine_flat_copies, engine_stepper, loaded
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
+from ampdoctor.core.words import counted
 
 __all__ = ["watched_chain", "refuse_meta", "name_params", "param_owners", "steps_through", "scaler_of",
            "EngineCopies"]
@@ -70,8 +71,8 @@ def refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     meta = [n for n, p in model.named_parameters() if p.is_meta]
     in_opt = sum(1 for g in optimizer.param_groups for p in g["params"] if isinstance(p, torch.Tensor) and p.is_meta)
     if meta or in_opt:
-        where = f"{len(meta)} parameter(s) of the model (first: {meta[0]!r})" if meta else \
-            f"{in_opt} parameter(s) of the optimizer"
+        where = f"{counted(len(meta), 'parameter')} of the model (first: {meta[0]!r})" if meta else \
+            f"{counted(in_opt, 'parameter')} of the optimizer"
         raise ValueError(f"watch() got {where} on the meta device: meta tensors hold no values, so there are no "
                          f"gradients, loss scales or activations to watch. Materialise the model first "
                          f"(model.to_empty(device=...) and load its weights, or build it on a real device), "

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 
 from ampdoctor.core.report import Report
+from ampdoctor.core.words import word_for
 from ampdoctor.ranks.exchange import wait_seconds
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.mailbox import FolderMailbox, alive, wait_until
@@ -70,8 +71,8 @@ class ChildReports:
                 failed_at[other] = data["failed_at"]
             self.mailbox.remove([report_name(pid)])
         late = sorted({r for r, _ in marked.values()} - set(reports))
-        notes = [f"no report from rank(s) {', '.join(map(str, late))} within {wait_seconds():g} s: killed, crashed "
-                 "while writing it, or still running"] if late else []
+        notes = [f"no report from {word_for(len(late), 'rank')} {', '.join(map(str, late))} within "
+                 f"{wait_seconds():g} s: killed, crashed while writing it, or still running"] if late else []
         world = rank.world_size if rank is not None else max(w for _, w in marked.values())
         merged = merge_rank_reports(reports, expected=range(world), failed_at=failed_at, notes=notes)
         for finding in disagreements(reports):   # AMP411, from the reports: no collective

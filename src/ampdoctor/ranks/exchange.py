@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ampdoctor.core.report import Report, rank_spans
+from ampdoctor.core.words import word_for
 from ampdoctor.ranks.info import RankInfo, from_environment
 from ampdoctor.ranks.mailbox import FolderMailbox, Mailbox, StoreMailbox, agent_store_address, alive, wait_until
 from ampdoctor.ranks.merge import disagreements, merge_rank_reports
@@ -219,11 +220,11 @@ class RankExchange:
                    f"none within {self.wait_for(exit_code):g} s" if self.collects else "they could not be handed over")
             running = [r for r in late if r not in died]
             if running:
-                notes.append(f"no report from rank(s) {', '.join(map(str, running))} ({why}): killed, crashed while "
-                             "writing it, or still running")
+                notes.append(f"no report from {word_for(len(running), 'rank')} {', '.join(map(str, running))} "
+                             f"({why}): killed, crashed while writing it, or still running")
             if died:
-                notes.append(f"no report from rank(s) {', '.join(map(str, died))}: the process is gone (killed by a "
-                             "signal, or crashed without a Python exception)")
+                notes.append(f"no report from {word_for(len(died), 'rank')} {', '.join(map(str, died))}: the "
+                             "process is gone (killed by a signal, or crashed without a Python exception)")
         if self.node_only:
             notes.append(f"ranks {local}-{world - 1} run on other nodes and were not collected: set {ENV_DIR} to a "
                          "folder every node can read")
@@ -315,8 +316,9 @@ class RankExchange:
         lines = list(ranks.get("notes", []))
         printed = sorted(r for r, s in self.statuses.items() if s.get("printed"))
         if printed:
-            lines.append(f"rank(s) {', '.join(map(str, printed))} printed their own report above, before rank 0 "
-                         "could collect it; it is in the JSON report too")
+            lines.append(f"{word_for(len(printed), 'rank')} {', '.join(map(str, printed))} printed "
+                         f"{'its' if len(printed) == 1 else 'their'} own report above, before rank 0 could collect "
+                         "it; it is in the JSON report too")
         first, crash = ranks.get("failed_first"), report.exception or {}
         if first is not None and first in (ranks.get("died") or []):
             after = (f"; rank {crash.get('rank')} failed after it, with {crash.get('type')}: "

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ampdoctor.core.report import Report, ReportView
 from ampdoctor.core.views import Line
+from ampdoctor.core.words import counted
 from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.merge import label_rank
@@ -133,10 +134,10 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
 def _repaired_line(report: Report, end: JobEnd, codes: list[str]) -> str:
     """Say that a fix left no findings, and that the code still has what it repaired."""
     if codes:
-        return (f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}; what it "
-                f"repaired ({', '.join(codes)}) is still in {end.code}"
+        return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by {end.fix_name}; "
+                f"what it repaired ({', '.join(codes)}) is still in {end.code}"
                 + (f", and listed as info in {end.json_path}" if end.json_path else ""))
     # no finding to resolve: it repaired before one arose (upcast again at the forward after a mid-run downcast)
-    return (f"ampdoctor: no findings left after {len(report.changes)} change(s) by {end.fix_name}, made before a "
-            f"finding arose; {end.code} still needs them"
+    return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by {end.fix_name}, made "
+            f"before a finding arose; {end.code} still needs them"
             + (f" (each change is in {end.json_path})" if end.json_path else ""))

@@ -14,6 +14,7 @@ from typing import Any
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
+from ampdoctor.core.words import word_for
 
 __all__ = ["merge_rank_reports", "rank_disagreements", "disagreements", "label_rank", "rank_path", "with_parent",
            "SHOWN_RANK_LINES"]
@@ -179,7 +180,8 @@ def rank_disagreements(per_rank: Mapping[int, Mapping[str, Any]]) -> list[Findin
         skip = sorted(rank for rank, steps in skipped.items() if first in steps)
         took = sorted(rank for rank in skipped if rank not in skip)
         at.append(first)
-        said.append(f"at optimizer step {first} rank(s) {_ranks(skip)} skipped the step while rank(s) {_ranks(took)} "
+        said.append(f"at optimizer step {first} {word_for(len(skip), 'rank')} {_ranks(skip)} skipped the step while "
+                     f"{word_for(len(took), 'rank')} {_ranks(took)} "
                     f"applied it; {len(differ)} of the {common} steps compared were skipped on some ranks only")
     changes = sorted({s for h in histories.values() for s, _ in h if s < common})
     for step in changes:

@@ -13,6 +13,7 @@ from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, optimizer_tensors, owns_any
+from ampdoctor.core.words import counted
 
 _SHOWN_CHANGES = 20
 
@@ -177,7 +178,7 @@ class RunRepairs:
             return
         lines = [str(c) for c in changes]
         self.report.changes.extend(lines)
-        self.on_event(f"ampdoctor --fix: {why}; {len(lines)} change(s)")
+        self.on_event(f"ampdoctor --fix: {why}; {counted(len(lines), 'change')}")
         for line in lines[:_SHOWN_CHANGES]:
             self.on_event(f"  {line}")
         if len(lines) > _SHOWN_CHANGES:

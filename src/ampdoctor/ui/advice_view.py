@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ampdoctor.core.words import counted
+
 __all__ = ["render_advice", "gib"]
 
 
@@ -24,7 +26,8 @@ def render_advice(advice: Any) -> Any:
 
     parts: list[Any] = [Text(
         f"ampdoctor advise: {advice.model}: {advice.parameters:,} parameters ({advice.trainable:,} trainable), "
-        f"batch {advice.batch_size} x {advice.seq_len}, optimizer {advice.optimizer}, {advice.devices} device(s)"
+        f"batch {advice.batch_size} x {advice.seq_len}, optimizer {advice.optimizer}, "
+        f"{counted(advice.devices, 'device')}"
         + (f", budget {gib(advice.budget)} GiB" if advice.budget else ""), style="bold")]
     from rich import box
 

@@ -16,6 +16,7 @@ from ampdoctor.core.usage import check_outputs as _check_outputs
 from ampdoctor.core.usage import check_writable as _check_writable
 from ampdoctor.core.usage import write_text as _write
 from ampdoctor.core.views import Line
+from ampdoctor.core.words import counted
 from ampdoctor.ui.plain import console as plain_console
 
 EXAMPLES = """\
@@ -322,12 +323,12 @@ def _report(args: argparse.Namespace) -> int:
         from ampdoctor.ui.figures import write_pngs
 
         _export(out, f"--png {args.png!r}", lambda: write_pngs(loaded, args.png),
-                lambda paths: f"ampdoctor: {len(paths)} PNG figure(s) written to {args.png}")
+                lambda paths: f"ampdoctor: {counted(len(paths), 'PNG figure')} written to {args.png}")
     if args.tensorboard:
         from ampdoctor.ui.tensorboard_export import write_tensorboard
 
         _export(out, f"--tensorboard {args.tensorboard!r}", lambda: write_tensorboard(loaded, args.tensorboard),
-                lambda n: f"ampdoctor: {n} scalar value(s) written for TensorBoard to {args.tensorboard}")
+                lambda n: f"ampdoctor: {counted(n, 'scalar value')} written for TensorBoard to {args.tensorboard}")
     return _strict_status(loaded.report, out) if args.strict else 0
 
 
@@ -343,7 +344,7 @@ def _export(out: Console, what: str, write: Callable[[], Any], said: Callable[[A
 def _strict_status(report: object, console: Console) -> int:
     """Return 1 for ``--strict`` when ``report`` has a finding at error severity, a crash, or saw nothing."""
     errors = [f for f in getattr(report, "findings", []) if f.severity.value == "error"]
-    why = (f"{len(errors)} finding(s) at error severity ({', '.join(dict.fromkeys(f.code for f in errors))})"
+    why = (f"{counted(len(errors), 'finding')} at error severity ({', '.join(dict.fromkeys(f.code for f in errors))})"
            if errors else "the script crashed" if getattr(report, "exception", None)
            else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False) else None)
     if why is None:

@@ -23,6 +23,7 @@ from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence, rank_spans
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap, wrap_code
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -54,8 +55,9 @@ class FindingsView(PlainLines):
         for row in self.rows:
             if not isinstance(row, FindingGroup):
                 code, severity, rest = row
-                yield from _styled(wrap(f"{code} {severity.value} and {rest} more {code} finding(s) like the above "
-                                        f"({_WHERE_ALL})", width), code, severity)
+                yield from _styled(wrap(f"{code} {severity.value} and {rest} more {code} "
+                                        f"{word_for(rest, 'finding')} like the above ({_WHERE_ALL})", width),
+                                   code, severity)
                 continue
             places = row.places
             where = places[0] if len(places) == 1 else f"{len(places)} {_noun(row)}"
@@ -74,7 +76,8 @@ class FindingsView(PlainLines):
             if not isinstance(row, FindingGroup):
                 code, severity, rest = row
                 table.add_row(Text(f"{code}\n") + Text(severity.value, style=_STYLE[severity]), Text(
-                    f"and {rest} more {code} finding(s) like the above ({_WHERE_ALL})", style="italic"))
+                    f"and {rest} more {code} {word_for(rest, 'finding')} like the above ({_WHERE_ALL})",
+                    style="italic"))
                 continue
             code = Text(f"{row.code}\n") + Text(row.severity.value, style=_STYLE[row.severity])
             if row.step is not None:
@@ -102,7 +105,7 @@ def _ranks(group: FindingGroup) -> list[str]:
     if not seen:
         return []
     ranks = sorted({r for each in seen for r in each})
-    text = f"on rank{'s' if len(ranks) > 1 else ''} {rank_spans(ranks)}"
+    text = f"on {word_for(len(ranks), 'rank')} {rank_spans(ranks)}"
     return [text if len(seen) == 1 else f"{text} (not every place on every rank; the JSON report has each)"]
 
 
@@ -272,11 +275,11 @@ def earned_verdict(report: Any) -> RenderableType:
     missing = ", ".join(checked.get("not_measured") or [])
     stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
     if stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
-        measured += (f"; before that, {len(stages)} earlier stage(s) of "
-                     f"{sum(st.get('steps') or 0 for st in stages)} steps")
+        measured += (f"; before that, {counted(len(stages), 'earlier stage')} of "
+                     f"{counted(sum(st.get('steps') or 0 for st in stages), 'step')}")
     if checked.get("ok") and not missing:
-        return Sentence(f"ampdoctor: no mixed-precision problems found in {checked.get('steps')} steps: {measured}",
-                        style="green")
+        steps = counted(checked.get("steps") or 0, "step")
+        return Sentence(f"ampdoctor: no mixed-precision problems found in {steps}: {measured}", style="green")
     return Sentence(f"ampdoctor: no problem found in what was measured ({measured}); not measured: {missing}; "
                     f"so this is no all-clear", style="bold yellow")
 

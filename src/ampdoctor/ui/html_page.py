@@ -15,6 +15,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.report import NOTHING_OBSERVED
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.ui.run_data import RunData
 
 __all__ = ["render_page", "verdict"]
@@ -22,10 +23,6 @@ __all__ = ["render_page", "verdict"]
 MAX_PLACES = 8  # places listed in a findings row before the rest fold into <details>
 MAX_TABLE_ROWS = 20
 esc = html.escape
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _num(value: Any) -> str:
@@ -60,8 +57,8 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
         lines.append(f"nothing was trained: {NOTHING_OBSERVED}")
     if errors or warnings:
         groups = len(group_findings(report.findings))
-        lines.insert(0, f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
-                        + (f" (shown in {_plural(groups, 'row')})" if groups < errors + warnings else ""))
+        lines.insert(0, f"{counted(errors, 'error')}, {counted(warnings, 'warning')}"
+                        + (f" (shown in {counted(groups, 'row')})" if groups < errors + warnings else ""))
     elif getattr(loaded, "run", None) is not None and loaded.run.header is not None and not _has_report(loaded):
         lines.insert(0, "no findings in this log: a watch keeps its findings in its report, not in the flight "
                         "recorder (`ampdoctor run --log-dir` appends the report to it)")
@@ -70,7 +67,7 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     collapsed = bool(data.scale) and data.scale[-1][1] < data.scale[0][1] / 16
     if collapsed:
         lines.append(f"the loss scale fell from {data.scale[0][1]:g} to {data.scale[-1][1]:g}; "
-                     f"{_plural(len(data.skipped), 'skipped step')}")
+                     f"{counted(len(data.skipped), 'skipped step')}")
     if data.first_nonfinite:
         first = data.first_nonfinite
         label = f"{first.get('module')}" + (f" ({first.get('class')})" if first.get("class") else "")
@@ -98,7 +95,7 @@ def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_h
     if header is not None and header.created:
         meta.append(f"started {header.created}")
     if data.source == "log":
-        meta.append(f"{_plural(data.sampled_steps, 'sampled step')}")
+        meta.append(f"{counted(data.sampled_steps, 'sampled step')}")
     if data.formats:
         meta.append("formats " + ", ".join(data.formats))
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ampdoctor report: "
@@ -154,7 +151,7 @@ def _finding_row(group: FindingGroup) -> str:
         when.append(group.process)
     ranks = sorted({r for f in group.findings for r in (f.ranks or ())})  # a torchrun job's merged report
     if ranks:
-        when.append(f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}")
+        when.append(f"on {word_for(len(ranks), 'rank')} {', '.join(map(str, ranks))}")
     return (f"<tr class='{esc(group.severity.value)}'><td><b>{esc(group.code)}</b><br>{esc(group.severity.value)}"
             f"<br><small>{esc(name)}</small></td><td class='where'>{where}</td><td><b>{esc(title)}</b>"
             + _detail(group.detail) + (f"<p class='when'>{esc(', '.join(when))}</p>" if when else "")
@@ -192,7 +189,7 @@ def _scale_table(data: RunData) -> str:
     skipped = data.skipped[:40]
     return ("<h3>Loss scale</h3><table class='num'><tr><th>from step</th><th>scale</th></tr>"
             + "".join(f"<tr><td>{s}</td><td>{_num(v)}</td></tr>" for s, v in changes) + "</table>"
-            + f"<p>{_plural(len(data.skipped), 'skipped step')}"
+            + f"<p>{counted(len(data.skipped), 'skipped step')}"
             + (": " + ", ".join(map(str, skipped)) + (" …" if len(data.skipped) > 40 else "") if skipped else "")
             + "</p>")
 

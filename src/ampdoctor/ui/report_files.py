@@ -19,6 +19,7 @@ from rich.text import Text
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.records import Recording, read_recording
 from ampdoctor.core.report import Report
+from ampdoctor.core.words import counted
 from ampdoctor.ui.plain import PlainLines, Sentence, wrap
 from ampdoctor.ui.run_data import RunData, read_run
 
@@ -113,7 +114,7 @@ def _load_log(path: str, target: str) -> Loaded:
     last = runs[-1]
     notes = []
     if len(runs) > 1:   # a restarted job appended to the same file: show its last run, say where the others are
-        earlier = ", ".join(f"run {i + 1} from line {run.line} ({len(rec.steps)} sampled step(s), "
+        earlier = ", ".join(f"run {i + 1} from line {run.line} ({counted(len(rec.steps), 'sampled step')}, "
                             f"{'ended' if rec.ended else 'no end line: stopped or killed'})"
                             for i, (run, rec) in enumerate(zip(runs[:-1], recordings)))
         notes.append(f"this file holds {len(runs)} runs (a restart appends): showing the last, run {len(runs)} "
@@ -154,7 +155,7 @@ def _load_ranks(folder: str, paths: dict[int, str]) -> Loaded:
         state = "ended" if one.run and one.run.ended else "no end line: the process stopped or was killed mid-run"
         steps = [s.step for s in one.run.steps] if one.run else []
         last = f", last sampled step {steps[-1]}" if steps else ""
-        notes.append(f"rank {rank}: {len(steps)} sampled step(s){last}; {state}")
+        notes.append(f"rank {rank}: {counted(len(steps), 'sampled step')}{last}; {state}")
         notes.extend(f"rank {rank}: {note}" for note in one.notes)
         problems.extend(f"rank {rank}: {p}" for p in one.problems)
     first = loaded[min(loaded)]
@@ -282,7 +283,7 @@ class StepsTable(PlainLines):
 def _steps_title(loaded: Loaded, steps: list[int]) -> str:
     """Return the title of the steps table: the file, how many steps it sampled, whose, and which ampdoctor."""
     header = loaded.run.header if loaded.run is not None else None
-    title = f"flight recorder {loaded.path}: {len(steps)} sampled step(s)"
+    title = f"flight recorder {loaded.path}: {counted(len(steps), 'sampled step')}"
     if loaded.ranks:
         title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
     if header is not None and header.version:

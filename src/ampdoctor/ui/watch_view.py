@@ -10,6 +10,7 @@ import math
 from typing import Any, Iterator
 
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.words import counted
 from ampdoctor.monitor.formats import FORMATS
 from ampdoctor.ui.console import findings_table
 from ampdoctor.ui.plain import Sentence
@@ -26,8 +27,8 @@ def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
     from rich.console import Group
 
     parts: list[Any] = [Sentence(
-        f"ampdoctor watch: {_count(data['steps'], 'step')}, {data['sampled_steps']} sampled (every {data['every']}), "
-        f"stats={data['stats']}, {_count(data['host_syncs'], 'host sync')}", style="bold")]
+        f"ampdoctor watch: {counted(data['steps'], 'step')}, {data['sampled_steps']} sampled (every {data['every']}), "
+        f"stats={data['stats']}, {counted(data['host_syncs'], 'host sync')}", style="bold")]
     if data.get("coverage"):   # ampdoctor run: the model is stepped by several optimizers, the watch follows one
         parts.append(_coverage_sentence(data["coverage"]))
     scale_line = _scale_line(data.get("scale"))
@@ -58,7 +59,7 @@ def _coverage_sentence(coverage: dict[str, Any]) -> Sentence:
     """Return which of the trainable tensors the watch followed, and how many optimizers it did not."""
     others = coverage["other_optimizers"]
     return Sentence(f"watched: the {coverage['tensors']} of {coverage['trainable']} trainable tensors that "
-                    f"{coverage['optimizer']} steps; {_count(others, 'other optimizer')} "
+                    f"{coverage['optimizer']} steps; {counted(others, 'other optimizer')} "
                     f"{'is' if others == 1 else 'are'} not watched", style="yellow")
 
 
@@ -103,7 +104,7 @@ def _gradient_notes(grads: dict[str, Any]) -> list[Sentence]:
             f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
     if grads.get("merged_over_ranks"):
         merged = grads["merged_over_ranks"]
-        notes.append(Sentence(f"{_count(merged['params'], 'sharded parameter')} merged over their ranks "
+        notes.append(Sentence(f"{counted(merged['params'], 'sharded parameter')} merged over their ranks "
                               f"({merged['collectives']} all-reduces so far)", style="dim"))
     return notes
 
@@ -133,20 +134,18 @@ def _verdict(data: dict[str, Any]) -> tuple[str, str]:
     if exception:
         return (f"the run stopped with {exception.get('type')}: no verdict on its numerics", "yellow")
     if not data.get("sampled_steps"):
-        return (f"no step was sampled ({_count(data['steps'], 'step')}, every {data['every']}): nothing was checked",
+        return (f"no step was sampled ({counted(data['steps'], 'step')}, every {data['every']}): nothing was checked",
                 "yellow")
     off = data.get("off") or []
     left_out = f" (off after an internal error: {', '.join(off)})" if off else ""
     outside = ((data.get("gradients") or {}).get("arrival") or {}).get("outside")
     if outside:   # the optimizer steps tensors of no model that ran: nothing says they train
-        return (f"no numerical problems seen in {_count(data['sampled_steps'], 'sampled step')}{left_out}, but "
-                f"{outside} tensor(s) the optimizer steps belong to no model that ran and never had a gradient: "
-                f"this is no all-clear", "yellow")
-    return (f"no numerical problems seen in {_count(data['sampled_steps'], 'sampled step')}{left_out}", "green")
+        return (f"no numerical problems seen in {counted(data['sampled_steps'], 'sampled step')}{left_out}, but "
+                f"{counted(outside, 'tensor')} the optimizer steps {'belongs' if outside == 1 else 'belong'} to no "
+                "model that ran and never had a gradient: this is no all-clear", "yellow")
+    return (f"no numerical problems seen in {counted(data['sampled_steps'], 'sampled step')}{left_out}", "green")
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 class ColumnTable:

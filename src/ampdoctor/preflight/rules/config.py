@@ -22,6 +22,7 @@ from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters, unwrap_optimizer
+from ampdoctor.core.words import counted
 from ampdoctor.preflight.rules import check, listing
 from ampdoctor.preflight.rules.fsdp import fsdp_units, loaded_class
 
@@ -137,7 +138,8 @@ def fp16_autocast_without_scaler(setup: TrainingSetup, rule: Rule) -> Iterator[F
             "ShardedGradScaler (torch.distributed.fsdp.sharded_grad_scaler)"
         yield rule.finding(
             units[0].name,
-            f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}: {listing([u.name for u in units], 5)}) "
+            f"{counted(len(units), 'FSDP unit')} compute{'s' if len(units) == 1 else ''} in float16 "
+            f"({units[0].policy}: {listing([u.name for u in units], 5)}) "
             f"and no enabled GradScaler scales the loss ({scaler}): their backward runs in fp16, where gradients "
             "below 2**-24 ≈ 6e-8 flush to 0 and those below 2**-14 ≈ 6.1e-5 lose precision. Scale the loss with a "
             f"{sharded}, or set param_dtype=torch.bfloat16.",
@@ -308,7 +310,8 @@ def fsdp_fp16_with_plain_scaler(setup: TrainingSetup, rule: Rule) -> Iterator[Fi
         return
     yield rule.finding(
         units[0].name,
-        f"{len(units)} FSDP unit(s) compute in float16 ({units[0].policy}): {listing([u.name for u in units], 5)}; "
+        f"{counted(len(units), 'FSDP unit')} compute{'s' if len(units) == 1 else ''} in float16 ({units[0].policy}): "
+        f"{listing([u.name for u in units], 5)}; "
         f"the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler. Each rank checks only its own "
         "gradient shard for inf, so ranks can disagree on skipping a step and their loss scales drift apart (and "
         "with keep_low_precision_grads=True it refuses the fp16 gradients outright).",

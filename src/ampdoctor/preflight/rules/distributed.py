@@ -17,6 +17,7 @@ from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.preflight.rules import check, listing
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.fsdp import FsdpUnit, fsdp_units
@@ -29,9 +30,9 @@ def _reduce_cost(dtype: torch.dtype, ranks: int) -> str:
                 f"gradient entry above 65504/{root:.3g} ≈ {65504 / root:.3g} overflows to inf (a skipped step) and "
                 f"one below 2**-24·{root:.3g} ≈ {2 ** -24 * root:.2g} flushes to 0; both limits move the wrong way "
                 "as ranks are added")
-    return (f"In bf16 each of the {ranks - 1} partial sum(s) of the reduction rounds to 8 significant bits (a relative "
-            f"error up to about {ranks - 1}·2**-9 ≈ {(ranks - 1) * 2 ** -9:.2g}), so what one rank adds below "
-            "1/256 of the running sum is lost")
+    return (f"In bf16 each of the {counted(ranks - 1, 'partial sum')} of the reduction rounds to 8 significant "
+            f"bits (a relative error up to about {ranks - 1}·2**-9 ≈ {(ranks - 1) * 2 ** -9:.2g}), so what one "
+            "rank adds below 1/256 of the running sum is lost")
 
 
 @check("AMP210")
@@ -57,7 +58,8 @@ def fsdp_low_precision_reduce(setup: TrainingSetup, rule: Rule) -> Iterator[Find
             how = f"the parameters themselves are {dtype_name(dtype)}"
         yield rule.finding(
             units[0].name,
-            f"{len(units)} {' and '.join(kinds)} unit(s) ({listing([u.name for u in units], 5)}) sum their gradients "
+            f"{len(units)} {' and '.join(kinds)} {word_for(len(units), 'unit')} "
+            f"({listing([u.name for u in units], 5)}) {'sums its' if len(units) == 1 else 'sum their'} gradients "
             f"over {ranks} ranks in {dtype_name(dtype)}: {how}. {_reduce_cost(dtype, ranks)}. Set "
             "reduce_dtype=torch.float32 (the optimizer's sharded gradients stay in the parameters' dtype).",
             severity=Severity.WARNING if dtype == torch.float16 else Severity.INFO,
@@ -84,7 +86,8 @@ def rank_local_skip(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
     ranks = max(u.ranks or 0 for u in units)
     yield rule.finding(
         units[0].name,
-        f"{len(units)} FSDP unit(s) ({listing([u.name for u in units], 5)}) shard their gradients over {ranks} ranks "
+        f"{counted(len(units), 'FSDP unit')} ({listing([u.name for u in units], 5)}) "
+        f"{'shards its' if len(units) == 1 else 'shard their'} gradients over {ranks} ranks "
         f"and the scaler is {scaler_label(setup.scaler)}, not a ShardedGradScaler: scaler.step() checks only this "
         "rank's shard for inf/NaN, so an overflow in one rank's shard skips the step there while the other ranks "
         "apply it, and the ranks' loss scales drift apart from then on. Compare after the run: each rank's skipped "
@@ -141,5 +144,6 @@ def engine_owns_precision(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]
         yield rule.finding(
             type(engine.obj).__name__,
             f"{engine.family} ({engine.label}) owns mixed precision here ({said}): {does}. ampdoctor leaves its "
-            f"{owned} model parameter(s) and its optimizer out of AMP1xx-AMP3xx, and --fix does not touch them{logs}.",
+            f"{counted(owned, 'model parameter')} and its optimizer out of AMP1xx-AMP3xx, and --fix does not touch "
+            f"them{logs}.",
         )

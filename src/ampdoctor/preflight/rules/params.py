@@ -34,6 +34,7 @@ from ampdoctor.core.training import (
     keeps_fp32_masters,
     unwrap_optimizer,
 )
+from ampdoctor.core.words import counted
 from ampdoctor.preflight.rules import check, findings_by_module, listing
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.wiring import stale_tensors
@@ -50,10 +51,6 @@ def _lr(value: Any) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return str(value)
     return f"{value:.3g}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _share(low: list[ParamInfo], trainable: list[ParamInfo], dtype: torch.dtype, frozen: int,
@@ -81,7 +78,7 @@ def _share(low: list[ParamInfo], trainable: list[ParamInfo], dtype: torch.dtype,
                 f"(a {method} or .to(torch.{name}) on one submodule, or an nn.Parameter created in {name}).")
     everything = "the only trainable parameter is" if total == 1 else f"all {total} trainable parameters are"
     if frozen:
-        return (f"{everything} {name} (next to {_plural(frozen, 'frozen parameter')}): the trainable part (adapters, "
+        return (f"{everything} {name} (next to {counted(frozen, 'frozen parameter')}): the trainable part (adapters, "
                 f"heads) was created in or cast to the base model's {name}, e.g. peft with "
                 "autocast_adapter_dtype=False or a .to(dtype) after adding adapters.")
     return f"{everything} {name}: the whole model was cast, e.g. torch_dtype=torch.{name} or {method}."
@@ -326,7 +323,7 @@ def _eps_finding(rule: Rule, where: str, optimizer: str, eps: float, dtype: torc
     return rule.finding(
         where,
         f"{optimizer} eps={eps:g} {became} in {dtype_name(dtype)}, whose smallest subnormal "
-        f"is {_smallest_subnormal(dtype):.3g}; the group updates {_plural(len(names), dtype_name(dtype) + ' tensor')} "
+        f"is {_smallest_subnormal(dtype):.3g}; the group updates {counted(len(names), dtype_name(dtype) + ' tensor')} "
         f"({listing(names)}). "
         + ("Where exp_avg_sq is 0 (a zero gradient) the step is 0/(0+0) = NaN." if rounded == 0 else
            f"eps is applied as {rounded:.3g}, not {eps:g}, with one bit of precision."),
@@ -360,7 +357,7 @@ def fused_optimizer_fp16_params(setup: TrainingSetup, rule: Rule) -> Iterator[Fi
             continue
         yield rule.finding(
             f"optimizer[{oi}]",
-            f"fused {type(unwrap_optimizer(opt)).__name__} steps {_plural(len(fp16), 'float16 trainable tensor')} "
+            f"fused {type(unwrap_optimizer(opt)).__name__} steps {counted(len(fp16), 'float16 trainable tensor')} "
             f"({listing([_tensor_label(setup, i, t) for i, t in fp16])}) under {scaler_label(setup.scaler)}. "
             "scaler.step() only checks fused optimizers for inf (allow_fp16=True), so it raises nothing and "
             "training is silently pure fp16 with no fp32 master copy; the first explicit scaler.unscale_(opt), "
