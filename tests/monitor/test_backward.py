@@ -3,6 +3,8 @@ dropped before a step used them, and which are ordinary (accumulation, a step's 
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch import nn
@@ -54,6 +56,53 @@ def loop(shape: str, steps: int = 6) -> dict:
     return w.summary_data()["loss"] | {"codes": [f.code for f in w.findings()]}
 
 
+def gan_loop(steps: int = 6) -> dict:
+    """The DCGAN tutorial's loop (pytorch/tutorials, beginner_source/dcgan_faces_tutorial.py): the generator's
+    backward also writes the discriminator's gradients, which the next ``netD.zero_grad()`` drops; the
+    generator's optimizer, not the watched one, uses that backward."""
+    torch.manual_seed(0)
+    net_g = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    net_d = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt_d = torch.optim.Adam(net_d.parameters(), lr=2e-4)
+    opt_g = torch.optim.Adam(net_g.parameters(), lr=2e-4)
+    criterion = nn.BCEWithLogitsLoss()
+    with watch(net_d, opt_d, every=1) as w:
+        for _ in range(steps):
+            net_d.zero_grad()
+            criterion(net_d(torch.randn(16, 16)), torch.ones(16, 1)).backward()
+            fake = net_g(torch.randn(16, 8))
+            criterion(net_d(fake.detach()), torch.zeros(16, 1)).backward()
+            opt_d.step()
+            net_g.zero_grad()
+            criterion(net_d(fake), torch.ones(16, 1)).backward()
+            opt_g.step()
+    return w.summary_data()["loss"] | {"codes": [f.code for f in w.findings()]}
+
+
+def test_a_backward_another_optimizer_steps_on_is_used() -> None:
+    # the generator's backward was counted as dropped when net_d.zero_grad() reset its discriminator gradients:
+    # a false AMP612 warning on every GAN loop
+    loss = gan_loop()
+    assert (loss["backwards"], loss["dropped"], loss["unstepped"]) == (18, 0, 0)
+    assert "AMP612" not in loss["codes"]
+
+
+def test_a_backward_no_optimizer_steps_on_is_still_dropped() -> None:
+    # the other half: without the generator's step, its backward calls are dropped (the next zero_grad())
+    torch.manual_seed(0)
+    model, other = mlp(), nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    torch.optim.SGD(other.parameters(), lr=1e-2)   # exists, never steps
+    with watch(model, opt, every=1) as w:
+        for _ in range(4):
+            model.zero_grad()
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            model(torch.randn(8, 16)).pow(2).mean().backward()   # nothing steps on this one
+    loss = w.summary_data()["loss"]
+    assert (loss["dropped"], loss["unstepped"]) == (3, 1)
+
+
 @pytest.mark.parametrize("shape", ["step(closure), LBFGS", "accumulation", "scaler, zero_grad() before update()",
                                    "a layer's zero_grad() before the step (freezing it)",
                                    "gradients moved out before the step (ZeRO)"])
@@ -64,10 +113,14 @@ def test_ordinary_loops_drop_no_backward_call(shape: str) -> None:
     assert "AMP612" not in loss["codes"]
 
 
-def test_the_zero_grad_observers_go_with_the_watch() -> None:
+def test_the_observers_go_with_the_watch() -> None:
     originals = (torch.optim.Optimizer.__dict__["zero_grad"], nn.Module.__dict__["zero_grad"])
+    post_hooks = importlib.import_module("torch.optim.optimizer")._global_optimizer_post_hooks
+    before = len(post_hooks)
     model = mlp()
     w = watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert torch.optim.Optimizer.__dict__["zero_grad"] is not originals[0]
+    assert len(post_hooks) == before + 1   # any optimizer's step: torch's global post-hook
     w.detach()
     assert (torch.optim.Optimizer.__dict__["zero_grad"], nn.Module.__dict__["zero_grad"]) == originals
+    assert len(post_hooks) == before

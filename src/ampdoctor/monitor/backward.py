@@ -19,7 +19,9 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
   checked for all-zero on the device and read at the next sampled step, so no step syncs (a gradient set to None
   before a step proves nothing: engines move it out themselves, ZeRO into its partitions). Gradient accumulation
   leaves the gradient alone and is not counted; the backward calls of a ``step(closure)`` (LBFGS evaluates it
-  several times) are the step's own. The backward calls since the last step, with no step after them yet, are
+  several times) are the step's own. Another optimizer's step after a backward used it (a GAN's generator
+  backward also writes the discriminator's gradients, which the next ``netD.zero_grad()`` resets): torch's global
+  optimizer step post-hook says so. The backward calls since the last step, with no step after them yet, are
   ``unstepped``: the loop ended (or crashed) before a step used them.
 
 * **every loss, when asked** (``count_every_loss``): where the run's log leaves inf/NaN losses out (the transformers
@@ -35,6 +37,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ampdoctor._torch.autograd import constant_factor, version_counter
 from ampdoctor._torch.scaler import live_scale
@@ -67,7 +70,7 @@ class BackwardMonitor:
         self.on_error = on_error
         self.sampling = False
         self.disabled = False   # set after an internal error: the observers stay (removed in order on detach)
-        self._handles: list[PatchHandle] = []
+        self._handles: list[PatchHandle | torch.utils.hooks.RemovableHandle] = []
         self._probe: torch.Tensor | None = None
         self._mark: tuple[int, int] | None = None    # the probe's gradient (id, version) after the last backward
         self._entering: tuple[int, int] | None = None  # ... when the backward under way started
@@ -101,6 +104,7 @@ class BackwardMonitor:
             for owner in (torch.optim.Optimizer, torch.nn.Module):   # the classes: copies of a model stay plain
                 self._handles.append(observe(owner, "zero_grad", before=self._before_zero_grad,
                                              after=self._after_zero_grad, on_error=self.on_error))
+            self._handles.append(register_optimizer_step_post_hook(self._after_any_step))
             if self._scaler is not None:
                 self._handles.append(observe(self._scaler, "scale", after=self._after_scale,
                                              on_error=self.on_error))
@@ -191,6 +195,16 @@ class BackwardMonitor:
             return
         self._discarded += self._unstepped
         self._unstepped, self._mark = 0, None
+
+    def _after_any_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Any optimizer's step ended (torch's global post-hook): the backward calls before it were used, whichever
+        weights it updated (the watched optimizer's own step ends at ``step_ended``)."""
+        try:
+            if not self.disabled and not self._in_step:
+                self._discarded, self._unstepped, self._mark = 0, 0, None
+        except Exception as exc:   # never the user's step
+            if self.on_error is not None:
+                self.on_error(exc)
 
     def step_started(self) -> None:
         """The watched optimizer's step starts (``scaler.step()`` or the optimizer's own): count the backward calls
