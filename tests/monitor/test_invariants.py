@@ -167,6 +167,28 @@ def test_a_loss_bit_identical_while_the_weights_move_is_found():
     assert "the loss was 1000.0 on 10 consecutive sampled steps (0 to 9), bit for bit" in f.detail
 
 
+def test_a_loss_unchanged_over_a_gradscalers_calibration_skips_is_not_frozen():
+    # init_scale=2**30 overflows the fp16 backward: the first 13 steps are skipped, on the same batch the loss is
+    # the same bit for bit, and AMP614 said "while the optimizer moved the weights": it had not
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
+    x, y = torch.randn(64, 32), torch.randn(64, 1)
+    with watch(model, opt, scaler, every=1) as w:
+        for _ in range(20):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    data = w.summary_data()
+    assert data["scale"]["skipped_steps"] == list(range(13))
+    assert data["loss"]["identical"][:3] == [14, 0, 13]   # the 13 skipped steps and the first that stepped
+    assert "AMP614" not in w.report().codes()
+
+
 def test_a_diverging_loss_is_found_and_a_falling_one_is_not():
     def train(lr: float):
         torch.manual_seed(0)

@@ -163,6 +163,11 @@ def _loss_frozen(s: dict[str, Any]) -> Iterator[Finding]:
         return
     n, first, last, value = identical
     unmoved = set((s.get("updates") or {}).get("unmoved_steps") or [])
+    # the loss of step k is computed before its update: the weights changed within the run of identical losses only
+    # if a step from first to last - 1 updated them; a GradScaler's skipped step did not (its calibration)
+    skipped = set((s.get("scale") or {}).get("skipped_steps") or [])
+    if not any(k not in skipped for k in range(first, last)):
+        return
     if (s.get("updates") or {}).get("sampled_steps") and not any(first <= u <= last for u in unmoved):
         yield get_rule("AMP614").finding(
             "loss", f"the loss was {value!r} on {n} consecutive sampled steps ({first} to {last}), bit for bit, "
