@@ -145,4 +145,7 @@ def test_ranks_that_skipped_different_steps_get_amp411_from_their_reports():
     # skips and scales (from the report files, no collective) and says where they first differ.
     apart = disagreements({0: _watched_report({1}), 1: _watched_report(set())})
     assert [(f.code, f.step) for f in apart] == [("AMP411", 1)]
+    assert "rank 0 skipped the step while rank 1 applied it; 1 of the 5 steps compared was skipped" in apart[0].detail
+    two = disagreements({0: _watched_report({1, 3}), 1: _watched_report(set())})[0].detail
+    assert "2 of the 5 steps compared were skipped on some ranks only" in two
     assert disagreements({0: _watched_report({1}), 1: _watched_report({1})}) == []  # they agree: quiet

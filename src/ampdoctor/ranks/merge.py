@@ -182,7 +182,8 @@ def rank_disagreements(per_rank: Mapping[int, Mapping[str, Any]]) -> list[Findin
         at.append(first)
         said.append(f"at optimizer step {first} {word_for(len(skip), 'rank')} {_ranks(skip)} skipped the step while "
                      f"{word_for(len(took), 'rank')} {_ranks(took)} "
-                    f"applied it; {len(differ)} of the {common} steps compared were skipped on some ranks only")
+                    f"applied it; {len(differ)} of the {common} steps compared {word_for(len(differ), 'was', 'were')} "
+                    f"skipped on some ranks only")
     changes = sorted({s for h in histories.values() for s, _ in h if s < common})
     for step in changes:
         scales = {rank: _scale_at(h, step) for rank, h in histories.items()}
