@@ -726,13 +726,23 @@ def test_the_dense_start_look_ends_with_it_and_reports_no_headroom_warning() -> 
 
 def test_the_parameters_of_a_second_model_the_optimizer_trains_are_named_not_left_as_not_in_model() -> None:
     # a dreambooth-style optimizer over the UNet's and the text encoder's adapters: the watch follows the UNet,
-    # and named the text encoder's tensors optimizer.param<k> in "(not in model)"
+    # and named the text encoder's tensors by their place in the optimizer, in "(not in model)"
     unet, text_encoder = nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2))
     opt = torch.optim.SGD([*unet.parameters(), *text_encoder.parameters()], lr=0.1)
     w = Watch(unet, opt, every=1, others=[unet, text_encoder])
     assert w.param_modules == ["Linear", "Linear", "Sequential.0", "Sequential.0"]   # classes: no script globals
     assert w.param_names[2:] == ["Sequential.0.weight", "Sequential.0.bias"]
     assert Watch(unet, opt, every=1).param_modules[2:] == ["(not in model)"] * 2   # without them, as before
+
+
+def test_a_tensor_no_model_holds_is_named_where_the_optimizer_holds_it() -> None:
+    # a logit scale kept outside the model, in a group of its own: the table and AMP607 said optimizer.param2 (a flat
+    # index the user cannot type), the explanations param_groups[1]['params'][0]
+    model, scale = nn.Linear(4, 1), nn.Parameter(torch.ones(()))
+    opt = torch.optim.SGD([{"params": model.parameters()}, {"params": [scale]}], lr=0.1)
+    w = Watch(model, opt, every=1)
+    assert w.param_names == ["weight", "bias", "param_groups[1]['params'][0]"]
+    assert w.param_modules[2] == "(not in model)"
 
 
 def test_two_models_of_one_class_are_numbered_as_the_findings_number_them() -> None:

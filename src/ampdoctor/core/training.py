@@ -15,7 +15,7 @@ from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
            "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "note_script_names",
-           "script_bindings", "user_name"]
+           "script_bindings", "user_name", "optimizer_slots"]
 
 # Modules torch puts *inside* a model, between a module and its children: an FSDP1 unit (``FullyShardedDataParallel``
 # keeps the wrapped module in ``_fsdp_wrapped_module``), activation checkpointing's ``CheckpointWrapper`` and
@@ -128,6 +128,19 @@ class TrainingSetup:
     def scaler_enabled(self) -> bool:
         is_enabled = getattr(self.scaler, "is_enabled", None)   # GradScaler's public accessor
         return callable(is_enabled) and bool(is_enabled())
+
+
+def optimizer_slots(optimizer: Any) -> dict[int, str]:
+    """Map the id of each tensor ``optimizer`` holds to where it holds it, ``param_groups[g]['params'][i]``: the name
+    of a tensor no model owns (a logit scale kept outside the model), as the user reaches it.
+
+    >>> scale = torch.zeros(())
+    >>> slots = optimizer_slots(torch.optim.SGD([{"params": [torch.zeros(1)]}, {"params": [scale]}], lr=0.1))
+    >>> slots[id(scale)]
+    "param_groups[1]['params'][0]"
+    """
+    return {id(p): f"param_groups[{gi}]['params'][{pi}]"
+            for gi, group in enumerate(getattr(optimizer, "param_groups", ())) for pi, p in enumerate(group["params"])}
 
 
 _SCRIPT_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> the script's name for it

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import TrainingSetup, model_prefixes, note_script_names
+from ampdoctor.core.training import TrainingSetup, model_prefixes, note_script_names, optimizer_slots
 
 _MAX_NAMES = 10          # names listed in one finding
 
@@ -44,10 +44,5 @@ def _tensor_name(t: torch.Tensor, setup: TrainingSetup, optimizer: Any = None) -
     info = setup.info(t)
     if info is not None:
         return info.describe()
-    where = "not in the model"
-    if optimizer is not None:
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                if p is t:
-                    where = f"param_groups[{gi}]['params'][{pi}]"
+    where = optimizer_slots(optimizer).get(id(t), "not in the model")
     return f"{where} ({dtype_name(t)}, {list(t.shape)})"

@@ -25,7 +25,7 @@ from torch import nn
 from ampdoctor._compat.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, optimizer_chain, optimizer_slots, unwrap_optimizer
 from ampdoctor.core.words import counted
 
 __all__ = ["watched_chain", "refuse_meta", "name_params", "param_owners", "steps_through", "scaler_of",
@@ -79,21 +79,23 @@ def refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
                          f"create the optimizer for those parameters, then call watch()")
 
 
-def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequence[nn.Module] = ()
-                ) -> tuple[list[str], list[str], list[str]]:
+def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequence[nn.Module] = (),
+                optimizer: Any = None) -> tuple[list[str], list[str], list[str]]:
     """Return the names, owning modules and dtypes of ``params``, as the findings name them: with ``others`` (a text
     encoder the same optimizer trains) each model's names have its prefix (``text_encoder.``, ``unet.``: see
-    ``model_prefixes``); a tensor no model owns is ``optimizer.param<k>`` in ``(not in model)``.
+    ``model_prefixes``); a tensor no model owns is named where ``optimizer`` holds it
+    (``param_groups[0]['params'][1]``, as the explanations name it), in ``(not in model)``.
 
-    >>> model = nn.Linear(2, 2)
-    >>> name_params(model, [model.weight, torch.zeros(1)])
-    (['weight', 'optimizer.param1'], ['(root)', '(not in model)'], ['float32', 'float32'])
+    >>> model, scale = nn.Linear(2, 2), torch.zeros(1)
+    >>> name_params(model, [model.weight, scale], optimizer=torch.optim.SGD([model.weight, scale], lr=0.1))
+    (['weight', "param_groups[0]['params'][1]"], ['(root)', '(not in model)'], ['float32', 'float32'])
     """
     # in the order of ``others`` (the run's models), as the findings number two models of one class (``Linear[1].``)
     models = list(others) if any(m is model for m in others) else [model, *others]
     setup = TrainingSetup(models)   # one model: no prefix
     infos = [setup.info(p) for p in params]
-    names = [i.name if i else f"optimizer.param{k}" for k, i in enumerate(infos)]
+    slots = optimizer_slots(optimizer)
+    names = [i.name if i else slots.get(id(p), f"params[{k}]") for k, (p, i) in enumerate(zip(params, infos))]
     modules = [i.module if i else "(not in model)" for i in infos]
     return names, modules, [dtype_name(p) for p in params]
 
@@ -148,8 +150,9 @@ class EngineCopies:
     """The fp32 flat copies an engine's optimizer steps among the watched tensors (DeepSpeed's), named where the
     engine keeps them.
 
-    On construction the names and modules of those tensors are replaced in place (``optimizer.param0`` in ``(not in
-    model)`` becomes ``DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]`` in ``(DeepSpeed fp32 copy)``).
+    On construction the names and modules of those tensors are replaced in place (``param_groups[0]['params'][0]``
+    in ``(not in model)`` becomes ``DeepSpeedZeroOptimizer.single_partition_of_fp32_groups[0]`` in ``(DeepSpeed fp32
+    copy)``).
 
     Attributes:
         layouts: ``{id(tensor): layout}`` of the partitions split over data-parallel ranks: sharded over that group,
@@ -158,9 +161,9 @@ class EngineCopies:
             ``DeepSpeedZeroOptimizer``), None without one: a training step ends when its ``step()`` returns.
         padding: per watched tensor, the zeros the engine appended to this rank's partition (left out).
 
-    >>> names, modules = ["optimizer.param0"], ["(not in model)"]
+    >>> names, modules = ["param_groups[0]['params'][0]"], ["(not in model)"]
     >>> EngineCopies([], [torch.zeros(2)], names, modules).padding, names
-    ([0], ['optimizer.param0'])
+    ([0], ["param_groups[0]['params'][0]"])
     """
 
     def __init__(self, objects: Sequence[Any], params: Sequence[torch.Tensor], names: list[str],

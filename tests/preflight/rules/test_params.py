@@ -201,6 +201,17 @@ def test_amp102_fires_for_bf16_params_under_fp16_autocast_without_a_scaler():
     assert all("All 4 trainable parameters are bfloat16" in f.detail for f in findings)
 
 
+def test_amp102_names_a_free_standing_bf16_parameter_and_agrees_with_its_count():
+    # a bf16 logit scale kept outside an fp32 model, under fp16 autocast and a GradScaler: AMP102 said nothing
+    model = mlp()
+    scale = nn.Parameter(torch.ones((), dtype=torch.bfloat16))
+    opt = torch.optim.AdamW([*model.parameters(), scale])
+    (finding,) = bf16_params_under_fp16_amp(TrainingSetup(model, opt, cpu_scaler(), torch.float16))
+    assert finding.where == "optimizer[0] group 0"
+    assert "params[4] (bfloat16, [])" in finding.detail
+    assert "1 of 5 trainable parameters is bfloat16: stray casts" in finding.detail
+
+
 def test_amp102_quiet_for_bf16_params_under_bf16_autocast_without_a_scaler():
     model = mlp().to(torch.bfloat16)
     assert list(bf16_params_under_fp16_amp(TrainingSetup(model, autocast_dtype=torch.bfloat16))) == []

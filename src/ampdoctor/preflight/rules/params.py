@@ -34,7 +34,7 @@ from ampdoctor.core.training import (
     keeps_fp32_masters,
     unwrap_optimizer,
 )
-from ampdoctor.core.words import counted
+from ampdoctor.core.words import counted, word_for
 from ampdoctor.preflight.rules import check, findings_by_module, listing
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.wiring import stale_tensors
@@ -58,23 +58,24 @@ def _share(low: list[ParamInfo], trainable: list[ParamInfo], dtype: torch.dtype,
     """Say whether the low-precision trainable parameters are all of them or a few strays, and what usually does
     that: peft's ``modules_to_save`` copies, one model of several left out of the upcast, a cast submodule."""
     count, total, name = len(low), len(trainable), dtype_name(dtype)
+    are = word_for(count, "is", "are")
     method = ".half()" if dtype == torch.float16 else ".bfloat16()"
     if count < total and all("modules_to_save" in p.name for p in low):
-        return (f"{count} of {total} trainable parameters are {name}, all of them in peft's modules_to_save copies: "
+        return (f"{count} of {total} trainable parameters {are} {name}, all of them in peft's modules_to_save copies: "
                 f"peft copies those modules in the base model's {name} (autocast_adapter_dtype upcasts the LoRA "
                 "adapters only).")
     models = {next((x for x in setup.prefixes if x and p.name.startswith(x)), "") for p in low}
     if count < total and len(models) == 1 and "" not in models:   # all in one model of several...
         model = models.pop()
         if sum(p.name.startswith(model) for p in trainable) == count:   # ...and all of its trainable ones
-            return (f"{count} of {total} trainable parameters are {name}: every one of {model[:-1]}'s, while the "
+            return (f"{count} of {total} trainable parameters {are} {name}: every one of {model[:-1]}'s, while the "
                     f"other models train in float32: {model[:-1]} was left out of the upcast (e.g. "
                     "cast_training_params given the other models only).")
     if 2 * count > total and count < total:
-        return (f"{count} of {total} trainable parameters are {name}: most of the model was cast and a few modules "
+        return (f"{count} of {total} trainable parameters {are} {name}: most of the model was cast and a few modules "
                 f"kept float32, e.g. torch_dtype=torch.{name} with transformers' _keep_in_fp32_modules.")
     if count < total:
-        return (f"{count} of {total} trainable parameters are {name}: stray casts of a few modules or parameters "
+        return (f"{count} of {total} trainable parameters {are} {name}: stray casts of a few modules or parameters "
                 f"(a {method} or .to(torch.{name}) on one submodule, or an nn.Parameter created in {name}).")
     everything = "the only trainable parameter is" if total == 1 else f"all {total} trainable parameters are"
     if frozen:
@@ -174,14 +175,15 @@ def bf16_params_under_fp16_amp(setup: TrainingSetup, rule: Rule) -> Iterator[Fin
     if not contexts:
         return
     trainable, frozen = _trainable_counts(setup)
-    bf16 = _unmastered(setup, trainable, torch.bfloat16)
+    free = _free_standing(setup, torch.bfloat16)
+    bf16 = _unmastered(setup, trainable, torch.bfloat16) + free
     if not bf16:
         return
     # the CUDA unscale kernel has lacked bfloat16 (pytorch #127176); the CPU kernel has it
     cuda = (" (on CUDA, torch versions without a bfloat16 unscale kernel raise \"not implemented for 'BFloat16'\" in "
             "scaler.step())" if setup.scaler_enabled else "")
     state = f"trainable bfloat16 while {' and '.join(contexts)}{cuda}"
-    yield from findings_by_module(rule, bf16, state, _share(bf16, trainable, torch.bfloat16, frozen, setup))
+    yield from findings_by_module(rule, bf16, state, _share(bf16, trainable + free, torch.bfloat16, frozen, setup))
 
 
 def _reported_elsewhere(setup: TrainingSetup) -> set[torch.dtype]:
