@@ -137,8 +137,9 @@ def test_unload_leaves_no_hook_behind(tmp_path):
     before, _, _, _, during, _, after = run_notebook("import torch\n" + HOOKS, "%load_ext ampdoctor", SEED_ERROR,
                                                      FIXED, HOOKS, "%unload_ext ampdoctor", HOOKS, tmp_path=tmp_path)
     assert "hooks 0 0 0 0 0 False False" in text(before)
-    # loaded: the optimizer step hook, GradScaler's observers and Optimizer.__init__'s (a cell built a new one)
-    assert "hooks 0 0 0 1 0 True True" in text(during)
+    # loaded: the optimizer step hooks (the pre-hook, and the post-hook of the watch's backward monitor: another
+    # optimizer's step uses a backward), GradScaler's observers and Optimizer.__init__'s (a cell built a new one)
+    assert "hooks 0 0 0 1 1 True True" in text(during)
     assert "hooks 0 0 0 0 0 False False" in text(after)
 
 
