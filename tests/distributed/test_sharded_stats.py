@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch_jobs import run_job_streams
 
 SCRIPT = Path(__file__).with_name("stats_scripts") / "sharded_watch.py"
 TIMEOUT = 90  # seconds; a healthy run takes under 15 on 2 shared cores
@@ -24,17 +23,9 @@ TIMEOUT = 90  # seconds; a healthy run takes under 15 on 2 shared cores
 
 def run(tmp_path: Path, mode: str, world: int) -> list[dict]:
     out = tmp_path / f"{mode}-{world}"
-    # its own session: on a timeout the spawned ranks go too, not only the parent
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), mode, str(world), str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        _, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{mode} on {world} ranks did not finish in {TIMEOUT} s: a rank is waiting in a collective")
-    assert proc.returncode == 0, stderr[-3000:]
+    command = [sys.executable, str(SCRIPT), mode, str(world), str(out)]
+    returncode, _, stderr = run_job_streams(command, tmp_path, {**os.environ, "OMP_NUM_THREADS": "1"}, TIMEOUT)
+    assert returncode == 0, stderr[-3000:]
     return [json.loads(Path(f"{out}.{rank}.json").read_text()) for rank in range(world)]
 
 
