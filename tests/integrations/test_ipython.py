@@ -195,6 +195,36 @@ def test_a_re_run_cell_that_repeats_its_crash_says_so_in_one_line(tmp_path):
     assert finding_rows(text(magic), "AMP101") == 1 and "[1]" not in text(magic)
 
 
+SCALER_CELL = MODEL + """\
+scaler = torch.amp.GradScaler("cpu")
+"""
+
+OPTIMIZER_CELL = """\
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+SCALED_STEPS = """\
+for _ in range(3):
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = (model(x).float() - y).pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+print("trained", torch.isfinite(loss).item())
+"""
+
+
+def test_a_re_run_optimizer_cell_trains_with_the_earlier_cells_scaler_and_is_not_amp208(tmp_path):
+    # the scaler's cell runs once; the optimizer's cell and the training cell run twice: the second stage's forward
+    # comes before its scaler.scale(), and the scaler belongs to the ended stage until then
+    cells = run_notebook("%load_ext ampdoctor", SCALER_CELL, OPTIMIZER_CELL, SCALED_STEPS, OPTIMIZER_CELL,
+                         SCALED_STEPS, "%ampdoctor", tmp_path=tmp_path)
+    assert "trained True" in text(cells[5])
+    magic = text(cells[-1])
+    assert "ampdoctor watch: 3 steps" in magic and "AMP" not in magic.replace("ampdoctor", "")
+
+
 TRAINER = """\
 import collections, torch
 from torch import nn

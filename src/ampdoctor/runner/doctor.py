@@ -181,7 +181,7 @@ class Doctor:
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
-            if live_optimizers(instances(torch.optim.Optimizer), self.ended):
+            if live_optimizers(instances(torch.optim.Optimizer), self.ended) and not self._scaler_undecided():
                 self._start()
         elif self.fix and self.setup is not None and not self.session.repairs.knows(module) \
                 and self._scans < _MAX_SCANS:
@@ -192,6 +192,14 @@ class Doctor:
                 self._start()
         if self.fix and self.setup is not None:
             self.session.reapply(self.setup, module, dtype)
+
+    def _scaler_undecided(self) -> bool:
+        """Whether the stage's GradScaler shows only at its first ``scale()`` or step: an ended stage's enabled
+        scaler is alive and no other (a notebook's scaler cell ran once, a re-run cell built a new optimizer). Its
+        ``scale()`` makes it this stage's and starts the look with it; a step before any starts it without (AMP208).
+        Not under --fix, whose repairs come before the first backward."""
+        ended = [s for s in self.ended if isinstance(s, scaler_classes()) and is_enabled(s)]
+        return bool(ended) and not self.fix and not scan(self.ended).scalers
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
         self.session.seen["scalers"].add(id(scaler))
