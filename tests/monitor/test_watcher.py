@@ -754,6 +754,33 @@ def test_two_models_of_one_class_are_numbered_as_the_findings_number_them() -> N
     assert w.param_modules[2:] == ["Sequential[1].0", "Sequential[1].0", "Sequential[1].2", "Sequential[1].2"]
 
 
+def test_with_two_models_the_activation_findings_name_modules_as_the_gradient_table_does() -> None:
+    # a GAN's generator and discriminator are both Sequentials with a `main`: the table said Sequential[1].main.0
+    # for the discriminator's weights, AMP601 "main.2 (Linear)", a name the generator has too
+    def net(width):
+        return nn.Sequential(collections.OrderedDict(main=nn.Sequential(nn.Linear(4, width), nn.ReLU(),
+                                                                         nn.Linear(width, 1))))
+    generator, discriminator = net(4), net(8)
+    with torch.no_grad():
+        discriminator.main[2].weight.fill_(1e4)   # its output overflows fp16
+    opt = torch.optim.SGD(discriminator.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu")
+    with Watch(discriminator, opt, scaler, every=1, activations=True, others=[generator, discriminator]) as w:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = discriminator(torch.full((2, 4), 10.0)).float().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert w.param_modules[0] == "Sequential[1].main.0"
+    [overflow] = [f for f in w.findings() if f.code == "AMP601"]
+    assert overflow.where == "Sequential[1].main.2 (Linear)", overflow.where
+    first = w.summary_data()["activations"]["first_nonfinite_forward"]
+    assert first["module"] == "Sequential[1].main.2" and first["reproduced"] is True
+    assert [f["module"] for f in first["frames"]][-1] == "Sequential[1].main.2"
+
+
 # ---- the hot path: ATen ops a sampled step adds, counted by a dispatch mode (deterministic, no timing) -----------
 
 

@@ -15,7 +15,7 @@ from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
            "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "note_script_names",
-           "script_bindings", "user_name", "optimizer_slots"]
+           "script_bindings", "user_name", "module_label", "optimizer_slots"]
 
 # Modules torch puts *inside* a model, between a module and its children: an FSDP1 unit (``FullyShardedDataParallel``
 # keeps the wrapped module in ``_fsdp_wrapped_module``), activation checkpointing's ``CheckpointWrapper`` and
@@ -33,6 +33,18 @@ def user_name(name: str) -> str:
     if "_" not in name:
         return name
     return ".".join(part for part in name.split(".") if part not in _INNER_WRAPPERS)
+
+
+def module_label(name: str, prefix: str = "") -> str:
+    """Return how the findings name module ``name`` (from ``named_modules()``) of a model whose names start with
+    ``prefix`` (`model_prefixes`): as the user's code spells it (`user_name`); its root is the model's own name, or
+    ``(root)`` when the run has one model.
+
+    >>> module_label("_fsdp_wrapped_module.block.0"), module_label("", "netD."), module_label("")
+    ('block.0', 'netD', '(root)')
+    """
+    name = user_name(name)
+    return f"{prefix}{name}" if name else prefix.rstrip(".") or "(root)"
 
 
 @dataclass(frozen=True)
@@ -95,13 +107,12 @@ class TrainingSetup:
         self.prefixes = model_prefixes(self.models)   # now: the script's module may be gone when a crash is named
         for model, prefix in zip(self.models, self.prefixes):
             for module_name, module in model.named_modules(remove_duplicate=True):
-                module_name = user_name(module_name)
-                module_label = f"{prefix}{module_name}" if module_name else prefix.rstrip(".") or "(root)"
+                label, module_name = module_label(module_name, prefix), user_name(module_name)
                 for pname, p in module.named_parameters(recurse=False):
                     if id(p) in self._by_id:  # tied weights: first name wins, like named_parameters()
                         continue
                     full = f"{prefix}{module_name}.{pname}" if module_name else f"{prefix}{pname}"
-                    info = ParamInfo(full, module_label, p)
+                    info = ParamInfo(full, label, p)
                     self.params.append(info)
                     self._by_id[id(p)] = info
 

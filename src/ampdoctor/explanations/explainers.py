@@ -18,7 +18,7 @@ from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
-from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, user_name
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, module_label
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
 from ampdoctor.explanations.fixes import UNKNOWN, nonfinite_grads_fix
@@ -95,8 +95,7 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
     names: dict[int, str] = {}
     for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
-            name = user_name(name)
-            names.setdefault(id(module), f"{prefix}{name}" if name else (prefix.rstrip(".") or "(root)"))
+            names.setdefault(id(module), module_label(name, prefix))
     scope = autocast_scope(crash.exc.__traceback__)
     if crash.modules:
         module, frame = crash.modules[0]

@@ -29,7 +29,7 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
-from ampdoctor.core.training import user_name
+from ampdoctor.core.training import module_label
 from ampdoctor.explanations.fixes import nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, abs_max_on_device, scale_note, split
 from ampdoctor.monitor.replay import (
@@ -67,6 +67,8 @@ class ActivationMonitor:
         headroom: flag AMP606 when a module's output abs-max exceeds the format's maximum divided by this.
         frames: how many module frames to dump when a forward turns non-finite.
         reads: the owner this monitor's host reads also count for (a ``Watch``'s ``reads``; ``core.host_reads``).
+        prefix: what the run's names of the model's modules start with when it has several models (``netD.``:
+            ``core.training.model_prefixes``), so that the findings name them as the gradient table does.
         gradients: also probe each output's gradient (AMP602). ``False`` looks at the forward alone (AMP601,
             AMP609, AMP606): a watch's dense-start look, which reports only the first non-finite output, skips the
             backward probes (on the bench model they cost 1.9 ms of its 6 ms a step, one thread).
@@ -80,7 +82,8 @@ class ActivationMonitor:
     """
 
     def __init__(self, model: nn.Module, *, every: int = 1, setup: Any = None, headroom: float = HEADROOM_FACTOR,
-                 frames: int = FRAMES, reads: HostReads | None = None, gradients: bool = True) -> None:
+                 frames: int = FRAMES, reads: HostReads | None = None, gradients: bool = True,
+                 prefix: str = "") -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -89,6 +92,7 @@ class ActivationMonitor:
             raise ValueError(f"headroom must be a factor above 1, got {headroom!r}; the default is {HEADROOM_FACTOR}")
         self._model, self.reads = weakref.ref(model), HostReads("activations", within=reads)
         self.every, self.headroom, self.frames, self.gradients = every, float(headroom), frames, gradients
+        self.prefix = prefix
         # the setup holds the model: keep only a weak reference to its scaler, so the monitor never pins the model
         scaler = getattr(setup, "scaler", None)
         self._scaler = weakref.ref(scaler) if scaler is not None else lambda: None
@@ -108,7 +112,8 @@ class ActivationMonitor:
     # ---- attaching ------------------------------------------------------------------------------------------
     def _index_modules(self, model: nn.Module) -> None:
         named = list(model.named_modules())
-        self._names = [user_name(name) or "(root)" for name, _ in named]
+        self._names = [module_label(name, self.prefix) for name, _ in named]   # as the findings name them
+        self._paths = [name for name, _ in named]   # as get_submodule() finds them
         self._classes = [type(m).__name__ for _, m in named]
         position = {id(m): i for i, (_, m) in enumerate(named)}
         self._descendants = [[position[id(d)] for d in m.modules() if d is not m and id(d) in position]
@@ -358,11 +363,11 @@ class ActivationMonitor:
                 frames, op = self._diagnose(rec.replay)
             except Exception as exc:  # a failed re-run costs the frames, not the monitor
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
-                weights = nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
+                weights = nonfinite_weights_lines(self._require_model(), self._paths[i], self.reads)
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
         else:  # no frames: say at least whether its own weights are already non-finite
-            weights = nonfinite_weights_lines(self._require_model(), self._names[i], self.reads)
+            weights = nonfinite_weights_lines(self._require_model(), self._paths[i], self.reads)
         lines += weights
         written = bool(weights) or WEIGHTS_WRITTEN in lines   # an optimizer step wrote inf/NaN into its weights
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
@@ -400,7 +405,7 @@ class ActivationMonitor:
         model = self._require_model()
         active, self._active, self._replaying = self._active, False, True
         try:
-            return rerun(model, replay, self.frames, self.reads)
+            return rerun(model, replay, self.frames, self.reads, self.prefix)
         finally:
             self._active, self._replaying = active and self.enabled, False
 
@@ -440,8 +445,7 @@ class ActivationMonitor:
 
     def _weight_dtypes(self, i: int) -> list[str]:
         """Return the dtypes of module ``i``'s own parameters, by name."""
-        name, model = self._names[i], self._require_model()
-        module = model if name == "(root)" else model.get_submodule(name)
+        module = self._require_model().get_submodule(self._paths[i])
         return [dtype_name(p.dtype) for p in module.parameters(recurse=False)]
 
     def _require_model(self) -> nn.Module:

@@ -20,7 +20,7 @@ from torch import nn
 from ampdoctor._torch.dispatch import TorchDispatchMode, op_schema, op_writes_in_place, tree_leaves
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.host_reads import HostReads, to_host
-from ampdoctor.core.training import user_name
+from ampdoctor.core.training import module_label
 
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
 
@@ -132,6 +132,7 @@ class NonfiniteOpTracer(TorchDispatchMode):
             output turned non-finite), so that a harmless inf elsewhere (an overflow that is masked away) is not
             taken for the origin.
         reads: who its host reads (one per op looked at) count for (``ampdoctor.core.host_reads``).
+        prefix: what ``root``'s names start with in a run of several models (``netD.``: ``module_label``).
 
     A stack of modules is kept with global forward hooks (always called, so it unwinds on errors).
 
@@ -143,12 +144,12 @@ class NonfiniteOpTracer(TorchDispatchMode):
     """
 
     def __init__(self, root: nn.Module | None = None, *, within: str | None = None,
-                 reads: HostReads | str = "op replay") -> None:
+                 reads: HostReads | str = "op replay", prefix: str = "") -> None:
         super().__init__()
         self.reads = reads if isinstance(reads, HostReads) else HostReads(reads)
         self.names: dict[nn.Module, str] = {}
         if root is not None:
-            self.names.update((m, user_name(n) or "(root)") for n, m in root.named_modules(remove_duplicate=False))
+            self.names.update((m, module_label(n, prefix)) for n, m in root.named_modules(remove_duplicate=False))
         self.within = within
         self.stack: list[tuple[str, str]] = []
         self.found: NonfiniteOp | None = None

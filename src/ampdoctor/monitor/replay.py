@@ -31,7 +31,7 @@ from ampdoctor._compat.engines import engine_family
 from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
 from ampdoctor.core.host_reads import HostReads, to_host
-from ampdoctor.core.training import user_name
+from ampdoctor.core.training import module_label
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
 
 __all__ = ["Replay", "Frame", "rerun", "explain", "render_frames", "replay_blocked"]
@@ -123,13 +123,14 @@ class Frame:
         return {"module": self.name, "class": self.cls, "rows": rows}
 
 
-def rerun(model: nn.Module, replay: Replay, frames: int,
-          within: HostReads | None = None) -> tuple[list[Frame], NonfiniteOp | str | None]:
+def rerun(model: nn.Module, replay: Replay, frames: int, within: HostReads | None = None,
+          prefix: str = "") -> tuple[list[Frame], NonfiniteOp | str | None]:
     """Re-run the recorded forward with frame hooks; then, unless a weight is non-finite, at the op level.
 
     The caller keeps its own hooks quiet meanwhile. Returns the last ``frames`` frames (ending at the first module
     whose output is non-finite, if any) and the op found (or the error text of a failed op-level re-run, or None).
     Each frame is one host read, each op looked at one more, counted as ``"replay"`` reads ``within`` the caller's.
+    Frames and ops name modules as `ampdoctor.core.training.module_label` does with ``prefix``.
     """
     reads = HostReads("replay", within=within)
     kept: collections.deque[Frame] = collections.deque(maxlen=max(frames, 1))
@@ -141,7 +142,7 @@ def rerun(model: nn.Module, replay: Replay, frames: int,
             if not kept[-1].output_finite:
                 done.append(True)
 
-    handles = [m.register_forward_hook(functools.partial(dump, user_name(n) or "(root)"), with_kwargs=True)
+    handles = [m.register_forward_hook(functools.partial(dump, module_label(n, prefix)), with_kwargs=True)
                for n, m in model.named_modules()]
     op: NonfiniteOp | str | None = None
     guard = NoCollectives() if distributed_world() > 1 else contextlib.nullcontext()
@@ -157,7 +158,7 @@ def rerun(model: nn.Module, replay: Replay, frames: int,
             within = culprit.name if culprit.inputs_finite is not False else None
 
             def trace(*args: Any, **kwargs: Any) -> NonfiniteOp | None:
-                with NonfiniteOpTracer(model, within=within, reads=reads) as tracer:
+                with NonfiniteOpTracer(model, within=within, reads=reads, prefix=prefix) as tracer:
                     model(*args, **kwargs)
                 return tracer.found
 
@@ -259,7 +260,8 @@ def render_frames(frames: list[Frame]) -> str:
 
 
 def nonfinite_weights_lines(model: nn.Module, name: str, within: HostReads | None = None) -> list[str]:
-    """Return a sentence (in a list) when module ``name``'s own parameters already hold inf/NaN, else ``[]``.
+    """Return a sentence (in a list) when the module at ``name`` (``model.get_submodule``'s path; ``""``: the root)
+    holds inf/NaN in its own parameters, else ``[]``.
 
     Said when no re-run gives frames (the step's inputs were not kept, or a re-run could hang the ranks): a module
     whose weights are non-finite outputs NaN whatever its input, and no loss scale or upcast of its compute helps.
@@ -268,7 +270,7 @@ def nonfinite_weights_lines(model: nn.Module, name: str, within: HostReads | Non
     Reads this rank's local values only (a DTensor's local shard): no collective. One host read for that one
     module's parameters, on the error path (a ``"replay"`` read ``within`` the caller's).
     """
-    module = model if name == "(root)" else model.get_submodule(name)
+    module = model.get_submodule(name)
     params = module.named_parameters(recurse=False)
     own = [(pname, p.to_local() if hasattr(p, "to_local") else p) for pname, p in params]
     own = [(pname, local.detach()) for pname, local in own if local.numel()]

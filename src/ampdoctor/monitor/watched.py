@@ -17,7 +17,7 @@ where the engine keeps them and merges ZeRO-1/2 partitions over the data-paralle
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -79,16 +79,27 @@ def refuse_meta(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
                          f"create the optimizer for those parameters, then call watch()")
 
 
+class ParamNames(NamedTuple):
+    """The watched tensors' names, owning modules and dtypes, and the prefix of the watched model's names."""
+
+    names: list[str]
+    modules: list[str]
+    dtypes: list[str]
+    prefix: str
+
+
 def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequence[nn.Module] = (),
-                optimizer: Any = None) -> tuple[list[str], list[str], list[str]]:
+                optimizer: Any = None) -> ParamNames:
     """Return the names, owning modules and dtypes of ``params``, as the findings name them: with ``others`` (a text
     encoder the same optimizer trains) each model's names have its prefix (``text_encoder.``, ``unet.``: see
-    ``model_prefixes``); a tensor no model owns is named where ``optimizer`` holds it
+    ``model_prefixes``), returned for ``model`` too; a tensor no model owns is named where ``optimizer`` holds it
     (``param_groups[0]['params'][1]``, as the explanations name it), in ``(not in model)``.
 
     >>> model, scale = nn.Linear(2, 2), torch.zeros(1)
-    >>> name_params(model, [model.weight, scale], optimizer=torch.optim.SGD([model.weight, scale], lr=0.1))
+    >>> name_params(model, [model.weight, scale], optimizer=torch.optim.SGD([model.weight, scale], lr=0.1))[:3]
     (['weight', "param_groups[0]['params'][1]"], ['(root)', '(not in model)'], ['float32', 'float32'])
+    >>> name_params(model, [], others=[nn.Conv1d(1, 1, 1), model]).prefix
+    'Linear.'
     """
     # in the order of ``others`` (the run's models), as the findings number two models of one class (``Linear[1].``)
     models = list(others) if any(m is model for m in others) else [model, *others]
@@ -97,7 +108,8 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     slots = optimizer_slots(optimizer)
     names = [i.name if i else slots.get(id(p), f"params[{k}]") for k, (p, i) in enumerate(zip(params, infos))]
     modules = [i.module if i else "(not in model)" for i in infos]
-    return names, modules, [dtype_name(p) for p in params]
+    prefix = setup.prefixes[next(k for k, m in enumerate(models) if m is model)]
+    return ParamNames(names, modules, [dtype_name(p) for p in params], prefix)
 
 
 def param_owners(models: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[int | None]:

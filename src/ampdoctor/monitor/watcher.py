@@ -156,7 +156,8 @@ class Watch:
         self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
         self._want_activations = activations
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        self.param_names, self.param_modules, self.param_dtypes = name_params(model, params, others, optimizer)
+        self.param_names, self.param_modules, self.param_dtypes, self._prefix = name_params(model, params, others,
+                                                                                            optimizer)
         self._params: list[torch.Tensor] = params
         # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
         # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
@@ -276,7 +277,7 @@ class Watch:
     def _attach_activations(self, gradients: bool = True) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
         self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
-                                              gradients=gradients)
+                                              gradients=gradients, prefix=self._prefix)
         self._activations.attach()
 
     def _arm_activations(self, last: int) -> None:

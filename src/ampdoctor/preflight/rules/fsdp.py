@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ampdoctor._torch.engines import fsdp2_policy, fsdp2_reduce_size
-from ampdoctor.core.training import TrainingSetup, user_name
+from ampdoctor.core.training import TrainingSetup, module_label
 
 __all__ = ["FsdpUnit", "fsdp_units", "loaded_class"]
 
@@ -58,7 +58,7 @@ def fsdp_units(setup: TrainingSetup) -> list[FsdpUnit]:
     units = []
     for model, prefix in zip(setup.models, setup.prefixes):
         for name, module in model.named_modules():
-            label = f"{prefix}{user_name(name)}".rstrip(".") or "(root)"
+            label = module_label(name, prefix)
             if fsdp1 is not None and isinstance(module, fsdp1):
                 first = next(module.parameters(), None)   # the flat (or original) parameters, in their own dtype
                 if first is None:
