@@ -181,6 +181,18 @@ def test_the_watch_follows_the_dense_model_not_a_sparse_embedding(tmp_path, caps
                                                                "head.2.weight"]
 
 
+def test_a_later_folds_watch_covers_its_own_model_not_the_ended_folds(tmp_path, capsys):
+    # each fold's watch is a stage of its own; the earlier folds' optimizers (held by the run's own records, gone
+    # from the script) were "2 other optimizers are not watched", and the fold's model was named model[0]
+    out = tmp_path / "report.json"
+    code = main(["run", "--json", str(out), os.path.join(SCRIPTS, "kfold_scaled.py")])
+    report, err = json.loads(out.read_text()), capsys.readouterr().err
+    assert code == 0 and report["findings"] == [], err
+    assert report["observed"]["optimizers"] == 3 and "2 earlier stages" in err
+    assert "coverage" not in report["watch"] and "not watched" not in err
+    assert sorted(report["watch"]["gradients"]["params"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
 def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
     import weakref
 

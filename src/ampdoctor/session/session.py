@@ -90,6 +90,8 @@ class Session:
         self._others_stepped = 0   # steps of newer optimizers since the watched one last stepped
         self.stage_after = STAGE_AFTER   # a notebook, where a re-run cell rebuilds them, starts the next stage at 1
         self._stage_optimizers: set[int] = set()   # the optimizers there were when the watch's stage began
+        self._recent: set[int] = set()   # the optimizers that stepped since the watched one last did
+        self._ended: set[int] = set()   # of the stages the watch left: those that did not step on into the next
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
@@ -186,17 +188,22 @@ class Session:
         setup = self.setup
         if setup is None or not setup.optimizers or not setup.models:
             return
-        candidates = [model] if model is not None else setup.models
-        model, optimizer = watched_pair(candidates, list(optimizers or setup.optimizers))
+        # the stage's objects: not those of the stages the watch left (a k-fold's earlier folds, which the setup
+        # still holds), unless an optimizer of theirs steps on
+        stage = [o for o in setup.optimizers if id(unwrap_optimizer(o)) not in self._ended]
+        models = [m for m in setup.models if not self._ended or any(owns_any(o, m) for o in stage)]
+        candidates = [model] if model is not None else models
+        model, optimizer = watched_pair(candidates, list(optimizers or stage))
         if any(p.is_meta for p in model.parameters()):
             return   # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
-                           activations=self.activations, others=setup.models).attach()
+                           activations=self.activations, others=models).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)
-        self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup)   # the watch follows one optimizer
-        self._stage_optimizers = {id(unwrap_optimizer(o)) for o in setup.optimizers}
+        # the watch follows one optimizer
+        self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup, stage, models)
+        self._stage_optimizers = {id(unwrap_optimizer(o)) for o in stage}
 
     def optimizer_stepped(self, optimizer: Any) -> None:
         """Every optimizer step (O(1)): the watch follows the objects that train now. When optimizers diagnosed
@@ -207,7 +214,9 @@ class Session:
             return
         if watch.follows(optimizer):
             self._others_stepped = 0
+            self._recent.clear()
             return
+        self._recent.add(id(optimizer))
         if id(optimizer) in self._stage_optimizers or \
                 not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
             return   # one the watch's stage already had (a GAN's other optimizer, one optimizer per parameter)
@@ -217,6 +226,9 @@ class Session:
             self.parts.guard("run", self._next_stage, optimizer)
 
     def _next_stage(self, optimizer: Any) -> None:
+        # the ended stage's optimizers that did not step on (a GAN's other optimizer may go on with the new one)
+        self._ended = (self._ended | self._stage_optimizers) - self._recent
+        self._recent.clear()
         call_safely(self.watch.detach, on_error=self.internal_error)
         call_safely(self._collect_watch, on_error=self.internal_error)
         ended = self.report.extra.pop("watch", None)
@@ -226,7 +238,8 @@ class Session:
         wrapped = [o for o in self.setup.optimizers if unwrap_optimizer(o) is optimizer]
         trained = [m for m in self.setup.models if owns_any(optimizer, m)]
         self._attach_watch(max(trained, key=watched_size) if trained else None,
-                           wrapped + [o for o in self.setup.optimizers if o not in wrapped])
+                           wrapped + [o for o in self.setup.optimizers
+                                      if o not in wrapped and id(unwrap_optimizer(o)) not in self._ended])
 
     def confirm_wiring(self, optimizer: Any) -> None:
         """At ``optimizer``'s first step, when the gradients exist: confirm or withdraw AMP301/AMP302 said earlier."""

@@ -35,13 +35,17 @@ def watched_size(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in sparse)
 
 
-def watch_coverage(optimizer: Any, setup: Any) -> dict[str, Any] | None:
+def watch_coverage(optimizer: Any, setup: Any, optimizers: Sequence[Any] | None = None,
+                   models: Sequence[nn.Module] | None = None) -> dict[str, Any] | None:
     """Return which part of the trained models ``optimizer`` (the one a watch follows) steps, when other
-    optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None."""
+    optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None.
+    ``optimizers`` and ``models``: the watch's stage's, when not all of ``setup``'s (a k-fold's later fold)."""
     from ampdoctor.explanations.naming import optimizer_label
 
-    trainable = {id(p) for m in setup.models for p in m.parameters() if p.requires_grad}
-    others = [o for o in setup.optimizers
+    optimizers = setup.optimizers if optimizers is None else optimizers
+    trainable = {id(p) for m in (setup.models if models is None else models) for p in m.parameters()
+                 if p.requires_grad}
+    others = [o for o in optimizers
               if o is not optimizer and any(id(p) in trainable for p in optimizer_tensors(o))]
     if not others:
         return None
