@@ -90,8 +90,9 @@ class Session:
         self._others_stepped = 0   # steps of newer optimizers since the watched one last stepped
         self.stage_after = STAGE_AFTER   # a notebook, where a re-run cell rebuilds them, starts the next stage at 1
         self._stage_optimizers: set[int] = set()   # the optimizers there were when the watch's stage began
-        self._recent: set[int] = set()   # the optimizers that stepped since the watched one last did
-        self._ended: set[int] = set()   # of the stages the watch left: those that did not step on into the next
+        self._recent: weakref.WeakSet = weakref.WeakSet()   # the optimizers that stepped since the watched one did
+        # the optimizers of the stages the watch left that did not step on into the next (a k-fold's earlier folds)
+        self._ended: weakref.WeakSet = weakref.WeakSet()
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
@@ -190,7 +191,7 @@ class Session:
             return
         # the stage's objects: not those of the stages the watch left (a k-fold's earlier folds, which the setup
         # still holds), unless an optimizer of theirs steps on
-        stage = [o for o in setup.optimizers if id(unwrap_optimizer(o)) not in self._ended]
+        stage = [o for o in setup.optimizers if unwrap_optimizer(o) not in self._ended]
         models = [m for m in setup.models if not self._ended or any(owns_any(o, m) for o in stage)]
         candidates = [model] if model is not None else models
         model, optimizer = watched_pair(candidates, list(optimizers or stage))
@@ -216,7 +217,7 @@ class Session:
             self._others_stepped = 0
             self._recent.clear()
             return
-        self._recent.add(id(optimizer))
+        self._recent.add(unwrap_optimizer(optimizer))
         if id(optimizer) in self._stage_optimizers or \
                 not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
             return   # one the watch's stage already had (a GAN's other optimizer, one optimizer per parameter)
@@ -227,7 +228,11 @@ class Session:
 
     def _next_stage(self, optimizer: Any) -> None:
         # the ended stage's optimizers that did not step on (a GAN's other optimizer may go on with the new one)
-        self._ended = (self._ended | self._stage_optimizers) - self._recent
+        for real in (unwrap_optimizer(o) for o in self.setup.optimizers):
+            if id(real) in self._stage_optimizers and real not in self._recent:
+                self._ended.add(real)
+        for real in self._recent:
+            self._ended.discard(real)
         self._recent.clear()
         call_safely(self.watch.detach, on_error=self.internal_error)
         call_safely(self._collect_watch, on_error=self.internal_error)
@@ -239,7 +244,7 @@ class Session:
         trained = [m for m in self.setup.models if owns_any(optimizer, m)]
         self._attach_watch(max(trained, key=watched_size) if trained else None,
                            wrapped + [o for o in self.setup.optimizers
-                                      if o not in wrapped and id(unwrap_optimizer(o)) not in self._ended])
+                                      if o not in wrapped and unwrap_optimizer(o) not in self._ended])
 
     def confirm_wiring(self, optimizer: Any) -> None:
         """At ``optimizer``'s first step, when the gradients exist: confirm or withdraw AMP301/AMP302 said earlier."""
