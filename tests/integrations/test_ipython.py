@@ -32,10 +32,15 @@ scaler.scale(loss).backward()
 scaler.step(opt)
 """
 
-FIXED = """\
-model.float()
+OPTIMIZER_CELL = """\
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(5):
+"""
+
+
+def scaled_steps(steps: int) -> str:
+    """A training cell: ``steps`` fp16-autocast steps through the notebook's ``scaler``."""
+    return f"""\
+for _ in range({steps}):
     opt.zero_grad()
     with torch.autocast("cpu", dtype=torch.float16):
         loss = (model(x).float() - y).pow(2).mean()
@@ -44,6 +49,9 @@ for _ in range(5):
     scaler.update()
 print("trained", torch.isfinite(loss).item())
 """
+
+
+FIXED = "model.float()\n" + OPTIMIZER_CELL + scaled_steps(5)
 
 FP32_TRAINING = MODEL + """\
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -151,9 +159,7 @@ def test_fix_on_repairs_the_following_cells(tmp_path):
     assert "stepped" in text(crash)
 
 
-AMP_TRAINING = MODEL + """\
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-"""
+AMP_TRAINING = MODEL + OPTIMIZER_CELL
 
 NO_SCALER_STEPS = """\
 for _ in range(6):
@@ -199,20 +205,7 @@ SCALER_CELL = MODEL + """\
 scaler = torch.amp.GradScaler("cpu")
 """
 
-OPTIMIZER_CELL = """\
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-"""
-
-SCALED_STEPS = """\
-for _ in range(3):
-    opt.zero_grad()
-    with torch.autocast("cpu", dtype=torch.float16):
-        loss = (model(x).float() - y).pow(2).mean()
-    scaler.scale(loss).backward()
-    scaler.step(opt)
-    scaler.update()
-print("trained", torch.isfinite(loss).item())
-"""
+SCALED_STEPS = scaled_steps(3)
 
 
 def test_a_re_run_optimizer_cell_trains_with_the_earlier_cells_scaler_and_is_not_amp208(tmp_path):
