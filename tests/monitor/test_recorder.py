@@ -190,8 +190,24 @@ def test_a_restart_appends_a_new_run_instead_of_truncating(tmp_path: Path, capsy
     assert problems == [] and [r["step"] for r in records if r["type"] == "step"] == [0, 1]
     assert main(["report", str(tmp_path / LOG_NAME)]) == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert f"this file holds 2 runs (a restart appends): showing the last, run 2 from line {runs[1].line}" in shown
+    assert ("this file holds 2 runs (a restart or the watch's next stage appends one): showing the last, run 2 "
+            f"from line {runs[1].line}") in shown
     assert "run 1 from line 1 (3 sampled steps, ended)" in shown
+
+
+def test_the_watchs_stages_are_runs_of_the_log_counted_by_their_sampled_steps(tmp_path: Path, capsys) -> None:
+    # three folds of 5 steps: the first stage is watched from its first step, the next two from their new
+    # optimizer's third; each stage's detach writes a partial line that repeats its last step, which was counted
+    # as one more sampled step ("6 sampled steps" for the first fold's 5)
+    from ampdoctor.ui.cli import main
+
+    script = Path(__file__).parents[1] / "scripts" / "kfold_scaled.py"
+    assert main(["run", "--log-dir", str(tmp_path), str(script)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / LOG_NAME)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "this file holds 3 runs (a restart or the watch's next stage appends one)" in shown
+    assert "run 1 from line 1 (5 sampled steps, ended), run 2 from line 9 (3 sampled steps, ended)" in shown
 
 
 def test_each_rank_writes_its_own_file_and_a_single_process_keeps_the_old_name(tmp_path: Path,

@@ -113,11 +113,14 @@ def _load_log(path: str, target: str) -> Loaded:
     recordings = [read_recording(run.header, run.records) for run in runs]
     last = runs[-1]
     notes = []
-    if len(runs) > 1:   # a restarted job appended to the same file: show its last run, say where the others are
-        earlier = ", ".join(f"run {i + 1} from line {run.line} ({counted(len(rec.steps), 'sampled step')}, "
+    if len(runs) > 1:   # a restarted job, or the watch's next stage, appended to the same file: show its last run
+        # and say where the others are; a partial line (written at detach) repeats the last sampled step
+        earlier = ", ".join(f"run {i + 1} from line {run.line} "
+                            f"({counted(sum(not s.partial for s in rec.steps), 'sampled step')}, "
                             f"{'ended' if rec.ended else 'no end line: stopped or killed'})"
                             for i, (run, rec) in enumerate(zip(runs[:-1], recordings)))
-        notes.append(f"this file holds {len(runs)} runs (a restart appends): showing the last, run {len(runs)} "
+        notes.append(f"this file holds {len(runs)} runs (a restart or the watch's next stage appends one): "
+                     f"showing the last, run {len(runs)} "
                      f"from line {last.line}; earlier: {earlier}")
     run = recordings[-1] if last.header is not None or last.records else None
     return Loaded(path, _log_report(recordings[-1]), run, last.problems, notes + recordings[-1].notes)
