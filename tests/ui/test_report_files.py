@@ -171,6 +171,30 @@ def test_verdicts_nothing_trained_and_crash():
                                        "the script crashed: ValueError: Attempting to unscale FP16 gradients."]
 
 
+@pytest.mark.parametrize("argv, kind", [(["exit_status.py", "3"], "partial"), (["kfold_scaled.py"], "ok")])
+def test_every_view_closes_with_the_console_verdict(argv, kind, tmp_path, capsys):
+    """A script that exits 3 with no finding is no all-clear on the console; the page said 'ok: no errors or
+    warnings' in green, and `ampdoctor report` on its flight recorder said nothing. A clean k-fold run earns the
+    all-clear, its earlier stages included, in every view."""
+    from ampdoctor.ui.cli import main
+    from ampdoctor.ui.html_page import verdict
+
+    scripts = Path(__file__).parent.parent / "scripts"
+    report, logs = tmp_path / "report.json", tmp_path / "logs"
+    main(["run", "--json", str(report), "--log-dir", str(logs), str(scripts / argv[0]), *argv[1:]])
+    console = " ".join(capsys.readouterr().err.split())
+    closing = re.findall(r"ampdoctor: ((?:no |the script exited).*?)(?= ampdoctor: |$)", console)[-1]
+    assert ("this is no all-clear" in closing) == (kind == "partial")
+    assert ("2 earlier stages" in closing) == (kind == "ok")
+    for path in (report, logs / "ampdoctor.jsonl"):
+        loaded = load_any(str(path))
+        assert verdict(loaded, run_data(loaded)) == (kind, [closing])
+        assert f"verdict {kind}" in render_html(loaded)
+        out = Console(width=100, record=True, file=open(os.devnull, "w"))
+        out.print(render_loaded(loaded))
+        assert f"ampdoctor: {closing}" in " ".join(out.export_text().split())
+
+
 def test_module_names_are_escaped_in_the_page(tmp_path):
     overflow_run(tmp_path, steps=2, name="<b>$x$</b>")
     page = render_html(load_any(str(tmp_path)))

@@ -151,3 +151,55 @@ def exit_sentence(report: Report) -> str:
         " (`--activations --every 1` looks at the activations of every step)"
     return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear{hint}"
 
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The closing sentence of a report, as every view shows it (console, ``ampdoctor report``, the HTML page).
+
+    ``kind`` is ``"ok"`` for an earned all-clear (what was verified, over how many steps) and ``"no all-clear"``
+    where the run stopped, saw nothing, or could not measure part of what an all-clear needs."""
+
+    kind: str
+    text: str
+
+
+def verdict(report: Report) -> Verdict | None:
+    """Return the report's closing sentence, or None where its findings or its crash are the last word.
+
+    >>> verdict(Report()).text
+    'no mixed-precision problems found in the setup (pre-flight checks only; no training step was watched)'
+    >>> verdict(Report(exit_status=3)).kind
+    'no all-clear'
+    """
+    if report.findings:   # the findings so far: a stopped run is no all-clear of the rest
+        return Verdict("no all-clear", exit_sentence(report)) if report.extra.get("terminated") else None
+    if report.saw_nothing:
+        return Verdict("no all-clear", f"{NOTHING_OBSERVED}. If the training runs in another process, run it under "
+                                       "ampdoctor too; `ampdoctor run` follows Python child processes it starts.")
+    if report.exit_status and not report.exception:
+        return Verdict("no all-clear", exit_sentence(report))
+    if report.exception or report.missing_ranks:
+        return None
+    return _earned(report)
+
+
+def _earned(report: Report) -> Verdict:
+    """Return the verdict of a run without findings: what was verified over how many steps, or, where some of it
+    could not be measured, that this is no all-clear (``monitor.invariants.verified``)."""
+    watch = report.extra.get("watch")
+    checked = watch.get("verified") if isinstance(watch, dict) else None
+    if not isinstance(watch, dict) or not isinstance(checked, dict):
+        return Verdict("ok", "no mixed-precision problems found in the setup (pre-flight checks only; no training "
+                             "step was watched)")
+    measured = "; ".join(checked.get("measured") or [])
+    missing = ", ".join(checked.get("not_measured") or [])
+    stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
+    if stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
+        measured += (f"; before that, {counted(len(stages), 'earlier stage')} of "
+                     f"{counted(sum(st.get('steps') or 0 for st in stages), 'step')}")
+    if checked.get("ok") and not missing:
+        return Verdict("ok", f"no mixed-precision problems found in {counted(checked.get('steps') or 0, 'step')}: "
+                             f"{measured}")
+    return Verdict("no all-clear", f"no problem found in what was measured ({measured}); not measured: {missing}; "
+                                   "so this is no all-clear")

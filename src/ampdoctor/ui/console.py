@@ -22,8 +22,8 @@ from rich.text import Text
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import NOTHING_OBSERVED, exit_sentence, missing_ranks_sentence, rank_spans
-from ampdoctor.core.words import counted, word_for
+from ampdoctor.core.report import missing_ranks_sentence, rank_spans, verdict
+from ampdoctor.core.words import word_for
 from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap, wrap_code
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -250,38 +250,10 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         panel = fixes_panel(ordered)
         if panel is not None:
             parts.append(panel)
-        if report.extra.get("terminated"):   # the findings so far: a stopped run is no all-clear of the rest
-            parts.append(Sentence(f"ampdoctor: {exit_sentence(report)}", style="bold yellow"))
-    elif getattr(report, "saw_nothing", False):
-        parts.append(Sentence(f"ampdoctor: {NOTHING_OBSERVED}. If the training runs in another process, run it "
-                              "under ampdoctor too; `ampdoctor run` follows Python child processes it starts.",
-                              style="bold yellow"))
-    elif getattr(report, "exit_status", None) and not report.exception:
-        parts.append(Sentence(f"ampdoctor: {exit_sentence(report)}", style="bold yellow"))
-    elif not report.exception and not getattr(report, "missing_ranks", None):
-        parts.append(earned_verdict(report))
+    closing = verdict(report)
+    if closing is not None:
+        parts.append(Sentence(f"ampdoctor: {closing.text}", style="green" if closing.kind == "ok" else "bold yellow"))
     return Group(*parts)
-
-
-def earned_verdict(report: Any) -> RenderableType:
-    """Return the last line of a report without findings: what was verified over how many steps, or, where some
-    of it could not be measured, that this is no all-clear (``monitor.invariants.verified``)."""
-    watch = report.extra.get("watch") if isinstance(getattr(report, "extra", None), dict) else None
-    checked = watch.get("verified") if isinstance(watch, dict) else None
-    if not isinstance(checked, dict):
-        return Sentence("ampdoctor: no mixed-precision problems found in the setup (pre-flight checks only; no "
-                        "training step was watched)", style="green")
-    measured = "; ".join(checked.get("measured") or [])
-    missing = ", ".join(checked.get("not_measured") or [])
-    stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
-    if stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
-        measured += (f"; before that, {counted(len(stages), 'earlier stage')} of "
-                     f"{counted(sum(st.get('steps') or 0 for st in stages), 'step')}")
-    if checked.get("ok") and not missing:
-        steps = counted(checked.get("steps") or 0, "step")
-        return Sentence(f"ampdoctor: no mixed-precision problems found in {steps}: {measured}", style="green")
-    return Sentence(f"ampdoctor: no problem found in what was measured ({measured}); not measured: {missing}; "
-                    f"so this is no all-clear", style="bold yellow")
 
 
 class _RulesView(PlainLines):

@@ -14,7 +14,8 @@ from typing import Any, Iterable
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import NOTHING_OBSERVED
+from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence
+from ampdoctor.core.report import verdict as closing_sentence
 from ampdoctor.core.words import counted, word_for
 from ampdoctor.ui.run_data import RunData
 
@@ -40,30 +41,18 @@ def _pct(value: Any) -> str:
 
 
 def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
-    """Return the verdict's class (``ok``, ``bad``, ``partial``) and its lines, as plain text.
+    """Return the verdict's class (``ok``, ``bad``, ``partial``) and its lines, as plain text: the report's closing
+    sentence is the console's (``core.report.verdict``), and an all-clear is only ``ok`` where it was earned.
 
     >>> from ampdoctor.core.report import Report
     >>> from types import SimpleNamespace
-    >>> verdict(SimpleNamespace(report=Report(), problems=[]), RunData())[1][0]
-    'ok: no errors or warnings'
+    >>> verdict(SimpleNamespace(report=Report(), problems=[]), RunData())
+    ('ok', ['no mixed-precision problems found in the setup (pre-flight checks only; no training step was watched)'])
     """
     report = loaded.report
     errors = sum(f.severity is Severity.ERROR for f in report.findings)
     warnings = sum(f.severity is Severity.WARNING for f in report.findings)
-    lines: list[str] = []
-    if report.exception:
-        lines.append(f"the script crashed: {report.exception.get('type')}: {report.exception.get('message')}")
-    if report.saw_nothing:
-        lines.append(f"nothing was trained: {NOTHING_OBSERVED}")
-    if errors or warnings:
-        groups = len(group_findings(report.findings))
-        lines.insert(0, f"{counted(errors, 'error')}, {counted(warnings, 'warning')}"
-                        + (f" (shown in {counted(groups, 'row')})" if groups < errors + warnings else ""))
-    elif getattr(loaded, "run", None) is not None and loaded.run.header is not None and not _has_report(loaded):
-        lines.insert(0, "no findings in this log: a watch keeps its findings in its report, not in the flight "
-                        "recorder (`ampdoctor run --log-dir` appends the report to it)")
-    elif not report.exception and not report.saw_nothing:
-        lines.insert(0, "ok: no errors or warnings")
+    lines, earned = _report_lines(loaded, errors, warnings)
     collapsed = bool(data.scale) and data.scale[-1][1] < data.scale[0][1] / 16
     if collapsed:
         lines.append(f"the loss scale fell from {data.scale[0][1]:g} to {data.scale[-1][1]:g}; "
@@ -78,7 +67,32 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
                      "killed or is still running; findings are those recorded so far")
     if errors or report.exception or report.saw_nothing or collapsed or data.first_nonfinite:
         return "bad", lines
-    return ("partial" if partial or warnings or lines[0].startswith("no findings") else "ok"), lines
+    return ("ok" if earned and not (partial or warnings) else "partial"), lines
+
+
+def _report_lines(loaded: Any, errors: int, warnings: int) -> tuple[list[str], bool]:
+    """Return the verdict's lines about the report (its findings, crash, missing ranks and closing sentence), and
+    whether the closing sentence is an earned all-clear."""
+    report = loaded.report
+    unreported = getattr(loaded, "run", None) is not None and loaded.run.header is not None and not _has_report(loaded)
+    closing = None if unreported else closing_sentence(report)
+    lines: list[str] = []
+    if errors or warnings:
+        groups = len(group_findings(report.findings))
+        lines.append(f"{counted(errors, 'error')}, {counted(warnings, 'warning')}"
+                     + (f" (shown in {counted(groups, 'row')})" if groups < errors + warnings else ""))
+    elif unreported:
+        lines.append("no findings in this log: a watch keeps its findings in its report, not in the flight recorder "
+                     "(`ampdoctor run --log-dir` appends the report to it)")
+    if report.exception:
+        lines.append(f"the script crashed: {report.exception.get('type')}: {report.exception.get('message')}")
+    if report.missing_ranks:
+        lines.append(missing_ranks_sentence(report.missing_ranks))
+    if closing is not None:
+        lines.append(closing.text)
+    elif report.saw_nothing:
+        lines.append(f"nothing was trained: {NOTHING_OBSERVED}")
+    return lines, closing is not None and closing.kind == "ok"
 
 
 def _has_report(loaded: Any) -> bool:

@@ -238,7 +238,9 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     if not have_matplotlib():
         parts.append(Text(f"plots: {INSTALL_HINT}, then ampdoctor report {loaded.path} --html report.html",
                           style="dim"))
-    if loaded.report.findings:
+    # the findings, or the verdict of a run whose report was appended to the file (`ampdoctor run --log-dir`):
+    # a flight recorder alone holds no findings, so no verdict can be read from it
+    if loaded.report.findings or (loaded.run is not None and loaded.run.report is not None):
         parts.append(loaded.report)
     return Group(*parts)
 
