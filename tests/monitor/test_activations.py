@@ -509,3 +509,30 @@ def test_the_batched_read_of_both_directions_gives_what_one_read_per_direction_g
     together = abs_max(fwd, bwd, reads=reads)
     assert reads.count == 1
     assert together == [abs_max(fwd)[0], abs_max(bwd)[0]] == [[3.0, float("inf")], [0.5]]
+
+
+def test_the_runs_other_models_are_looked_at_in_call_order():
+    """A generator's overflow reaches the watched critic as input: with the run's other models the first inf in
+    call order is the generator's layer (re-run from its own recorded call), and the critic's input is no bad data.
+    An input that no module made non-finite is still the data's (AMP609 on that model's input)."""
+    gen, critic = overflowing_model(), nn.Sequential(nn.Linear(16, 4), nn.ReLU())
+    monitor = ActivationMonitor(critic, prefix="critic.", others=[(gen, "gen."), (nn.Linear(2, 2), "gone.")])
+    with monitor, torch.autocast("cpu", dtype=torch.float16):
+        monitor.set_sampling(True)   # as a watch drives it: the generator runs before the critic's call
+        critic(gen(torch.full((2, 16), 100.0)))
+        record = monitor.step_record()
+    assert codes(monitor) == ["AMP601"] and monitor.first_nonfinite_module == "gen.1"
+    assert record["forward"]["nonfinite_module"] == "gen.1" and record["forward"]["inputs"]
+    assert monitor.summary()["first_nonfinite_forward"]["op"]["module"] == "gen.1"
+    assert {"gen.0", "gen.1", "critic.0"} <= set(monitor.summary()["modules"])
+
+    monitor = ActivationMonitor(critic, prefix="critic.", others=[(gen, "gen.")])
+    x = torch.ones(2, 16)
+    x[0, 0] = float("nan")
+    with monitor:
+        monitor.set_sampling(True)
+        critic(gen(x))
+        record = monitor.step_record()
+    assert codes(monitor) == ["AMP609"] and record["forward"]["nonfinite_module"] == "(input of gen)"
+    [finding] = monitor.findings()
+    assert finding.where == "gen input" and "an input tensor of gen holds NaN" in finding.detail

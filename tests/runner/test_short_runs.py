@@ -87,3 +87,36 @@ def test_an_overflow_in_a_modules_own_code_is_blamed_on_that_module_not_the_next
         assert "aten.exp.default in '0' (Scores)" in amp601[0]["detail"]
         assert "The first module with a non-finite output was 0.proj (Linear)" in amp601[0]["detail"]
     capsys.readouterr()
+
+
+def test_a_gans_generator_overflow_is_named_not_blamed_on_the_critics_input(tmp_path, capsys):
+    """The watch follows the critic's optimizer; the generator's last layer overflows fp16 and its fake batch feeds
+    the critic. The look at the forward covers both models: the first inf in call order is netG.2's output, re-run
+    to the op, and the critic's inf input is no bad data (it said AMP609 'the data produced it')."""
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "gan_overflow.py"), "generator"]) == 0
+    capsys.readouterr()
+    findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
+    assert "AMP609" not in findings and {"AMP601", "AMP603", "AMP612"} <= set(findings)
+    assert findings["AMP601"]["where"] == "netG.2 (Linear)" and "aten.addmm" in findings["AMP601"]["detail"]
+    assert "First module with a non-finite output: netG.2 (Linear)." in " ".join(findings["AMP603"]["detail"].split())
+
+
+def test_a_nan_in_a_gans_noise_is_bad_input_of_the_generator(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "gan_overflow.py"), "data"]) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    findings = {f["code"]: f for f in report["findings"]}
+    assert "AMP601" not in findings and findings["AMP609"]["where"] == "netG input"
+    assert "an input tensor of netG holds NaN" in findings["AMP609"]["detail"]
+    assert "The model's input already held inf/NaN" in " ".join(findings["AMP603"]["detail"].split())
+    assert report["watch"]["activations"]["first_nonfinite_forward"]["module"] == "(input of netG)"
+
+
+def test_a_gans_critic_overflow_is_still_named(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "gan_overflow.py"), "critic"]) == 0
+    capsys.readouterr()
+    findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
+    assert "AMP609" not in findings and findings["AMP601"]["where"] == "netD.2 (Linear)"

@@ -16,7 +16,19 @@ from ampdoctor._torch.autograd import version_counter
 from ampdoctor._torch.scaler import live_scale
 from ampdoctor.core.host_reads import HostReads, to_host
 
-__all__ = ["StepRecord", "GradProbe", "abs_max", "abs_max_on_device", "split", "output_limit", "scale_note"]
+__all__ = ["StepRecord", "GradProbe", "abs_max", "abs_max_on_device", "split", "output_limit", "scale_note",
+           "is_input"]
+
+
+
+def is_input(name: str | None) -> bool:
+    """Whether a step record's first non-finite "module" is a model's input: ``(input)``, or another model's
+    ``(input of netG)`` (``ActivationMonitor`` with ``others``).
+
+    >>> is_input("(input)"), is_input("(input of netG)"), is_input("netG.2"), is_input(None)
+    (True, True, False, False)
+    """
+    return name is not None and name.startswith("(input")
 
 
 class StepRecord:
@@ -34,7 +46,7 @@ class StepRecord:
         self.bwd: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.bwd_modules: list[list[int]] = []
         self.last: tuple | None = None
-        self.replay: Any = None  # the root call's Replay (ampdoctor.monitor.replay), until the step is recorded
+        self.replay: dict[int, Any] = {}  # each root's call's Replay (ampdoctor.monitor.replay), until recorded
         self.errors: list[BaseException] = []
         self.closed = False
 

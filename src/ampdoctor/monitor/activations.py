@@ -16,7 +16,7 @@ import functools
 import math
 import time
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -54,7 +54,7 @@ FRAMES = 5  # frames dumped: the culprit and the modules that ran just before it
 MAX_REPLAYS = 3  # re-runs for the first distinct culprits; later ones are reported without frames
 MAX_PENDING = 1 << 16  # values held for one step; a driver that never calls step_record() cannot grow memory
 _LIMIT_NAMES = {torch.finfo(d).max: dtype_name(d) for d in (torch.bfloat16, torch.float16)}
-INPUTS = -1  # the module index under which the root call's input tensors are recorded
+INPUTS = -1  # the module index under which the root call's input tensors are recorded (-1 - r for root r)
 
 
 class ActivationMonitor:
@@ -69,6 +69,9 @@ class ActivationMonitor:
         reads: the owner this monitor's host reads also count for (a ``Watch``'s ``reads``; ``core.host_reads``).
         prefix: what the run's names of the model's modules start with when it has several models (``netD.``:
             ``core.training.model_prefixes``), so that the findings name them as the gradient table does.
+        others: the run's other models, with their prefixes, watched alongside ``model``: the first non-finite
+            output in call order may be theirs (a GAN's generator feeding the critic ``model``), and an input of
+            ``model`` that one of them made inf is then no bad data (AMP609).
         gradients: also probe each output's gradient (AMP602). ``False`` looks at the forward alone (AMP601,
             AMP609, AMP606): a watch's dense-start look, which reports only the first non-finite output, skips the
             backward probes (on the bench model they cost 1.9 ms of its 6 ms a step, one thread).
@@ -83,7 +86,7 @@ class ActivationMonitor:
 
     def __init__(self, model: nn.Module, *, every: int = 1, setup: Any = None, headroom: float = HEADROOM_FACTOR,
                  frames: int = FRAMES, reads: HostReads | None = None, gradients: bool = True,
-                 prefix: str = "") -> None:
+                 prefix: str = "", others: Sequence[tuple[nn.Module, str]] = ()) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -93,6 +96,8 @@ class ActivationMonitor:
         self._model, self.reads = weakref.ref(model), HostReads("activations", within=reads)
         self.every, self.headroom, self.frames, self.gradients = every, float(headroom), frames, gradients
         self.prefix = prefix
+        # the roots whose forwards are looked at: the model, then the run's other models (weakly, with their prefixes)
+        self._roots = [(self._model, prefix), *((weakref.ref(m), p) for m, p in others)]
         # the setup holds the model: keep only a weak reference to its scaler, so the monitor never pins the model
         scaler = getattr(setup, "scaler", None)
         self._scaler = weakref.ref(scaler) if scaler is not None else lambda: None
@@ -107,33 +112,50 @@ class ActivationMonitor:
         self._unexplained: dict[int, Finding] = {}  # AMP601 by module, found on a step without its inputs
         self._first: dict[str, dict[str, Any] | None] = {"forward": None, "backward": None}
         self._error: str | None = None
-        self._index_modules(model)
+        self._index_modules()
 
     # ---- attaching ------------------------------------------------------------------------------------------
-    def _index_modules(self, model: nn.Module) -> None:
-        named = list(model.named_modules())
-        self._names = [module_label(name, self.prefix) for name, _ in named]   # as the findings name them
-        self._paths = [name for name, _ in named]   # as get_submodule() finds them
-        self._classes = [type(m).__name__ for _, m in named]
-        position = {id(m): i for i, (_, m) in enumerate(named)}
-        self._descendants = [[position[id(d)] for d in m.modules() if d is not m and id(d) in position]
-                             for _, m in named]
-        self._max_abs: list[float | None] = [None] * len(named)
-        self._limit: list[float | None] = [None] * len(named)
-        self._nonfinite = [[0, 0] for _ in named]  # steps with a non-finite output, gradient
-        self._device_type = min({p.device.type for p in model.parameters()} - {"cpu", "meta"}, default=None)
+    def _index_modules(self) -> None:
+        """Number the modules of every root in ``named_modules()`` order, one root after the other."""
+        self._names, self._paths, self._classes, self._descendants = [], [], [], []
+        self._root_of: list[int] = []   # the root each module belongs to
+        self._starts: list[int] = []    # the index of each root's own module
+        devices: set[str] = set()
+        for r, (ref, prefix) in enumerate(self._roots):
+            model = ref()
+            named = [] if model is None else list(model.named_modules())
+            start = len(self._names)
+            self._starts.append(start)
+            self._names += [module_label(name, prefix) for name, _ in named]   # as the findings name them
+            self._paths += [name for name, _ in named]   # as get_submodule() finds them in their root
+            self._classes += [type(m).__name__ for _, m in named]
+            self._root_of += [r] * len(named)
+            position = {id(m): start + k for k, (_, m) in enumerate(named)}
+            self._descendants += [[position[id(d)] for d in m.modules() if d is not m and id(d) in position]
+                                  for _, m in named]
+            devices |= {p.device.type for p in (model.parameters() if model is not None else ())}
+        self._max_abs: list[float | None] = [None] * len(self._names)
+        self._limit: list[float | None] = [None] * len(self._names)
+        self._nonfinite = [[0, 0] for _ in self._names]  # steps with a non-finite output, gradient
+        self._device_type = min(devices - {"cpu", "meta"}, default=None)
 
     def attach(self) -> "ActivationMonitor":
         """Register the hooks; return ``self``. Attaching twice is a no-op."""
         if self._handles or self._broken:
             return self
-        model = self._require_model()
-        if len(self._names) != sum(1 for _ in model.named_modules()):
-            self._index_modules(model)  # the model changed since construction
-        for i, (_, module) in enumerate(model.named_modules()):
-            self._handles.append(module.register_forward_hook(functools.partial(self._on_forward, i)))
-        # prepend: capture the inputs before other pre-hooks (FSDP input casts) change them; the re-run runs them
-        self._handles.append(model.register_forward_pre_hook(self._on_root_call, with_kwargs=True, prepend=True))
+        self._require_model()
+        roots = [ref() for ref, _ in self._roots]
+        if len(self._names) != sum(sum(1 for _ in m.named_modules()) for m in roots if m is not None):
+            self._index_modules()  # a model changed since construction
+        for r, model in enumerate(roots):
+            if model is None:
+                continue
+            for k, (_, module) in enumerate(model.named_modules()):
+                self._handles.append(module.register_forward_hook(functools.partial(self._on_forward,
+                                                                                    self._starts[r] + k)))
+            # prepend: capture the inputs before other pre-hooks (FSDP input casts) change them; the re-run runs them
+            self._handles.append(model.register_forward_pre_hook(functools.partial(self._on_root_call, r),
+                                                                 with_kwargs=True, prepend=True))
         return self
 
     def detach(self) -> None:
@@ -162,10 +184,14 @@ class ActivationMonitor:
         self._active = bool(active) and self.enabled and not self._replaying
 
     # ---- hooks ----------------------------------------------------------------------------------------------
-    def _on_root_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _on_root_call(self, root: int, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if torch.compiler.is_compiling() or self._broken or self._replaying:
             return None
         try:
+            if root:   # another model of the run: looked at while the model's steps are
+                if self._active:
+                    self._record_inputs(root, args, kwargs)
+                return None
             if not self._driven:
                 if self._record is not None:  # the previous sampled step's backward is done by now
                     self._close(None)
@@ -174,15 +200,18 @@ class ActivationMonitor:
                 self._close(None)
             self._calls += 1
             if self._active:
-                rec = self._open()
-                rec.replay = Replay(args, kwargs, self._device_type)
-                # the root's inputs first, in call order: a NaN fed in is bad input, not the first layer's fault
-                for leaf in tree_leaves((args, kwargs)):
-                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
-                        rec.add_output(INPUTS, leaf)
+                self._record_inputs(root, args, kwargs)
         except Exception as exc:
             self._fail(exc)
         return None
+
+    def _record_inputs(self, root: int, args: tuple, kwargs: dict) -> None:
+        rec = self._open()
+        rec.replay[root] = Replay(args, kwargs, self._device_type)
+        # the root's inputs first, in call order: a NaN fed in is bad input, not the first layer's fault
+        for leaf in tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.numel():
+                rec.add_output(INPUTS - root, leaf)
 
     def _on_forward(self, index: int, module: nn.Module, args: tuple, output: Any) -> None:
         if torch.compiler.is_compiling() or not self._active:  # see the module docstring
@@ -204,8 +233,8 @@ class ActivationMonitor:
         for t in tensors:
             if t.is_floating_point() and t.numel():
                 rec.add_output(index, t)
-        if index == 0:
-            rec.last = None  # the root's hook runs last: drop the reference to its output
+        if index in self._starts:
+            rec.last = None  # a root's hook runs last: drop the reference to its output
 
     # ---- recording ------------------------------------------------------------------------------------------
     def _open(self) -> StepRecord:
@@ -256,14 +285,14 @@ class ActivationMonitor:
         worst = self._check_headroom(rec.step, step_max)
         first_fwd = next((k for k, v in enumerate(fwd) if not math.isfinite(v)), None)
         first_bwd = next((k for k, v in enumerate(bwd) if not math.isfinite(v)), None)
-        if first_fwd is not None and rec.fwd_modules[first_fwd] == INPUTS:
-            self._nonfinite_input(rec, fwd[first_fwd])
+        if first_fwd is not None and rec.fwd_modules[first_fwd] < 0:
+            self._nonfinite_input(rec, INPUTS - rec.fwd_modules[first_fwd], fwd[first_fwd])
         elif first_fwd is not None:
             self._nonfinite_forward(rec, rec.fwd_modules[first_fwd], fwd[first_fwd])
         elif first_bwd is not None:  # with a non-finite forward every gradient is garbage: AMP601 explains it
             self._nonfinite_backward(rec, first_bwd, bwd)
         summary = self._step_summary(rec, fwd, bwd, first_fwd, first_bwd, worst)
-        rec.replay = None
+        rec.replay = {}
         rec.fwd, rec.bwd = [], []  # probes of outputs the user keeps alive still hold `rec`: let the values go
         return summary
 
@@ -272,7 +301,7 @@ class ActivationMonitor:
         step's own finite maximum per module (the model's inputs left out)."""
         step_max: dict[int, float] = {}
         for i, value, limit in zip(rec.fwd_modules, fwd, rec.fwd_limits):
-            if i == INPUTS:
+            if i < 0:   # a root's inputs
                 continue
             if limit is not None:
                 self._limit[i] = limit if self._limit[i] is None else min(self._limit[i], limit)
@@ -283,7 +312,7 @@ class ActivationMonitor:
 
     def _count_nonfinite(self, rec: StepRecord, fwd: list[float], bwd: list[float]) -> None:
         """Count, per module, the sampled steps with a non-finite output (forward) or gradient (backward)."""
-        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v) and i != INPUTS}:
+        for i in {i for i, v in zip(rec.fwd_modules, fwd) if not math.isfinite(v) and i >= 0}:
             self._nonfinite[i][0] += 1
         for i in {m[0] for m, v in zip(rec.bwd_modules, bwd) if not math.isfinite(v)}:
             self._nonfinite[i][1] += 1
@@ -295,8 +324,8 @@ class ActivationMonitor:
         model's call (``inputs``; False: the monitor was attached inside the forward, which ran partly unseen)."""
         if first_fwd is None:
             fwd_module = None
-        elif rec.fwd_modules[first_fwd] == INPUTS:
-            fwd_module = "(input)"
+        elif rec.fwd_modules[first_fwd] < 0:
+            fwd_module = self._input_name(INPUTS - rec.fwd_modules[first_fwd])
         else:
             fwd_module = self._names[rec.fwd_modules[first_fwd]]
         bwd_module = None if first_bwd is None else self._names[rec.bwd_modules[first_bwd][0]]
@@ -304,10 +333,16 @@ class ActivationMonitor:
         return {
             "step": rec.step, "sampled": True,
             "forward": {"values": len(fwd), "max_abs": max(finite_f, default=None), "nonfinite_module": fwd_module,
-                        "inputs": rec.replay is not None},
+                        "inputs": self._calls_seen(rec)},
             "backward": {"values": len(bwd), "max_abs": max(finite_b, default=None), "nonfinite_module": bwd_module},
             "headroom": worst,
         }
+
+    def _calls_seen(self, rec: StepRecord) -> bool:
+        """Whether the look began at the call of every root it saw a module of (False: the monitor was attached
+        inside a forward, which ran partly unseen, and its first non-finite output may come from unseen inputs)."""
+        roots = {self._root_of[i] if i >= 0 else INPUTS - i for i in rec.fwd_modules}
+        return bool(rec.replay) and roots <= rec.replay.keys()
 
     def _check_headroom(self, step: int, step_max: dict[int, float]) -> dict[str, Any] | None:
         worst: tuple[float, int] | None = None
@@ -327,26 +362,39 @@ class ActivationMonitor:
                          f"{limit / value:.1f}x more and it overflows to inf")
         return None if worst is None else {"module": self._names[worst[1]], "ratio": worst[0]}
 
-    def _nonfinite_input(self, rec: StepRecord, value: float) -> None:
+    def _input_name(self, root: int) -> str:
+        """Return how a step record names root ``root``'s inputs: ``(input)`` for the model's, else with the other
+        model's name (``(input of netG)``)."""
+        return "(input)" if root == 0 else f"(input of {self._names[self._starts[root]]})"
+
+    def _nonfinite_input(self, rec: StepRecord, root: int, value: float) -> None:
         kind = "NaN" if math.isnan(value) else "inf"
-        if ("AMP609", INPUTS) in self._reported:
+        if ("AMP609", INPUTS - root) in self._reported:
             return
         if self._unexplained:   # AMP601 named from a step without its inputs: they were bad, not the module
             self._findings = [f for f in self._findings if f not in self._unexplained.values()]
             self._unexplained, self._first["forward"], self.first_nonfinite_module = {}, None, None
         self._first["forward"] = self._first["forward"] or {**dict.fromkeys(("class", "frames", "op", "reproduced")),
-                                                           "module": "(input)", "step": rec.step, "kind": kind.lower()}
-        self._report("AMP609", INPUTS, Severity.ERROR, rec.step,
-                     f"an input tensor of the model holds {kind} at step {rec.step}, before any module ran: the data "
-                     "(or the code that prepares a batch) produced it, and every output after it is garbage. No "
-                     "layer or loss scale is at fault.", where="model input")
+                                                           "module": self._input_name(root), "step": rec.step,
+                                                           "kind": kind.lower()}
+        model = "the model" if len(self._roots) == 1 else self._names[self._starts[root]]
+        before = "any module ran" if len(self._roots) == 1 else (
+            "any of its modules ran, and no module of the run's models (" +
+            ", ".join(self._names[start] for start in self._starts) + ") produced it before")
+        self._report("AMP609", INPUTS - root, Severity.ERROR, rec.step,
+                     f"an input tensor of {model} holds {kind} at step {rec.step}, before {before}: the data (or "
+                     "the code that prepares a batch) produced it, and every output after it is garbage. No layer or "
+                     "loss scale is at fault.",
+                     where="model input" if len(self._roots) == 1 else f"{model} input")
 
     def _nonfinite_forward(self, rec: StepRecord, i: int, value: float) -> None:
         kind = "NaN" if math.isnan(value) else "inf"
         if self.first_nonfinite_module is None:
             self.first_nonfinite_module = self._names[i]
         earlier = self._unexplained.get(i)  # reported from a step whose inputs were not kept (attached mid-forward)
-        if ("AMP601", i) in self._reported and (earlier is None or rec.replay is None):
+        root = self._root_of[i]
+        replay, model = rec.replay.get(root), self._require_root(root)
+        if ("AMP601", i) in self._reported and (earlier is None or replay is None):
             return
         step = rec.step if earlier is None else earlier.step
         rank = process_rank()  # with several ranks, name the one that saw it: the others may not have
@@ -354,20 +402,20 @@ class ActivationMonitor:
                  "frames": None, "op": None, "reproduced": None, "rank": rank}
         lines = [f"output {kind} at step {step}{'' if rank is None else f' on rank {rank}'}: the first module, in "
                  "call order, whose output is not finite; the modules after it only carry it along."]
-        where, blocked = self._label(i), rec.replay is not None and replay_blocked(self._require_model())
+        where, blocked = self._label(i), replay is not None and replay_blocked(model)
         lines += [blocked] if blocked else []
         weights: list[str] = []   # said when no re-run gave frames and its own weights are non-finite
-        if not blocked and rec.replay is not None and self._replays < MAX_REPLAYS:
+        if not blocked and replay is not None and self._replays < MAX_REPLAYS:
             self._replays += 1
             try:
-                frames, op = self._diagnose(rec.replay)
+                frames, op = self._diagnose(root, replay)
             except Exception as exc:  # a failed re-run costs the frames, not the monitor
                 lines.append(f"Re-running the forward to dump frames failed: {type(exc).__name__}: {exc}")
-                weights = nonfinite_weights_lines(self._require_model(), self._paths[i], self.reads)
+                weights = nonfinite_weights_lines(model, self._paths[i], self.reads)
             else:
                 where = explain(self._names[i], self._label(i), frames, op, first, lines) or where
         else:  # no frames: say at least whether its own weights are already non-finite
-            weights = nonfinite_weights_lines(self._require_model(), self._paths[i], self.reads)
+            weights = nonfinite_weights_lines(model, self._paths[i], self.reads)
         lines += weights
         written = bool(weights) or WEIGHTS_WRITTEN in lines   # an optimizer step wrote inf/NaN into its weights
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
@@ -376,7 +424,7 @@ class ActivationMonitor:
         self._first["forward"] = first if earlier is not None else self._first["forward"] or first
         fix = nonfinite_weights_fix(self._weight_dtypes(i)) if written else None   # not the overflow fix
         finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where, fix=fix)
-        if rec.replay is None and finding is not None:
+        if replay is None and finding is not None:
             self._unexplained[i] = finding
 
     def _nonfinite_backward(self, rec: StepRecord, k: int, bwd: list[float]) -> None:
@@ -400,12 +448,13 @@ class ActivationMonitor:
                      f"the gradient w.r.t. its output is {kind} at step {rec.step}: the first non-finite gradient "
                      f"in backward order, with a finite forward pass. {origin}{scale_note(self._scaler(), self.reads)}")
 
-    def _diagnose(self, replay: Replay) -> tuple[list[Frame], NonfiniteOp | str | None]:
-        """Re-run the recorded forward (``ampdoctor.monitor.replay.rerun``) with this monitor's hooks quiet."""
-        model = self._require_model()
+    def _diagnose(self, root: int, replay: Replay) -> tuple[list[Frame], NonfiniteOp | str | None]:
+        """Re-run root ``root``'s recorded forward (``ampdoctor.monitor.replay.rerun``) with this monitor's hooks
+        quiet."""
+        model = self._require_root(root)
         active, self._active, self._replaying = self._active, False, True
         try:
-            return rerun(model, replay, self.frames, self.reads, self.prefix)
+            return rerun(model, replay, self.frames, self.reads, self._roots[root][1])
         finally:
             self._active, self._replaying = active and self.enabled, False
 
@@ -445,8 +494,14 @@ class ActivationMonitor:
 
     def _weight_dtypes(self, i: int) -> list[str]:
         """Return the dtypes of module ``i``'s own parameters, by name."""
-        module = self._require_model().get_submodule(self._paths[i])
+        module = self._require_root(self._root_of[i]).get_submodule(self._paths[i])
         return [dtype_name(p.dtype) for p in module.parameters(recurse=False)]
+
+    def _require_root(self, root: int) -> nn.Module:
+        if (model := self._roots[root][0]()) is None:
+            raise RuntimeError(f"the model {self._names[self._starts[root]]} watched by this ActivationMonitor no "
+                               "longer exists")
+        return model
 
     def _require_model(self) -> nn.Module:
         if (model := self._model()) is None:
@@ -464,7 +519,7 @@ class ActivationMonitor:
             return
         self._broken, self._error = True, f"{type(exc).__name__}: {exc}"
         if self._record is not None:  # break rec.last -> tensor -> probe -> rec, and let go of the inputs
-            self._record.closed, self._record.last, self._record.replay = True, None, None
+            self._record.closed, self._record.last, self._record.replay = True, None, {}
         self._record = None
         self._remove_hooks()
         self._findings.append(internal_error_finding(exc, "ActivationMonitor",

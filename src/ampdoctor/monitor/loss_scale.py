@@ -43,6 +43,7 @@ from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import scale_entry
 from ampdoctor.core.words import counted
 from ampdoctor.explanations.fixes import scale_collapse_fix
+from ampdoctor.monitor.activation_records import is_input
 
 __all__ = ["ScaleMonitor"]
 
@@ -301,11 +302,11 @@ class ScaleMonitor:
         """Record what the forward of a skipped step showed, for AMP603 to say where the inf/NaN come from.
 
         Args:
-            module: the first module whose output was inf/NaN (``"(input)"``: the model's input already was);
-                None when every module output was finite.
+            module: the first module whose output was inf/NaN (``"(input)"``, ``"(input of netG)"``: a model's
+                input already was); None when every module output was finite.
             loss: the loss given to backward on that step (unscaled), None when it was not read.
         """
-        if module == "(input)":
+        if is_input(module):
             kind = "input"
         elif module is not None:
             kind, self._first_module = "module", self._first_module or module

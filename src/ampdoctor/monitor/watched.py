@@ -28,8 +28,8 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.training import TrainingSetup, optimizer_chain, optimizer_slots, unwrap_optimizer
 from ampdoctor.core.words import counted
 
-__all__ = ["watched_chain", "refuse_meta", "name_params", "param_owners", "steps_through", "scaler_of",
-           "EngineCopies"]
+__all__ = ["watched_chain", "refuse_meta", "name_params", "other_models", "param_owners", "steps_through",
+           "scaler_of", "EngineCopies"]
 
 
 def watched_chain(model: Any, optimizer: Any) -> list[Any]:
@@ -101,8 +101,7 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     >>> name_params(model, [], others=[nn.Conv1d(1, 1, 1), model]).prefix
     'Linear.'
     """
-    # in the order of ``others`` (the run's models), as the findings number two models of one class (``Linear[1].``)
-    models = list(others) if any(m is model for m in others) else [model, *others]
+    models = _run_models(model, others)
     setup = TrainingSetup(models)   # one model: no prefix
     infos = [setup.info(p) for p in params]
     slots = optimizer_slots(optimizer)
@@ -110,6 +109,26 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     modules = [i.module if i else "(not in model)" for i in infos]
     prefix = setup.prefixes[next(k for k, m in enumerate(models) if m is model)]
     return ParamNames(names, modules, [dtype_name(p) for p in params], prefix)
+
+
+def _run_models(model: nn.Module, others: Sequence[nn.Module]) -> list[nn.Module]:
+    """Return the run's models in the order of ``others`` (the run's), as the findings number two models of one
+    class (``Linear[1].``), with ``model`` first when ``others`` leaves it out."""
+    return list(others) if any(m is model for m in others) else [model, *others]
+
+
+def other_models(model: nn.Module, others: Sequence[nn.Module]) -> list[tuple[nn.Module, str]]:
+    """Return the run's models other than ``model``, each with its prefix as ``name_params`` names it, leaving out
+    one that shares a module with ``model`` (one inside the other: its modules are ``model``'s).
+
+    >>> a, b = nn.Linear(2, 2), nn.Conv1d(1, 1, 1)
+    >>> [(type(m).__name__, p) for m, p in other_models(a, [a, b, nn.Sequential(a)])]
+    [('Conv1d', 'Conv1d.')]
+    """
+    models = _run_models(model, others)
+    inside = {id(m) for m in model.modules()}
+    return [(m, prefix) for m, prefix in zip(models, TrainingSetup(models).prefixes)
+            if m is not model and not any(id(x) in inside for x in m.modules())]
 
 
 def param_owners(models: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[int | None]:

@@ -54,6 +54,7 @@ from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Drawn
 from ampdoctor.explanations.fixes import nonfinite_grads_fix
+from ampdoctor.monitor.activation_records import is_input
 from ampdoctor.monitor.averages import AverageMonitor, average_findings
 from ampdoctor.monitor.backward import BackwardMonitor
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
@@ -69,6 +70,7 @@ from ampdoctor.monitor.watched import (
     EngineCopies,
     closure_calls_back,
     name_params,
+    other_models,
     param_owners,
     refuse_meta,
     scaler_of,
@@ -276,8 +278,11 @@ class Watch:
 
     def _attach_activations(self, gradients: bool = True) -> None:
         from ampdoctor.monitor.activations import ActivationMonitor
+        # the run's other models too: the first inf/NaN in call order may be theirs (a GAN's generator), and an input
+        # of the watched model that one of them made inf is no bad data
+        others = other_models(self._model, self._models[1:]) if len(self._models) > 1 else []
         self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
-                                              gradients=gradients, prefix=self._prefix)
+                                              gradients=gradients, prefix=self._prefix, others=others)
         self._activations.attach()
 
     def _arm_activations(self, last: int) -> None:
@@ -669,7 +674,7 @@ class Watch:
         inf/NaN loss whose forward was looked at had a module's output inf/NaN too (not the input, not none)."""
         bad = (self._backward.summary().get("nonfinite") or []) if self._backward is not None else []
         looks = dict(map(tuple, self._bad_loss_forwards))
-        if not bad or any(module in (None, "(input)") for module in looks.values()):
+        if not bad or any(module is None or is_input(module) for module in looks.values()):
             return False
         # a look at the first bad step that began inside its forward (the watch attached there) is not in `looks`;
         # an AMP601 of that step is the activation monitor's word that a module's output was inf/NaN on it
