@@ -120,3 +120,16 @@ def test_a_gans_critic_overflow_is_still_named(tmp_path, capsys):
     capsys.readouterr()
     findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
     assert "AMP609" not in findings and findings["AMP601"]["where"] == "netD.2 (Linear)"
+
+
+def test_a_frozen_fp16_teachers_overflow_is_not_blamed_on_the_students_modules(tmp_path, capsys):
+    """Every output of the trained student is finite; the loss reads the frozen fp16 teacher's inf logits. No
+    module of the student is named, and the loss findings say the loss's other inputs may hold the inf/NaN."""
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "fp16_teacher.py")]) == 0
+    capsys.readouterr()
+    findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
+    assert {"AMP603", "AMP612", "AMP613"} <= set(findings) and not {"AMP601", "AMP609"} & set(findings)
+    assert "frozen teacher's" in " ".join(findings["AMP603"]["detail"].split())
+    assert "frozen teacher's" in " ".join(findings["AMP613"]["detail"].split())
+    assert "a frozen teacher's or encoder's fp16 output" in findings["AMP613"]["fix"]

@@ -121,4 +121,6 @@ def nonfinite_loss_fix() -> str:
     return ("# every module output was finite and the loss was not: compute it in fp32,\n"
             "# from logits, in a stable form (no log of 0, no division by 0)\n"
             "loss = F.binary_cross_entropy_with_logits(logits.float(), y)\n"
-            "# or F.cross_entropy(logits.float(), y); log_softmax, not log(softmax)")
+            "# or F.cross_entropy(logits.float(), y); log_softmax, not log(softmax)\n"
+            "# and check what else it reads: a frozen teacher's or encoder's fp16 output\n"
+            "# can overflow to inf (run that model in fp32 or bf16)")

@@ -139,7 +139,8 @@ def _loss_finite(s: dict[str, Any]) -> Iterator[Finding]:
     if finite:   # the activation monitor saw those forwards: no module's output was inf/NaN
         seen = ", ".join(map(str, finite[:6])) + (" …" if len(finite) > 6 else "")
         detail += (f"; every module output of the model was finite on {word_for(len(finite), 'step')} {seen}, "
-                   f"so there the inf/NaN come after the model, where the loss is computed from its output")
+                   f"so there the inf/NaN come after the model, where the loss is computed from its output and "
+                   f"whatever else it reads (a target, a frozen teacher's half-precision output)")
     yield get_rule("AMP613").finding("loss", detail, bad[0], severity=Severity.ERROR if last else Severity.WARNING,
                                      fix=nonfinite_loss_fix() if finite else None)
 

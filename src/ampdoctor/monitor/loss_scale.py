@@ -350,7 +350,8 @@ class ScaleMonitor:
                     f"First module with a non-finite output: {named}.")
         if kind == "loss":
             return (f"Every module output was finite {on(seen['loss'])}, and the loss given to backward was inf/NaN: "
-                    f"the inf/NaN come from computing the loss, after the model.")
+                    f"the inf/NaN come from computing the loss, after the model, or from another tensor it reads "
+                    f"(a target, a frozen teacher's or encoder's half-precision output).")
         if kind == "backward":
             return (f"Every module output and the loss were finite {on(seen['backward'])}, so the inf/NaN arise in "
                     f"the backward pass: gradients that overflow fp16 at every scale tried, or that are inf/NaN at "
