@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["UNKNOWN", "nonfinite_grads_fix", "nonfinite_loss_fix", "nonfinite_weights_fix", "scale_collapse_fix"]
+__all__ = ["UNKNOWN", "frozen_weights_fix", "nonfinite_grads_fix", "nonfinite_loss_fix", "nonfinite_weights_fix",
+           "scale_collapse_fix"]
 
 UNKNOWN = "unknown"   # the autocast dtype of a run whose forward the caller did not see
 
@@ -24,6 +25,20 @@ _SKIP_STEP = ("norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
               "if torch.isfinite(norm):   # no step on inf/NaN gradients\n"
               "    opt.step()\n"
               "opt.zero_grad()")
+
+
+def frozen_weights_fix() -> str:
+    """Return the fix for a module whose output is inf/NaN because its weights are, while nothing trains them (a
+    frozen teacher, a VAE): a checkpoint or a cast to float16 made them so.
+
+    >>> frozen_weights_fix().splitlines()[0]
+    '# its weights were inf/NaN already, and nothing trains them: a cast to'
+    """
+    return ("# its weights were inf/NaN already, and nothing trains them: a cast to\n"
+            "# float16 (a weight above 65504 is inf) or the checkpoint made them so.\n"
+            "# Load and run this model in bfloat16 or float32 instead:\n"
+            "model = Model.from_pretrained(path, torch_dtype=torch.bfloat16)\n"
+            "# or model.float()")
 
 
 def nonfinite_weights_fix(weight_dtypes: Iterable[str]) -> str:

@@ -30,9 +30,10 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.training import module_label
-from ampdoctor.explanations.fixes import nonfinite_weights_fix
+from ampdoctor.explanations.fixes import frozen_weights_fix, nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, abs_max_on_device, scale_note, split
 from ampdoctor.monitor.replay import (
+    WEIGHTS_FROZEN,
     WEIGHTS_WRITTEN,
     Frame,
     NonfiniteOp,
@@ -418,11 +419,14 @@ class ActivationMonitor:
             weights = nonfinite_weights_lines(model, self._paths[i], self.reads)
         lines += weights
         written = bool(weights) or WEIGHTS_WRITTEN in lines   # an optimizer step wrote inf/NaN into its weights
+        frozen = written and self._frozen_weights(i)   # no optimizer step did: a cast or a checkpoint
+        if frozen and WEIGHTS_WRITTEN in lines:
+            lines[lines.index(WEIGHTS_WRITTEN)] = WEIGHTS_FROZEN
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))
         self._first["forward"] = first if earlier is not None else self._first["forward"] or first
-        fix = nonfinite_weights_fix(self._weight_dtypes(i)) if written else None   # not the overflow fix
+        fix = (frozen_weights_fix() if frozen else nonfinite_weights_fix(self._weight_dtypes(i))) if written else None
         finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where, fix=fix)
         if replay is None and finding is not None:
             self._unexplained[i] = finding
@@ -491,6 +495,11 @@ class ActivationMonitor:
         self._findings.append(get_rule(code).finding(where or self._label(i), detail, step, severity=severity,
                                                      fix=fix))
         return self._findings[-1]
+
+    def _frozen_weights(self, i: int) -> bool:
+        """Whether module ``i`` has weights of its own and none of them trains (``requires_grad`` off)."""
+        own = list(self._require_root(self._root_of[i]).get_submodule(self._paths[i]).parameters(recurse=False))
+        return bool(own) and not any(p.requires_grad for p in own)
 
     def _weight_dtypes(self, i: int) -> list[str]:
         """Return the dtypes of module ``i``'s own parameters, by name."""

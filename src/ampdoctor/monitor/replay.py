@@ -213,6 +213,9 @@ def replay_blocked(model: nn.Module) -> str | None:
 
 
 WEIGHTS_WRITTEN = "Its weights are already non-finite: an earlier optimizer step wrote inf/NaN into them."
+# the same, of a module whose weights nothing trains (a frozen teacher, a VAE): no optimizer step wrote them
+WEIGHTS_FROZEN = ("Its weights are already non-finite, and nothing trains them: they were loaded or cast that way "
+                  "(a weight above 65504 is inf in float16).")
 
 
 def explain(name: str, label: str, frames: list[Frame], op: NonfiniteOp | str | None, first: dict[str, Any],

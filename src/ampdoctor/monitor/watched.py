@@ -25,7 +25,7 @@ from torch import nn
 from ampdoctor._compat.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import TrainingSetup, optimizer_chain, optimizer_slots, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, model_prefixes, optimizer_chain, optimizer_slots, unwrap_optimizer
 from ampdoctor.core.words import counted
 
 __all__ = ["watched_chain", "refuse_meta", "name_params", "other_models", "param_owners", "steps_through",
@@ -117,18 +117,28 @@ def _run_models(model: nn.Module, others: Sequence[nn.Module]) -> list[nn.Module
     return list(others) if any(m is model for m in others) else [model, *others]
 
 
-def other_models(model: nn.Module, others: Sequence[nn.Module]) -> list[tuple[nn.Module, str]]:
-    """Return the run's models other than ``model``, each with its prefix as ``name_params`` names it, leaving out
-    one that shares a module with ``model`` (one inside the other: its modules are ``model``'s).
+def other_models(model: nn.Module, others: Sequence[nn.Module],
+                 frozen: Sequence[nn.Module] = ()) -> list[tuple[nn.Module, str]]:
+    """Return the run's models other than ``model``, then the ``frozen`` ones (a teacher, a VAE: models that ran a
+    forward with nothing to train), each with its prefix as ``name_params`` names the run's, leaving out one that
+    shares a module with ``model`` or with a model listed before it (one inside the other).
 
-    >>> a, b = nn.Linear(2, 2), nn.Conv1d(1, 1, 1)
-    >>> [(type(m).__name__, p) for m, p in other_models(a, [a, b, nn.Sequential(a)])]
-    [('Conv1d', 'Conv1d.')]
+    >>> a, b, teacher = nn.Linear(2, 2), nn.Conv1d(1, 1, 1), nn.Linear(2, 2)
+    >>> [(type(m).__name__, p) for m, p in other_models(a, [a, b, nn.Sequential(a)], [teacher, b])]
+    [('Conv1d', 'Conv1d.'), ('Linear', 'Linear[1].')]
     """
     models = _run_models(model, others)
-    inside = {id(m) for m in model.modules()}
-    return [(m, prefix) for m, prefix in zip(models, TrainingSetup(models).prefixes)
-            if m is not model and not any(id(x) in inside for x in m.modules())]
+    prefixes = TrainingSetup(models).prefixes
+    if frozen:   # numbered after the run's models, whose names stay those of the gradient table
+        prefixes += model_prefixes([*models, *frozen])[len(models):]
+    taken = {id(m) for m in model.modules()}
+    out = []
+    for m, prefix in zip([*models, *frozen], prefixes):
+        own = [id(x) for x in m.modules()]
+        if m is not model and not any(x in taken for x in own):
+            out.append((m, prefix))
+        taken.update(own)
+    return out
 
 
 def param_owners(models: Sequence[nn.Module], params: Sequence[torch.Tensor]) -> list[int | None]:

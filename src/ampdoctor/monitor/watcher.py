@@ -139,11 +139,14 @@ class Watch:
             fp16/bf16, at most ``monitor.updates.MOVED_SAMPLE``: its lost updates are not counted).
         fsync: fsync the log after every line (see ``ampdoctor.monitor.recorder``).
         others: other models the optimizer may also train, to name their parameters (``ampdoctor run``'s).
+        frozen: returns the models that ran a forward with nothing to train (a teacher, a VAE; ``ampdoctor run``'s):
+            the look at the forward covers them and ``others`` (``ActivationMonitor``'s ``others``).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
-                 fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = ()) -> None:
+                 fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = (),
+                 frozen: Callable[[], Sequence[nn.Module]] | None = None) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -165,6 +168,7 @@ class Watch:
         # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
         # their tensors got a gradient), not those of a model the script replaced (a resume, a re-run cell).
         self._models: list[nn.Module] = [model, *[m for m in others if m is not model]]
+        self._others, self._frozen = list(others), frozen   # for the look at the forward: other_models
         self._owners = param_owners(self._models, params)
         self._ran: set[int] = set()   # models (by index in _models) whose forward ran while watched
         self._ran_hooks: dict[int, Any] = {}
@@ -280,7 +284,8 @@ class Watch:
         from ampdoctor.monitor.activations import ActivationMonitor
         # the run's other models too: the first inf/NaN in call order may be theirs (a GAN's generator), and an input
         # of the watched model that one of them made inf is no bad data
-        others = other_models(self._model, self._models[1:]) if len(self._models) > 1 else []
+        frozen = list(self._frozen()) if self._frozen is not None else []
+        others = other_models(self._model, self._others, frozen) if len(self._models) > 1 or frozen else []
         self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
                                               gradients=gradients, prefix=self._prefix, others=others)
         self._activations.attach()
@@ -331,7 +336,7 @@ class Watch:
                 "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
                 "findings": self.findings()}))
         self._model = self._optimizer = self._scaler = self._stepper = None
-        self._chain, self._params, self._models = [], [], []
+        self._chain, self._params, self._models, self._others, self._frozen = [], [], [], [], None
         self._grads.release()
         self.attached = False
 

@@ -161,7 +161,10 @@ class Doctor:
     # ---- discovery -------------------------------------------------------------------------------------------
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         self._depth += 1
-        if self._depth != 1 or self.session.broken or not torch.is_grad_enabled():
+        if self._depth != 1 or self.session.broken:
+            return
+        if not torch.is_grad_enabled():   # a frozen teacher, a VAE encoding the batch: its forward is looked at too
+            call_safely(self.session.note_frozen, module, on_error=self.session.internal_error)
             return
         call_safely(self._on_root_forward, module, on_error=self.session.internal_error)  # never reach the forward
 
@@ -174,6 +177,7 @@ class Doctor:
             return
         if all(m is not module for m in self.models):
             if not any(p.requires_grad for p in module.parameters()):
+                self.session.note_frozen(module)
                 return
             self.models.append(module)
             self.session.seen["models"].add(id(unwrap_module(module)))   # DDP(model), compile(model): one model

@@ -42,6 +42,7 @@ Checks = Callable[[TrainingSetup], list[Finding]]
 
 
 STAGE_AFTER = 3   # steps of newer optimizers, with none of the watched one, that start the watch's next stage
+MAX_FROZEN = 8   # frozen models (a teacher, a VAE, a text encoder) whose forward the watch's look covers
 
 
 class Session:
@@ -96,6 +97,23 @@ class Session:
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
+        # models that ran a forward without training (a frozen teacher, a VAE under no_grad), by id, weakly: the
+        # watch's look at the forward covers them (their fp16 overflow reaches the trained model or the loss)
+        self._frozen: dict[int, weakref.ref] = {}
+
+    def note_frozen(self, module: nn.Module) -> None:
+        """Remember a model whose forward ran with nothing to train (O(1) once known; at most MAX_FROZEN)."""
+        if id(module) in self._frozen or len(self._frozen) >= MAX_FROZEN or next(module.parameters(), None) is None:
+            return
+        self._frozen[id(module)] = weakref.ref(module)
+
+    def frozen_models(self) -> list[nn.Module]:
+        """Return the live models that ran a forward with nothing to train, in the order they first ran."""
+        alive = [(key, ref()) for key, ref in self._frozen.items()]
+        for key, model in alive:
+            if model is None:   # collected: its id may be reused by another module
+                del self._frozen[key]
+        return [model for _, model in alive if model is not None]
 
     @property
     def broken(self) -> bool:
@@ -198,7 +216,7 @@ class Session:
         if any(p.is_meta for p in model.parameters()):
             return   # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
-                           activations=self.activations, others=models).attach()
+                           activations=self.activations, others=models, frozen=self.frozen_models).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)
