@@ -4,6 +4,8 @@ import json
 import os
 import re
 
+import pytest
+
 from ampdoctor.monitor.recorder import read_log
 from ampdoctor.ui.cli import main
 
@@ -171,3 +173,16 @@ def test_a_loss_made_nan_outside_the_watched_model_points_at_what_else_it_reads(
     assert "AMP601" not in findings and {"AMP603", "AMP613"} <= set(findings)
     assert "frozen teacher's" in findings["AMP603"].detail and "frozen teacher's" in findings["AMP613"].detail
     assert "a frozen teacher's or encoder's fp16 output" in findings["AMP613"].fix
+
+
+def test_an_fp16_vae_overflow_is_named_by_its_path_in_the_vae(tmp_path, capsys):
+    """diffusers' real AutoencoderKL, frozen in fp16, encodes the batch under no_grad through ``vae.encode()``: the
+    look names the encoder's convolution as the script reaches it (``vae.encoder.conv_out``), and the denoiser's
+    first layer, which only carried the inf along on the step the watch attached in, is not named."""
+    pytest.importorskip("diffusers")
+    out = tmp_path / "report.json"
+    assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "vae_fp16.py")]) == 0
+    capsys.readouterr()
+    findings = [f for f in json.loads(out.read_text())["findings"] if f["code"] in ("AMP601", "AMP609")]
+    assert [f["where"] for f in findings] == ["vae.encoder.conv_out (Conv2d)"]
+    assert "aten.convolution.default in 'vae.encoder.conv_out'" in findings[0]["detail"]

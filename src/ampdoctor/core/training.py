@@ -15,7 +15,7 @@ from ampdoctor.core.dtypes import HALF, LOW_PRECISION, dtype_name
 
 __all__ = ["HALF", "LOW_PRECISION", "ParamInfo", "TrainingSetup", "group_by_module", "optimizer_chain",
            "optimizer_tensors", "unwrap_optimizer", "keeps_fp32_masters", "model_prefixes", "note_script_names",
-           "script_bindings", "user_name", "module_label", "optimizer_slots"]
+           "note_part_name", "script_bindings", "user_name", "module_label", "optimizer_slots"]
 
 # Modules torch puts *inside* a model, between a module and its children: an FSDP1 unit (``FullyShardedDataParallel``
 # keeps the wrapped module in ``_fsdp_wrapped_module``), activation checkpointing's ``CheckpointWrapper`` and
@@ -212,6 +212,33 @@ def _entries(key: str, value: Any) -> list[tuple[str, Any]]:
         return [(f"{key}[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_ENTRIES)
                 if isinstance(k, (str, int)) and not isinstance(k, bool)]
     return [(key, value)]
+
+
+def note_part_name(part: nn.Module, namespaces: Iterable[Mapping[str, Any]]) -> None:
+    """Remember the name the first of ``namespaces`` that binds it gives ``part`` (a model the script runs with
+    nothing to train): its own (``teacher``), or its path in a module bound there (``vae.encoder``, which
+    ``vae.encode()`` calls). Kept once given; `model_prefixes` names it so.
+
+    >>> vae = nn.Sequential(nn.Linear(2, 2))
+    >>> note_part_name(vae[0], [{"vae": vae}]); model_prefixes([nn.Linear(2, 2), vae[0]])[1]
+    'vae.0.'
+    """
+    if part in _SCRIPT_NAMES:
+        return
+    for namespace in namespaces:
+        direct = script_bindings(namespace).get(id(part))
+        if direct is not None:
+            _SCRIPT_NAMES[part] = direct
+            return
+        for key, value in list(namespace.items()):
+            if not isinstance(key, str) or key.startswith("_") or key == "self":
+                continue
+            for name, item in _entries(key, value):
+                path = next((p for p, sub in item.named_modules() if sub is part), None) \
+                    if isinstance(item, nn.Module) else None
+                if path:
+                    _SCRIPT_NAMES[part] = f"{name}.{user_name(path)}"
+                    return
 
 
 def note_script_names(models: list[nn.Module], namespaces: Iterable[Mapping[str, Any]],

@@ -373,8 +373,7 @@ class ActivationMonitor:
         if ("AMP609", INPUTS - root) in self._reported:
             return
         if self._unexplained:   # AMP601 named from a step without its inputs: they were bad, not the module
-            self._findings = [f for f in self._findings if f not in self._unexplained.values()]
-            self._unexplained, self._first["forward"], self.first_nonfinite_module = {}, None, None
+            self._withdraw_unexplained()
         self._first["forward"] = self._first["forward"] or {**dict.fromkeys(("class", "frames", "op", "reproduced")),
                                                            "module": self._input_name(root), "step": rec.step,
                                                            "kind": kind.lower()}
@@ -388,8 +387,20 @@ class ActivationMonitor:
                      "loss scale is at fault.",
                      where="model input" if len(self._roots) == 1 else f"{model} input")
 
+    def _withdraw_unexplained(self) -> None:
+        """Take back the AMP601 named from steps whose forward was seen in part: a step seen whole showed the
+        inf/NaN arising before them."""
+        self._findings = [f for f in self._findings if f not in self._unexplained.values()]
+        for j in self._unexplained:
+            self._reported.discard(("AMP601", j))
+        self._unexplained, self._first["forward"], self.first_nonfinite_module = {}, None, None
+
     def _nonfinite_forward(self, rec: StepRecord, i: int, value: float) -> None:
         kind = "NaN" if math.isnan(value) else "inf"
+        if any(j != i for j in self._unexplained) and self._calls_seen(rec):
+            # named from a forward seen in part (attached inside it); this one, seen whole, shows where the inf/NaN
+            # first arises: an earlier module, whose inf/NaN the one named before only carried along
+            self._withdraw_unexplained()
         if self.first_nonfinite_module is None:
             self.first_nonfinite_module = self._names[i]
         earlier = self._unexplained.get(i)  # reported from a step whose inputs were not kept (attached mid-forward)

@@ -25,7 +25,7 @@ from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.patch import observe
-from ampdoctor.core.training import TrainingSetup, note_script_names, owns_any, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, note_part_name, note_script_names, owns_any, unwrap_optimizer
 from ampdoctor.monitor.watched import closure_calls_back
 from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.runner.discovery import (
@@ -164,7 +164,7 @@ class Doctor:
         if self._depth != 1 or self.session.broken:
             return
         if not torch.is_grad_enabled():   # a frozen teacher, a VAE encoding the batch: its forward is looked at too
-            call_safely(self.session.note_frozen, module, on_error=self.session.internal_error)
+            call_safely(self._note_frozen, module, on_error=self.session.internal_error)
             return
         call_safely(self._on_root_forward, module, on_error=self.session.internal_error)  # never reach the forward
 
@@ -177,7 +177,7 @@ class Doctor:
             return
         if all(m is not module for m in self.models):
             if not any(p.requires_grad for p in module.parameters()):
-                self.session.note_frozen(module)
+                self._note_frozen(module)
                 return
             self.models.append(module)
             self.session.seen["models"].add(id(unwrap_module(module)))   # DDP(model), compile(model): one model
@@ -196,6 +196,10 @@ class Doctor:
                 self._start()
         if self.fix and self.setup is not None:
             self.session.reapply(self.setup, module, dtype)
+
+    def _note_frozen(self, module: nn.Module) -> None:
+        if self.session.note_frozen(module):   # the first time: its name in the user's frames (`vae.encoder`)
+            note_part_name(module, _user_namespaces())
 
     def _scaler_undecided(self) -> bool:
         """Whether the stage's GradScaler shows only at its first ``scale()`` or step: an ended stage's enabled

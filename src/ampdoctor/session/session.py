@@ -101,11 +101,13 @@ class Session:
         # watch's look at the forward covers them (their fp16 overflow reaches the trained model or the loss)
         self._frozen: dict[int, weakref.ref] = {}
 
-    def note_frozen(self, module: nn.Module) -> None:
-        """Remember a model whose forward ran with nothing to train (O(1) once known; at most MAX_FROZEN)."""
+    def note_frozen(self, module: nn.Module) -> bool:
+        """Remember a model whose forward ran with nothing to train (O(1) once known; at most MAX_FROZEN); return
+        whether it is new."""
         if id(module) in self._frozen or len(self._frozen) >= MAX_FROZEN or next(module.parameters(), None) is None:
-            return
+            return False
         self._frozen[id(module)] = weakref.ref(module)
+        return True
 
     def frozen_models(self) -> list[nn.Module]:
         """Return the live models that ran a forward with nothing to train, in the order they first ran."""
