@@ -134,6 +134,7 @@ def test_a_frozen_fp16_teachers_overflow_is_named_in_the_teacher(tmp_path, capsy
     findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
     assert "AMP609" not in findings and findings["AMP601"]["where"] == "teacher.2 (Linear)"
     assert "aten.addmm.default in 'teacher.2'" in findings["AMP601"]["detail"]
+    assert "teacher.to(torch.bfloat16)" in findings["AMP601"]["fix"]   # its weights are half: no autocast to leave
     assert main(["run", "--json", str(out), os.path.join(SCRIPTS, "fp16_teacher.py"), "weights"]) == 0
     capsys.readouterr()
     findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
@@ -186,3 +187,4 @@ def test_an_fp16_vae_overflow_is_named_by_its_path_in_the_vae(tmp_path, capsys):
     findings = [f for f in json.loads(out.read_text())["findings"] if f["code"] in ("AMP601", "AMP609")]
     assert [f["where"] for f in findings] == ["vae.encoder.conv_out (Conv2d)"]
     assert "aten.convolution.default in 'vae.encoder.conv_out'" in findings[0]["detail"]
+    assert "vae.encoder.to(torch.bfloat16)" in findings[0]["fix"] and "sdxl-vae-fp16-fix" in findings[0]["fix"]

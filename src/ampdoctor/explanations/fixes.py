@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["UNKNOWN", "frozen_weights_fix", "nonfinite_grads_fix", "nonfinite_loss_fix", "nonfinite_weights_fix",
-           "scale_collapse_fix"]
+__all__ = ["UNKNOWN", "frozen_half_fix", "frozen_weights_fix", "nonfinite_grads_fix", "nonfinite_loss_fix",
+           "nonfinite_weights_fix", "scale_collapse_fix"]
 
 UNKNOWN = "unknown"   # the autocast dtype of a run whose forward the caller did not see
 
@@ -25,6 +25,20 @@ _SKIP_STEP = ("norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
               "if torch.isfinite(norm):   # no step on inf/NaN gradients\n"
               "    opt.step()\n"
               "opt.zero_grad()")
+
+
+def frozen_half_fix(model: str) -> str:
+    """Return the fix for a module that overflows in a float16 model nothing trains (a teacher, a VAE): its weights
+    are half, so it runs in float16 whatever autocast says; upcasting its compute means casting the model.
+
+    >>> frozen_half_fix("vae.encoder").splitlines()[-2]
+    'vae.encoder.to(torch.bfloat16)  # or torch.float32'
+    """
+    return ("# nothing trains this float16 model, and fp16 overflows above 65504:\n"
+            "# run it in bfloat16 (fp32's range) or float32, feed it inputs of that\n"
+            "# dtype and cast what it returns to the dtype you train in\n"
+            f"{model}.to(torch.bfloat16)  # or torch.float32\n"
+            "# or an fp16-safe checkpoint (SDXL's VAE: madebyollin/sdxl-vae-fp16-fix)")
 
 
 def frozen_weights_fix() -> str:

@@ -30,7 +30,7 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.training import module_label
-from ampdoctor.explanations.fixes import frozen_weights_fix, nonfinite_weights_fix
+from ampdoctor.explanations.fixes import frozen_half_fix, frozen_weights_fix, nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, abs_max_on_device, scale_note, split
 from ampdoctor.monitor.replay import (
     WEIGHTS_FROZEN,
@@ -429,15 +429,11 @@ class ActivationMonitor:
         else:  # no frames: say at least whether its own weights are already non-finite
             weights = nonfinite_weights_lines(model, self._paths[i], self.reads)
         lines += weights
-        written = bool(weights) or WEIGHTS_WRITTEN in lines   # an optimizer step wrote inf/NaN into its weights
-        frozen = written and self._frozen_weights(i)   # no optimizer step did: a cast or a checkpoint
-        if frozen and WEIGHTS_WRITTEN in lines:
-            lines[lines.index(WEIGHTS_WRITTEN)] = WEIGHTS_FROZEN
+        fix = self._forward_fix(i, bool(weights) or WEIGHTS_WRITTEN in lines, lines)
         if earlier is not None:  # the re-run of a later step replaces the unexplained finding: one AMP601 here
             self._findings.remove(self._unexplained.pop(i))
             self._reported.discard(("AMP601", i))
         self._first["forward"] = first if earlier is not None else self._first["forward"] or first
-        fix = (frozen_weights_fix() if frozen else nonfinite_weights_fix(self._weight_dtypes(i))) if written else None
         finding = self._report("AMP601", i, Severity.ERROR, step, "\n".join(lines), where=where, fix=fix)
         if replay is None and finding is not None:
             self._unexplained[i] = finding
@@ -506,6 +502,20 @@ class ActivationMonitor:
         self._findings.append(get_rule(code).finding(where or self._label(i), detail, step, severity=severity,
                                                      fix=fix))
         return self._findings[-1]
+
+    def _forward_fix(self, i: int, written: bool, lines: list[str]) -> str | None:
+        """Return the fix of module ``i``'s AMP601 (None: the rule's, the overflow fix). ``written``: its weights are
+        already inf/NaN; where nothing trains them, no optimizer step wrote them, and ``lines`` are told so."""
+        frozen = self._frozen_weights(i)
+        if written and frozen:   # a cast or a checkpoint made them so
+            if WEIGHTS_WRITTEN in lines:
+                lines[lines.index(WEIGHTS_WRITTEN)] = WEIGHTS_FROZEN
+            return frozen_weights_fix()
+        if written:
+            return nonfinite_weights_fix(self._weight_dtypes(i))
+        if frozen and "float16" in self._weight_dtypes(i):   # a half model nothing trains: no autocast to leave
+            return frozen_half_fix(self._names[self._starts[self._root_of[i]]])
+        return None
 
     def _frozen_weights(self, i: int) -> bool:
         """Whether module ``i`` has weights of its own and none of them trains (``requires_grad`` off)."""
