@@ -536,3 +536,16 @@ def test_the_runs_other_models_are_looked_at_in_call_order():
     assert codes(monitor) == ["AMP609"] and record["forward"]["nonfinite_module"] == "(input of gen)"
     [finding] = monitor.findings()
     assert finding.where == "gen input" and "an input tensor of gen holds NaN" in finding.detail
+
+
+def test_a_root_collected_last_is_left_out_of_the_input_finding():
+    critic = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    monitor = ActivationMonitor(critic, others=[(nn.Linear(2, 2), "gone.")])   # collected after construction
+    x = torch.ones(2, 4)
+    x[0, 0] = float("nan")
+    with monitor:
+        monitor.set_sampling(True)
+        critic(x)
+        monitor.step_record()
+    [finding] = monitor.findings()
+    assert finding.code == "AMP609" and finding.where == "model input" and "before any module ran" in finding.detail

@@ -377,15 +377,17 @@ class ActivationMonitor:
         self._first["forward"] = self._first["forward"] or {**dict.fromkeys(("class", "frames", "op", "reproduced")),
                                                            "module": self._input_name(root), "step": rec.step,
                                                            "kind": kind.lower()}
-        model = "the model" if len(self._roots) == 1 else self._names[self._starts[root]]
-        before = "any module ran" if len(self._roots) == 1 else (
-            "any of its modules ran, and no module of the run's models (" +
-            ", ".join(self._names[start] for start in self._starts) + ") produced it before")
+        # the live roots, as the findings name them: the watched model is "the model" when the run names it no other
+        live = [self._names[start] if self._names[start] != "(root)" else "the model"
+                for r, start in enumerate(self._starts) if self._root_of[start:start + 1] == [r]]
+        model = "the model" if len(live) == 1 or root == 0 and live[0] == "the model" else \
+            self._names[self._starts[root]]
+        before = "any module ran" if len(live) == 1 else (
+            f"any of its modules ran, and no module of the run's models ({', '.join(live)}) produced it before")
         self._report("AMP609", INPUTS - root, Severity.ERROR, rec.step,
                      f"an input tensor of {model} holds {kind} at step {rec.step}, before {before}: the data (or "
                      "the code that prepares a batch) produced it, and every output after it is garbage. No layer or "
-                     "loss scale is at fault.",
-                     where="model input" if len(self._roots) == 1 else f"{model} input")
+                     "loss scale is at fault.", where="model input" if model == "the model" else f"{model} input")
 
     def _withdraw_unexplained(self) -> None:
         """Take back the AMP601 named from steps whose forward was seen in part: a step seen whole showed the
