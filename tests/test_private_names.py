@@ -58,9 +58,9 @@ _WRAPPER_NAMES = ("the attribute names torch's inner wrappers put in `named_modu
                   "drop them from the names users see (no attribute is read); core/ lies below _torch/ and cannot "
                   "import it")
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("core/training.py", "'_fsdp_wrapped_module'"): _WRAPPER_NAMES,
-    ("core/training.py", "'_checkpoint_wrapped_module'"): _WRAPPER_NAMES,
-    ("core/training.py", "'_orig_mod'"): _WRAPPER_NAMES,
+    ("core/names.py", "'_fsdp_wrapped_module'"): _WRAPPER_NAMES,
+    ("core/names.py", "'_checkpoint_wrapped_module'"): _WRAPPER_NAMES,
+    ("core/names.py", "'_orig_mod'"): _WRAPPER_NAMES,
 }
 
 

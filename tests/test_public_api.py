@@ -48,11 +48,12 @@ def cuda_init_sentinel(monkeypatch):
 
 
 def test_doctor_check_and_watch_leave_cuda_uninitialised(cuda_init_sentinel):
+    from ampdoctor.core.options import RunOptions
     from ampdoctor.runner.doctor import Doctor
 
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    doctor = Doctor(watch=False)
+    doctor = Doctor(RunOptions(watch=False))
     report = ampdoctor.check(model, opt)
     with ampdoctor.watch(model, opt, every=1):
         model(torch.randn(3, 4)).sum().backward()

@@ -1,4 +1,8 @@
-"""The names of a setup's models: the script's own, as the user types them, the same in every finding."""
+"""The names of a setup's models: the script's own, as the user types them, the same in every finding.
+
+What a run's frames say (``Names.note_script_names``) is kept by the run's one ``core.names.Names``, which each of
+its setups holds: a setup with another ``Names`` does not see it (no module-global cache).
+"""
 
 import sys
 import types
@@ -7,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.core.training import TrainingSetup, note_script_names, script_bindings
+from ampdoctor.core.names import Names, script_bindings
+from ampdoctor.core.training import TrainingSetup
 
 
 def mlp() -> nn.Sequential:
@@ -52,21 +57,25 @@ def test_a_model_the_script_does_not_name_keeps_its_numbered_class(script):
 # ---- names from the frames of the user's code (models local to main(); a crash after the script's module is gone) --
 def test_note_script_names_names_models_local_to_a_function():
     generator, critic = mlp(), mlp()
-    note_script_names([generator, critic], [{"main": print}, {"G": generator, "D": critic}])
-    assert TrainingSetup([generator, critic]).prefixes == ["G.", "D."]
+    names = Names()
+    names.note_script_names([generator, critic], [{"main": print}, {"G": generator, "D": critic}])
+    assert TrainingSetup([generator, critic], names=names).prefixes == ["G.", "D."]
+    assert TrainingSetup([generator, critic]).prefixes == ["Sequential[0].", "Sequential[1]."]   # another run
 
 
 def test_a_model_keeps_the_first_name_it_was_given():
     a, b = mlp(), mlp()
-    note_script_names([a, b], [{"encoder": a}])
-    note_script_names([a, b], [{"model": a, "decoder": b}])   # an inner frame's parameter name does not rename a
-    assert TrainingSetup([a, b]).prefixes == ["encoder.", "decoder."]
+    names = Names()
+    names.note_script_names([a, b], [{"encoder": a}])
+    names.note_script_names([a, b], [{"model": a, "decoder": b}])   # an inner frame's parameter name does not rename a
+    assert TrainingSetup([a, b], names=names).prefixes == ["encoder.", "decoder."]
 
 
 def test_one_name_names_one_model():
     a, b = mlp(), mlp()
-    note_script_names([a, b], [{"model": a}, {"model": b}])   # `model` in two frames: the outer one's
-    assert TrainingSetup([a, b]).prefixes == ["model.", "Sequential."]
+    names = Names()
+    names.note_script_names([a, b], [{"model": a}, {"model": b}])   # `model` in two frames: the outer one's
+    assert TrainingSetup([a, b], names=names).prefixes == ["model.", "Sequential."]
 
 
 def test_one_model_needs_no_name_and_no_frame_is_read():
@@ -74,7 +83,7 @@ def test_one_model_needs_no_name_and_no_frame_is_read():
         raise AssertionError("read")
         yield {}
 
-    note_script_names([mlp()], frames())
+    Names().note_script_names([mlp()], frames())
 
 
 def test_script_bindings_leave_out_self_private_names_and_namespaces():
@@ -87,5 +96,6 @@ def test_script_bindings_leave_out_self_private_names_and_namespaces():
 def test_a_wrapper_bound_to_a_name_names_the_model_it_delegates_to():
     generator, critic = mlp(), mlp()
     namespace = {"G": nn.DataParallel(generator), "D": nn.DataParallel(critic)}
-    note_script_names([generator, critic], [namespace], unwrap=lambda wrapper: getattr(wrapper, "module", wrapper))
-    assert TrainingSetup([generator, critic]).prefixes == ["G.", "D."]
+    names = Names()
+    names.note_script_names([generator, critic], [namespace], unwrap=lambda wrapper: getattr(wrapper, "module", wrapper))
+    assert TrainingSetup([generator, critic], names=names).prefixes == ["G.", "D."]

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.crash import explain_exception
 from ampdoctor.explanations.facts import crash_facts
@@ -66,7 +67,7 @@ def test_an_unknown_crash_in_a_step_says_what_the_run_held() -> None:
     model = Head()
     opt = torch.optim.AdamW(model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    session = Session(watch=False)
+    session = Session(RunOptions(watch=False))
     session.start(TrainingSetup(model, opt, scaler))
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(torch.randn(4, 8)).float().mean()

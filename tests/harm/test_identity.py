@@ -38,6 +38,7 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 import ampdoctor
+from ampdoctor.core.options import RunOptions
 from ampdoctor.runner.doctor import Doctor
 from ampdoctor.runner.launcher import run_script
 from ampdoctor.ui.cli import main
@@ -549,7 +550,7 @@ def test_ampdoctor_run_does_not_keep_the_training_objects_alive(tmp_path, capsys
 def test_a_detached_doctor_does_not_keep_the_training_objects_alive(tmp_path, capsys):
     """The Doctor object outlives the run (its report is read after); the model, optimizer and scaler must not."""
     sink = Sink(weak=True)
-    doctor = Doctor(every=1, activations=True)
+    doctor = Doctor(RunOptions(every=1, activations=True))
     with sink.installed():
         result = run_script(script_path("amp_loop.py"), [str(tmp_path / "run.pt")], doctor)
     capsys.readouterr()

@@ -37,6 +37,7 @@ from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 
 import ampdoctor  # noqa: E402
+from ampdoctor.core.options import RunOptions  # noqa: E402
 from ampdoctor.runner.doctor import Doctor  # noqa: E402
 from ampdoctor.runner.launcher import run_script  # noqa: E402
 from ampdoctor.ui.cli import main  # noqa: E402
@@ -74,7 +75,7 @@ def classifier(half_head=False):
 
 
 def run(args, fix=False, watch=True, every=1):
-    result = run_script(SCRIPT, args, Doctor(fix=fix, watch=watch, every=every))
+    result = run_script(SCRIPT, args, Doctor(RunOptions(fix=fix, watch=watch, every=every)))
     return result, result.report.to_dict()
 
 
@@ -235,7 +236,7 @@ def test_a_real_resume_without_the_scaler_is_still_reported():
     saved_opt = torch.optim.AdamW(saved_model.parameters())
     saved_model(torch.randn(2, 8)).sum().backward()
     saved_opt.step()
-    with Doctor(watch=False) as doctor:
+    with Doctor(RunOptions(watch=False)) as doctor:
         acc = fp16_accelerator()
         model = classifier()
         opt = torch.optim.AdamW(model.parameters())
@@ -247,7 +248,7 @@ def test_a_real_resume_without_the_scaler_is_still_reported():
 
 
 def test_prepare_alone_is_not_a_resume():
-    with Doctor(watch=False) as doctor:
+    with Doctor(RunOptions(watch=False)) as doctor:
         acc = fp16_accelerator()
         model = classifier()
         model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters()))

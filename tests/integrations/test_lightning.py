@@ -173,14 +173,18 @@ def test_precision_flags_are_read_without_constructing_the_plugin():
 def test_bad_arguments_are_refused_at_construction(tmp_path):
     with pytest.raises(ValueError, match="every"):
         AmpDoctorCallback(every=0)
-    with pytest.raises(ValueError, match="directory"):
+    with pytest.raises(ValueError, match="is a folder"):   # as attach() and `ampdoctor run --json` say it
         AmpDoctorCallback(json_path=tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="cannot be created"):   # checked before the run, not at its end
+        AmpDoctorCallback(log_dir=blocker / "logs")
 
 
 def test_an_internal_failure_never_stops_the_training(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    callback = AmpDoctorCallback(log_dir=blocker / "logs", every=1)   # the flight recorder cannot be opened
+    callback = AmpDoctorCallback(log_dir=tmp_path / "logs", every=1)
+    (tmp_path / "logs").rmdir()
+    (tmp_path / "logs").write_text("")   # made a file after the check: the flight recorder cannot be opened
     trainer = _fit(Net(), [callback], precision="bf16-mixed")
     assert trainer.global_step == STEPS
     assert "AMP001" in callback.report.codes() and callback.report.exception is None

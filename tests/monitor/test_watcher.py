@@ -376,7 +376,7 @@ def test_summary_renders(tmp_path) -> None:
 def test_bad_arguments_are_named() -> None:
     model = nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="every must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="every must be a positive number of steps, got 0"):
         Watch(model, opt, every=0)
     with pytest.raises(ValueError, match="stats must be one of"):
         Watch(model, opt, stats="most")

@@ -16,6 +16,7 @@ from rich.console import Console
 from torch import nn
 
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Line
 from ampdoctor.ranks import exchange as rank_exchange
@@ -191,7 +192,7 @@ def _real_crash(kind: str) -> tuple[Report, bool]:
     ``.half()`` model under a GradScaler, AMP101), ``"shapes"`` a RuntimeError no rule knows."""
     model = nn.Linear(4, 2).half()
     optimizer, scaler = torch.optim.SGD(model.parameters(), lr=0.1), torch.amp.GradScaler("cpu")
-    with Doctor(watch=False) as doctor:
+    with Doctor(RunOptions(watch=False)) as doctor:
         try:
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(torch.randn(3, 4 if kind == "unscale" else 5).half()).float().sum()

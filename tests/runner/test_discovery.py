@@ -196,6 +196,7 @@ def test_a_later_folds_watch_covers_its_own_model_not_the_ended_folds(tmp_path, 
 def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
     import weakref
 
+    from ampdoctor.core.options import RunOptions
     from ampdoctor.runner.doctor import Doctor
 
     torch.manual_seed(0)
@@ -205,7 +206,7 @@ def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
     model = nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ended = weakref.WeakSet([old_opt])
-    with Doctor(watch=False, ended=ended) as doctor:
+    with Doctor(RunOptions(watch=False), ended=ended) as doctor:
         for _ in range(2):
             opt.zero_grad()
             model(x).sum().backward()

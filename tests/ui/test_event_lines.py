@@ -16,7 +16,7 @@ from rich.console import Console
 from tqdm import tqdm
 
 from ampdoctor._compat.tqdm import clear_of_bars
-from ampdoctor.ui.cli import _say
+from ampdoctor.ui.plain import Printer
 
 SCRIPT = Path(__file__).parent / "scripts" / "tqdm_loop_train.py"
 EVENT = re.compile(r"ampdoctor(\[pid \d+\])?( --fix[^:]*)?:")   # "ampdoctor: ...", "ampdoctor[pid 7] --fix: ..."
@@ -54,12 +54,12 @@ def test_fix_lines_start_their_line_in_a_log_while_the_scripts_tqdm_bar_is_open(
 
 def test_a_line_said_while_a_bar_is_open_in_a_log_ends_the_bars_line_once():
     out = io.StringIO()
-    console = Console(file=out, width=80, highlight=False)
+    say = Printer(out=Console(file=out, width=80, highlight=False))   # every entry point prints through one
     bar = tqdm(range(10), file=out, mininterval=0, ascii=True)
     for i in bar:
         if i == 3:
-            _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
-            _say(console, "  0.weight: upcast torch.float16 -> torch.float32")
+            say("ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
+            say("  0.weight: upcast torch.float16 -> torch.float32")
     bar.close()
     lines = out.getvalue().split("\n")
     said = lines.index("ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
@@ -118,9 +118,9 @@ def test_a_line_said_into_a_log_left_mid_line_without_tqdm_starts_its_own_line(t
     log = tmp_path / "train.log"
     with open(log, "w") as stream:
         stream.write("step 3/10 loss 0.52")
-        console = Console(file=stream, width=80, highlight=False)
-        _say(console, "ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
-        _say(console, "  0.weight: upcast torch.float16 -> torch.float32")   # at a line start: no blank line
+        say = Printer(out=Console(file=stream, width=80, highlight=False))
+        say("ampdoctor --fix: upcast trainable parameters to float32; 4 changes")
+        say("  0.weight: upcast torch.float16 -> torch.float32")   # at a line start: no blank line
     assert log.read_text().split("\n") == ["step 3/10 loss 0.52",
                                            "ampdoctor --fix: upcast trainable parameters to float32; 4 changes",
                                            "  0.weight: upcast torch.float16 -> torch.float32", ""]

@@ -9,9 +9,9 @@ import edge, so no layer depends on the UI, and the UI stays free to change how 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["Drawn", "Line", "html_page"]
+__all__ = ["Drawn", "Line", "printer", "display_page"]
 
 _DRAWING = "ampdoctor.ui.views"
 
@@ -36,7 +36,19 @@ class Line(Drawn):
         return f"Line({self.text!r}{', whole=True' if self.whole else ''})"
 
 
-def html_page(data: Any) -> str:
-    """Return the self-contained HTML page of ``data`` (a report), as ``ampdoctor report --html`` writes it: drawn
-    by ``ampdoctor.ui.views.html_page``, through this seam."""
-    return importlib.import_module(_DRAWING).html_page(data)
+def printer(stderr: bool = True, *, kernel: bool = False, file: Any = None) -> Callable[[Any], None]:
+    """Return what prints a run's lines and report views, on a console made at its first line
+    (``ampdoctor.ui.plain.Printer``): the one console factory of every entry point, through this seam.
+
+    Args:
+        stderr: print to stderr (else stdout, or ``file``).
+        kernel: a notebook kernel's rich output (HTML with a text part).
+        file: another stream (a terminal IPython's ``sys.stdout``).
+    """
+    return importlib.import_module(_DRAWING).printer(stderr=stderr, kernel=kernel, file=file)
+
+
+def display_page(data: Any) -> None:
+    """Show the self-contained HTML page of ``data`` (a report), as ``ampdoctor report --html`` writes it, inline in
+    the notebook that runs this (``ampdoctor.ui.views.display_page``, through this seam)."""
+    importlib.import_module(_DRAWING).display_page(data)

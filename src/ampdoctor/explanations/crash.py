@@ -20,7 +20,6 @@ from ampdoctor.core.training import TrainingSetup
 from ampdoctor.explanations.culprits import _from_check
 from ampdoctor.explanations.explainers import _EXPLAINERS, _generic
 from ampdoctor.explanations.families import Family, closest_family
-from ampdoctor.explanations.naming import with_scaler, with_script_names
 from ampdoctor.explanations.reader import _Crash
 
 __all__ = ["Family", "GuardHistory", "closest_family", "explain", "explain_exception", "explain_text",
@@ -148,8 +147,8 @@ def explain_exception(exc: BaseException, setup: TrainingSetup | None = None,
         setup, guard = setup or guard.setup, None
     if setup is None:
         setup = guard.setup if guard is not None else crash.guess_setup()
-    setup = with_scaler(setup, crash.scaler or (guard.scaler if guard is not None else None))
-    setup = with_script_names(setup, crash.namespaces())
+    setup = setup.with_scaler(crash.scaler or (guard.scaler if guard is not None else None))
+    setup = setup.renamed(crash.namespaces())
     step = guard.iteration if guard is not None else None
 
     # the state machine is explained from the guard's history

@@ -15,9 +15,9 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.names import listing
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
 from ampdoctor.core.words import counted
-from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 
 _LOADED_CHECKS = False
 
@@ -58,7 +58,7 @@ def half_param_findings(setup: TrainingSetup, dtype: torch.dtype, code: str, opt
     findings = []
     culprit = setup.info(raised_on) if raised_on is not None else None
     for module, params in group_by_module(half).items():
-        detail = f"trainable {dtype_name(dtype)} parameters: {_names([p.describe() for p in params])}"
+        detail = f"trainable {dtype_name(dtype)} parameters: {listing([p.describe() for p in params])}"
         if culprit is not None and culprit in params:
             detail += f"; GradScaler raised on {culprit.name}"
         findings.append(get_rule(code).finding(module, detail, step))
@@ -66,9 +66,9 @@ def half_param_findings(setup: TrainingSetup, dtype: torch.dtype, code: str, opt
         loose = [p for g in optimizer.param_groups for p in g["params"]
                  if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype == dtype]
         if loose:
-            findings.append(get_rule(code).finding(optimizer_label(optimizer, setup),
+            findings.append(get_rule(code).finding(setup.optimizer_label(optimizer),
                                     f"trainable {dtype_name(dtype)} tensors: "
-                                    f"{_names([_tensor_name(p, setup, optimizer) for p in loose])}", step))
+                                    f"{listing([setup.describe(p, optimizer) for p in loose])}", step))
     return findings
 
 
@@ -83,7 +83,7 @@ def _rank() -> tuple[int, int] | None:
 
 def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = None) -> list[Finding]:
     """Say, for each tensor of ``optimizer`` without a ``.grad``, why it got none (AMP406, AMP301)."""
-    label = optimizer_label(optimizer, setup)
+    label = setup.optimizer_label(optimizer)
     held = [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
     rank = _rank()
     if not held:
@@ -94,7 +94,7 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
     if unsharded and rank is not None:
         findings.append(_no_local_shard(label, unsharded, rank, step))
     for module, params in group_by_module(frozen).items():
-        why = f"{_names([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
+        why = f"{listing([p.name for p in params])}: frozen (requires_grad=False), so no gradient reaches {label}"
         if not trainable:
             why = (f"{label} holds {counted(len(held), 'parameter')}, none of which requires grad; {why}; make them "
                    "trainable (peft: PeftModel.from_pretrained(..., is_trainable=True)) or build the optimizer "
@@ -105,7 +105,7 @@ def no_grad_findings(optimizer: Any, setup: TrainingSetup, step: int | None = No
                "reentrant gradient checkpointing (use_reentrant=False)")
         if not setup.models:
             why += "; the model is unknown, so ampdoctor cannot tell whether these are its parameters"
-        findings.append(get_rule("AMP406").finding(module, f"{_names([p.name for p in params])}: {why}", step))
+        findings.append(get_rule("AMP406").finding(module, f"{listing([p.name for p in params])}: {why}", step))
     if foreign:
         findings += _foreign_tensors(label, foreign, setup, step)
     return findings
@@ -125,13 +125,13 @@ def _without_grad(optimizer: Any, setup: TrainingSetup,
             if not isinstance(p, torch.Tensor) or p.grad is not None:
                 continue
             if p.requires_grad and p.numel() == 0 and _rank() is not None:
-                unsharded.append(_tensor_name(p, setup, optimizer))   # FSDP gave all its elements to other ranks
+                unsharded.append(setup.describe(p, optimizer))   # FSDP gave all its elements to other ranks
                 continue
             info = setup.info(p)
             if info is None and p.requires_grad and setup.models and (stale is None or id(p) in stale):
-                foreign.append(_tensor_name(p, setup, optimizer))
+                foreign.append(setup.describe(p, optimizer))
             elif info is None:
-                frozen_or_unknown = ParamInfo(_tensor_name(p, setup, optimizer), label, p)
+                frozen_or_unknown = ParamInfo(setup.describe(p, optimizer), label, p)
                 (unused if p.requires_grad else frozen).append(frozen_or_unknown)
             else:
                 (unused if p.requires_grad else frozen).append(info)
@@ -161,7 +161,7 @@ def _no_local_shard(label: str, unsharded: list[str], rank: tuple[int, int], ste
     """Return AMP406 for parameters FSDP sharded away from this rank entirely (0 elements here)."""
     return get_rule("AMP406").finding(
         label, f"on rank {rank[0]} of {rank[1]}, {len(unsharded)} of {label}'s parameters have no local "
-        f"shard ({_names(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
+        f"shard ({listing(unsharded)} are 0-element here): FSDP (use_orig_params=True) put all their elements on "
         f"other ranks, so they get no .grad on this rank, and a plain GradScaler records no inf check for "
         f"{label} on this rank only. Use ShardedGradScaler, which creates a found_inf on every rank and "
         "all-reduces it, so every rank takes the same skip decision (AMP211)", step)
@@ -170,7 +170,7 @@ def _no_local_shard(label: str, unsharded: list[str], rank: tuple[int, int], ste
 def _foreign_tensors(label: str, foreign: list[str], setup: TrainingSetup, step: int | None) -> list[Finding]:
     """Return AMP406 and AMP301 for tensors of the optimizer that are not parameters of the model."""
     are = "is not a parameter" if len(foreign) == 1 else "are not parameters"
-    detail = (f"{counted(len(foreign), 'tensor')} in {label} {are} of the model: {_names(foreign)}; the optimizer "
+    detail = (f"{counted(len(foreign), 'tensor')} in {label} {are} of the model: {listing(foreign)}; the optimizer "
               "was built over different tensors (before a move, cast, wrap or re-creation)")
     return [get_rule("AMP406").finding(label, detail, step),
             *(_from_check("AMP301", setup, step) or [get_rule("AMP301").finding(label, detail, step)])]

@@ -18,18 +18,18 @@ from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
-from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module, module_label
+from ampdoctor.core.names import listing, module_label
+from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
 from ampdoctor.explanations.fixes import UNKNOWN, nonfinite_grads_fix
-from ampdoctor.explanations.naming import _names, _tensor_name, optimizer_label
 from ampdoctor.explanations.reader import _Crash
 
 
 def _generic(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     where = crash.site
     if crash.optimizer is not None:
-        where = f"{optimizer_label(crash.optimizer, setup)} at {crash.site}"
+        where = f"{setup.optimizer_label(crash.optimizer)} at {crash.site}"
     message = str(crash.exc).strip().splitlines()
     return [rule.finding(where, (message[0] if message else type(crash.exc).__name__)[:300], step)]
 
@@ -44,13 +44,13 @@ def _amp102(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
 
 def _amp204(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     opt = crash.optimizer
-    where = optimizer_label(opt, setup) if opt is not None else crash.site
+    where = setup.optimizer_label(opt) if opt is not None else crash.site
     return [rule.finding(where, f"scaler.step(..., closure=...) at {crash.site} with an enabled GradScaler; "
                     "a closure re-evaluates the loss, which loss scaling does not support", step)]
 
 
 def unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
-    where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
+    where = setup.optimizer_label(crash.optimizer) if crash.optimizer is not None else crash.site
     tell = ("without a ScalerGuard's history both causes fit; AMP401 if unscale_ (or clipping) runs on every "
             "micro-batch, with backward passes in between and no scaler.step(); AMP402 if an earlier iteration "
             "called unscale_ and then skipped both scaler.step() and scaler.update() (a grad-norm guard with "
@@ -60,7 +60,7 @@ def unscale_twice(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | N
 
 
 def _amp404(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
-    label = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else "the optimizer"
+    label = setup.optimizer_label(crash.optimizer) if crash.optimizer is not None else "the optimizer"
     where = label if crash.optimizer is not None else crash.site
     return [rule.finding(where, f"scaler.step({label}) at {crash.site} is its second step since the last "
                     "scaler.update(): no update() completed between the two steps; call scaler.update() after "
@@ -70,7 +70,7 @@ def _amp404(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
 def _amp405(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     m = re.search(r"Attempted (\w+) but", str(crash.exc))
     call = m.group(1) if m else "a GradScaler method"
-    where = optimizer_label(crash.optimizer, setup) if crash.optimizer is not None else crash.site
+    where = setup.optimizer_label(crash.optimizer) if crash.optimizer is not None else crash.site
     return [rule.finding(where, f"scaler.{call}() at {crash.site} ran before any scaler.scale(loss): "
                     "backward() ran on the unscaled loss (or the first call after a resume was unscale_)", step)]
 
@@ -120,7 +120,7 @@ def _amp501(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
     else:
         detail = "tensors of different dtypes met in one op (no torch.autocast block was seen around it)"
     if tensors:
-        detail += f"; tensors in that frame: {_names(tensors)}"
+        detail += f"; tensors in that frame: {listing(tensors)}"
     return [rule.finding(crash.site, detail, step)]
 
 
@@ -162,7 +162,7 @@ def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         flags = [f.full_tensor() if hasattr(f, "full_tensor") else f for f in flags]   # a DTensor's, as bool() reads
         # one read: the flags gathered on the first one's device
         finite = to_host(torch.stack([f.to(flags[0].device) for f in flags]), "explanations") if flags else []
-    bad = [setup.info(p) or ParamInfo(_tensor_name(p, setup), "(not in the model)", p)
+    bad = [setup.info(p) or ParamInfo(setup.describe(p), "(not in the model)", p)
            for p, ok in zip(graded, finite) if not ok]
     scaled = ""
     if setup.scaler_enabled:
@@ -180,7 +180,7 @@ def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -
         tell = "; let scaler.step() skip the step instead of raising (no error_if_nonfinite)"
     else:
         tell = "; no enabled GradScaler skips a step on them: skip it when the norm is not finite"
-    return [rule.finding(where, f"non-finite gradients: {_names([p.name for p in bad])}{scaled}{tell}", step,
+    return [rule.finding(where, f"non-finite gradients: {listing([p.name for p in bad])}{scaled}{tell}", step,
                          fix=nonfinite_grads_fix(setup.scaler_enabled, trainable, autocast))]
 
 

@@ -20,10 +20,10 @@ import torch
 from ampdoctor._torch.scaler import is_enabled, live_scale, scaler_device
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.host_reads import to_host
+from ampdoctor.core.names import listing
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.core.words import word_for
 from ampdoctor.explanations.autocast_scope import autocast_scope
-from ampdoctor.explanations.naming import _names, optimizer_label
 
 __all__ = ["crash_facts"]
 
@@ -43,7 +43,7 @@ def crash_facts(exc: BaseException, setup: TrainingSetup | None, scaler: Any = N
 def _optimizer(setup: TrainingSetup, index: int, opt: torch.optim.Optimizer) -> str:
     counts = Counter(dtype_name(p.dtype) for g in opt.param_groups for p in g["params"])
     tensors = ", ".join(f"{n} {d}" for d, n in counts.most_common()) or "no"
-    return f"{optimizer_label(opt, setup)} steps {tensors} {word_for(sum(counts.values()), 'tensor')}"
+    return f"{setup.optimizer_label(opt)} steps {tensors} {word_for(sum(counts.values()), 'tensor')}"
 
 
 def _no_grad(setup: TrainingSetup) -> list[str]:
@@ -53,7 +53,7 @@ def _no_grad(setup: TrainingSetup) -> list[str]:
     missing = [p.name for p in trainable if p.param.grad is None]
     if not missing or len(missing) == len(trainable):
         return []
-    return [f"{len(missing)} of {len(trainable)} trainable tensors got no gradient: {_names(missing)}"]
+    return [f"{len(missing)} of {len(trainable)} trainable tensors got no gradient: {listing(missing)}"]
 
 
 def _autocast(exc: BaseException, setup: TrainingSetup) -> str:

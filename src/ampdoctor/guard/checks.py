@@ -22,7 +22,6 @@ from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
 from ampdoctor.core.words import counted
 from ampdoctor.explanations.culprits import fp16_culprits, no_grad_findings
-from ampdoctor.explanations.naming import optimizer_label, with_scaler
 from ampdoctor.guard.history import Call, Iteration, grads_reset
 
 _Pending = tuple[Iteration, int, str, str, list[Any]]  # iteration, id(optimizer), scheduler class, site, lr
@@ -57,7 +56,7 @@ def infer_failure(scaler: Any, setup: TrainingSetup, call: Call, step: int, rese
     if where is OptState.READY:   # raised inside _unscale_grads_
         if any(getattr(p, "grad", None) is not None and p.grad.dtype == torch.float16
                for g in opt.param_groups for p in g["params"]):
-            return fp16_culprits(with_scaler(setup, scaler), opt, step=step)
+            return fp16_culprits(setup.with_scaler(scaler), opt, step=step)
     return []
 
 
@@ -67,7 +66,7 @@ def missing_grads(optimizer: Any, setup: TrainingSetup, step: int, reset: bool) 
     None after it (AMP612: zero_grad() between backward and step); else what AMP406 knows (frozen, unused, ...)."""
     if not reset:
         return no_grad_findings(optimizer, setup, step)
-    label = optimizer_label(optimizer, setup)
+    label = setup.optimizer_label(optimizer)
     return [get_rule("AMP612").finding(
         label, f"scaler.scale(loss).backward() reached the parameters of {label} in this iteration, yet none had a "
         f"gradient at scaler.step({label}) ('No inf checks were recorded for this optimizer'): they were set to "

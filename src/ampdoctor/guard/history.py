@@ -16,7 +16,6 @@ import torch
 
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.training import TrainingSetup
-from ampdoctor.explanations.naming import optimizer_label
 
 
 @dataclass(eq=False)
@@ -123,7 +122,7 @@ class Optimizers:
         """Return ``optimizer[0] (AdamW)``, computed once per optimizer."""
         label = self._labels.get(id(optimizer))
         if label is None:
-            label = self._labels[id(optimizer)] = optimizer_label(optimizer, setup)
+            label = self._labels[id(optimizer)] = setup.optimizer_label(optimizer)
         return label
 
     def label_of(self, key: int, setup: TrainingSetup) -> str:

@@ -15,51 +15,37 @@ ampdoctor steps aside, and the training continues as if no callback were attache
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ampdoctor._compat.tqdm import clear_of_bars
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
+from ampdoctor.core.views import printer
 from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.runner.attached import diagnosed_by
+from ampdoctor.session.run import end_run, say_nothing, terminated
 from ampdoctor.session.session import Session
 from ampdoctor.session.termination import Termination
 
-__all__ = ["CallbackSession", "check_options"]
-
-
-def check_options(json_path: Any, log_dir: Any, every: Any) -> None:
-    """Refuse bad callback arguments when the callback is built, not at the end of a long run."""
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be a positive int, got {every!r}; every=1 looks at every step")
-    for name, value in (("json_path", json_path), ("log_dir", log_dir)):
-        if value is not None and not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a path (str or os.PathLike) or None, got {type(value).__name__}: "
-                            f"{value!r:.80}")
-    if json_path is not None and os.path.isdir(json_path):
-        raise ValueError(f"json_path={str(json_path)!r} is a directory; pass a file path such as 'ampdoctor.json'")
+__all__ = ["CallbackSession"]
 
 
 class CallbackSession:
     """One training run seen from a framework callback: a thin adapter over the run's `Session`.
 
     Args:
-        json_path: where to write the report (before the first step, after a crash, at the end); None: nowhere.
-        log_dir: the watch's flight recorder directory (or ``.jsonl`` file); the final report is appended to it.
-        every: the watch's sampling interval, in optimizer steps.
-        activations: also run the activation monitor.
-        fix: repair trainable half parameters before the first step (upcast under autocast, fp32 master weights
-            without it), as ``ampdoctor run --fix`` does.
+        options: what the callback was asked for (``core.options.RunOptions``): its ``json_path`` is written before
+            the first step, after a crash and at the end; its ``log_dir`` gets the final report appended; ``fix``
+            repairs trainable half parameters before the first step, as ``ampdoctor run --fix`` does.
         show: print the report to the console at the end (the main process only, in a distributed run; never
             where another run diagnoses the process).
-        console: the rich console to print to; stderr by default.
+        say: what prints the report and the lines (``core.views.printer``: stderr by default).
         main: whether the framework calls this process its main one. A process that is not, in a job whose rank
             cannot be read (no process group, no launcher's variables), writes no file: it would overwrite the
             main one's.
@@ -68,18 +54,21 @@ class CallbackSession:
     flight recorder; at the end rank 0 prints and writes the one report of the job (``InProcessRanks``).
     """
 
-    def __init__(self, *, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
-                 fix: bool = False, show: bool = True, console: Any = None, main: bool = True) -> None:
-        self.json_path = None if json_path is None else os.fspath(json_path)
+    def __init__(self, options: RunOptions, *, show: bool = True, say: Callable[[Any], None] | None = None,
+                 main: bool = True) -> None:
+        self.options = options
         self.show, self.main = show, main
-        self.session = Session(fix=fix, every=every, log_dir=None if log_dir is None else os.fspath(log_dir),
-                               activations=activations, on_event=self._event, fix_name="fix=True",
-                               fixed_in="the training code itself")
+        self.session = Session(options, on_event=self._event)
         self.report = self.session.report
-        self._console = console
+        self._print = say or printer(stderr=True)
         self.ranks: InProcessRanks | None = None   # None: a single process
         self.outer: str | None = None   # what else diagnoses this process and shows its report (`ampdoctor run`)
         self._termination = Termination(self._terminated)
+
+    @property
+    def json_path(self) -> str | None:
+        """Where this process writes the report (None: nowhere; a job's other ranks hand theirs to rank 0)."""
+        return self.options.json_path
 
     @property
     def started(self) -> bool:
@@ -126,7 +115,7 @@ class CallbackSession:
         self.outer = call_safely(diagnosed_by, on_error=self.internal_error)
         real = list({id(o): o for o in map(unwrap_optimizer, optimizers)}.values())
         setup = call_safely(TrainingSetup, model, real, scaler, autocast_dtype, accelerator,
-                            facts=self.session.observers.facts, on_error=self.internal_error)
+                            facts=self.session.observers.facts, names=self.session.names, on_error=self.internal_error)
         self.session.started = True
         if setup is not None:
             self.session.observe_process()   # clip_grad_norm_ and Optimizer.load_state_dict, as under `run`
@@ -141,8 +130,8 @@ class CallbackSession:
         if self.ranks is not None:
             self.session.log_dir = self.ranks.log_dir(self.session.log_dir)
             self.show = self.show and self.ranks.rank == 0
-        elif not self.main:
-            self.json_path = self.session.log_dir = None
+        elif not self.main:   # the session's options too: it writes no flight recorder either
+            self.options = self.session.options = self.options.replace(json_path=None, log_dir=None)
 
     # ---- a crash ----------------------------------------------------------------------------------------------
     def explain(self, exc: BaseException) -> None:
@@ -153,58 +142,38 @@ class CallbackSession:
     # ---- the end ----------------------------------------------------------------------------------------------
     def finish(self, findings: Callable[[], list[Finding]] | None = None) -> Report:
         """End the session (``findings()``: the framework's own, at the end), then show and write the report; in a
-        job of several processes rank 0 reports the job (``ampdoctor.ranks.job.end_job``)."""
+        job of several processes rank 0 reports the job (``ampdoctor.session.run.end_run``)."""
         if self.session.finished or not self.session.started:
             return self.report
-        self._termination.begin_end()
-        try:
+        with self._termination.closing():
             self.session.finish(findings)
             call_safely(self._end, on_error=self.internal_error)
-        finally:
-            self._termination.release()   # a SIGTERM that came while the run ended is delivered now
         return self.report
 
     def _end(self) -> None:
-        from ampdoctor.ranks.job import JobEnd, end_job
-
-        log_path = (self.report.extra.get("watch") or {}).get("log_path")
-        if log_path:   # each rank's own log ends with its own report
-            from ampdoctor.monitor.recorder import append_report
-
-            call_safely(append_report, log_path, self.report.to_dict(), on_error=self.internal_error)
         failed = int(self.report.exception is not None or bool(self.report.exit_status))
         shown = self.outer is None   # else the run that diagnoses the process shows its one report
-        end = JobEnd(failed, bool(self.report.extra.get("explained_by")), self.failed_at, self.json_path,
-                     show=self.show and shown, fix=self.session.fix, fix_name="fix=True", traceback="follows",
-                     code="the training code")
         exchange = self.ranks.exchange if self.ranks is not None else None
         rank = self.ranks.info if self.ranks is not None else None
-        end_job(self.report, end, exchange, rank, self._print if shown else _say_nothing, write_atomic)
+        end_run(self.report, self.options, exit_code=failed,
+                failed_at=self.failed_at, say=self._print if shown else say_nothing, write=write_atomic,
+                traceback="follows", show=self.show and shown, exchange=exchange, rank=rank)
 
     def _terminated(self) -> None:
         """A SIGTERM stopped the training: end the run now, as at its end (the report covers the steps so far)."""
-        self.report.exit_status = 143   # 128 + SIGTERM, what the shell reports
-        self.report.extra["terminated"] = "SIGTERM"
+        terminated(self.report)
         self.session.finish()
         self._end()
 
     # ---- output and isolation ---------------------------------------------------------------------------------
     def write(self) -> None:
         """Write the report's JSON to ``json_path`` (atomically: a crash mid-write leaves the previous one)."""
-        path = self.json_path if self.ranks is None else self.ranks.json_path(self.json_path)
+        path = self._json_path()
         if path is not None:   # in a job, the ranks other than 0 hand their report to rank 0 at the end instead
             write_atomic(path, self.report.to_json())
 
-    def _print(self, renderable: Any) -> None:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=True, highlight=False)
-        with clear_of_bars(self._console.file):   # the Trainer's and Lightning's tqdm bars: start at column 0
-            if isinstance(renderable, str):
-                self._console.print(renderable, markup=False, soft_wrap=True)
-            else:   # a Report or a ReportView: drawn by ampdoctor.ui
-                self._console.print(renderable)
+    def _json_path(self) -> str | None:
+        return self.json_path if self.ranks is None else self.ranks.json_path(self.json_path)
 
     def _event(self, line: str) -> None:
         if self.show:
@@ -215,5 +184,3 @@ class CallbackSession:
         self.session.internal_error(exc)
 
 
-def _say_nothing(renderable: Any) -> None:
-    """Where another run shows the process's report: the callback's own end says nothing."""

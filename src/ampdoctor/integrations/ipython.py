@@ -28,19 +28,21 @@ import sys
 import weakref
 from typing import Any
 
+from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report, ReportView
-from ampdoctor.core.views import Line, html_page
+from ampdoctor.core.views import display_page, printer
 from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.doctor import Doctor
+from ampdoctor.session.run import end_run
 
 __all__ = ["NotebookDoctor", "load_ipython_extension", "unload_ipython_extension"]
 
 MAGIC = "ampdoctor"
 USAGE = ("usage: %ampdoctor [--html | --fix | fix on]   (the findings and the watch summary so far; --html: the "
          "HTML report inline; --fix: repairs on)")
-WIDTH = 80   # columns of the output in a kernel (rich's default there is 115)
 
 _loaded: dict[int, "NotebookDoctor"] = {}   # by id(shell): the one doctor of each IPython shell
 
@@ -51,25 +53,26 @@ class NotebookDoctor:
     Args:
         shell: the ``InteractiveShell`` (what IPython passes ``load_ipython_extension``).
         fix: start with ``--fix``'s repairs on.
-        console: the rich console to print to; by default plain text on the current ``sys.stdout``, under the
-            cell's own output (in a kernel, under IPython's traceback).
+        say: what prints the lines and the reports (``core.views.printer``); by default rich's output in a kernel,
+            plain text on the current ``sys.stdout`` in a terminal IPython, under the cell's own output (in a
+            kernel, under IPython's traceback).
     """
 
-    def __init__(self, shell: Any, *, fix: bool = False, console: Any = None) -> None:
+    def __init__(self, shell: Any, *, fix: bool = False, say: Any = None) -> None:
         self.shell = shell
         # The optimizers and scalers of the stages a cell ended: the next stages' discovery leaves them out (a
         # crashed cell's traceback keeps them alive), until they train again.
         self._ended: weakref.WeakSet = weakref.WeakSet()
         self.doctor = self._new_doctor(fix)
         self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix or a new stage ended
-        self._console = console
+        self._printer = say
         self._watched = watched_by("the notebook extension")
         self._built: weakref.WeakSet = weakref.WeakSet()   # the optimizers built since the last cell ended
         self._shown: set[tuple[str, str, str | None]] = set()   # the places of the findings explained under a cell
         self._handles: list[Any] = []
 
     def _new_doctor(self, fix: bool) -> Doctor:
-        doctor = Doctor(fix=fix, on_event=self._say, ended=self._ended)
+        doctor = Doctor(RunOptions(fix=fix), on_event=self._say, ended=self._ended)
         doctor.session.stage_after = 1   # a re-run cell's new optimizer: the watch follows it from its first step
         return doctor
 
@@ -87,7 +90,8 @@ class NotebookDoctor:
         return self
 
     def unload(self) -> Report:
-        """Remove every hook, the callback and the magic; return the last report."""
+        """Remove every hook, the callback and the magic; end the run as ``ampdoctor run`` does at the end of a
+        script (``session.run.end_run``: the same words); return the last report."""
         call_safely(self.shell.events.unregister, "post_run_cell", self.post_run_cell)
         call_safely(self._remove_magic)
         for handle in self._handles:
@@ -95,7 +99,13 @@ class NotebookDoctor:
         self._handles = []
         self.doctor.detach()
         call_safely(self._watched.__exit__, None, None, None)
-        return self.doctor.report
+        report = self.doctor.report
+        call_safely(end_run, report, self.doctor.session.options, exit_code=0, failed_at=None, say=self._print,
+                    write=write_atomic, on_error=self._say_failure)
+        return report
+
+    def _say_failure(self, exc: BaseException) -> None:
+        self._say(f"ampdoctor: internal error while ending the run ({type(exc).__name__}: {exc})")
 
     def _remove_magic(self) -> None:
         line_magics = self.shell.magics_manager.magics["line"]
@@ -198,33 +208,22 @@ class NotebookDoctor:
         return report
 
     def show_html(self) -> None:
-        """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of the run so far, inline (in an
-        iframe, so its styles stay out of the notebook's); a terminal IPython gets the plain report."""
+        """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of the run so far, inline; a terminal
+        IPython gets the plain report."""
         if not self._in_kernel():
             self.show()
             return
-        import html
-
-        from IPython.display import HTML, display
-
-        page = html_page(self.snapshot())
-        display(HTML(f'<iframe srcdoc="{html.escape(page, quote=True)}" title="ampdoctor report" '
-                     'style="width:100%;height:640px;border:1px solid #ddd"></iframe>'))
+        display_page(self.snapshot())
 
     # ---- output -----------------------------------------------------------------------------------------------
     def _in_kernel(self) -> bool:
         return getattr(self.shell, "kernel", None) is not None   # ipykernel's shell has one; a terminal's does not
 
-    def _print(self, renderable: Any) -> None:
-        console = self._console
-        if console is None:
-            from rich.console import Console
-
-            if self._in_kernel():   # rich's output: HTML in the notebook, with a text/plain part
-                console = Console(force_jupyter=True, width=WIDTH, highlight=False)
-            else:   # a terminal IPython: what the CLI prints there
-                console = Console(file=sys.stdout, highlight=False)
-        console.print(Line(renderable) if isinstance(renderable, str) else renderable, soft_wrap=True)
+    def _print(self, item: Any) -> None:
+        # rich's output in a kernel (HTML with a text part); plain text in a terminal, on its sys.stdout of now
+        out = self._printer or (printer(stderr=False, kernel=True) if self._in_kernel() else
+                                printer(stderr=False, file=sys.stdout))
+        out(item)
 
     def _say(self, line: str) -> None:
         call_safely(self._print, line)
@@ -240,5 +239,4 @@ def unload_ipython_extension(ipython: Any) -> None:
     """Remove every hook, callback and magic of ampdoctor from ``ipython`` (``%unload_ext ampdoctor``)."""
     notebook = _loaded.pop(id(ipython), None)
     if notebook is not None:
-        report = notebook.unload()
-        call_safely(notebook._print, ReportView(report, watch=True))
+        notebook.unload()

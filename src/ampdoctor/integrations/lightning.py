@@ -30,10 +30,11 @@ import torch
 
 from ampdoctor._compat.lightning import spawned_worker, stage_method
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import unwrap_optimizer
 from ampdoctor.integrations._observe import on_exception
-from ampdoctor.integrations._session import CallbackSession, check_options
+from ampdoctor.integrations._session import CallbackSession
 
 __all__ = ["AmpDoctorCallback", "autocast_dtype_of", "precision_of"]
 
@@ -64,9 +65,8 @@ class _Hooks:
 
     def __init__(self, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
                  fix: bool = False) -> None:
-        check_options(json_path, log_dir, every)
-        self.json_path, self.log_dir, self.every = json_path, log_dir, every
-        self.activations, self.fix = activations, fix
+        self.options = RunOptions(fix=fix, every=every, log_dir=log_dir, json_path=json_path, activations=activations)
+        self.options.check_outputs()   # when the callback is built, not at the end of a long run
         self.session: CallbackSession | None = None
         self._observer: Any = None
 
@@ -78,11 +78,11 @@ class _Hooks:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         main = bool(getattr(trainer, "is_global_zero", True))
         # Every rank diagnoses its replica; in a job of several processes the session hands its report to rank 0.
-        self.session = session = CallbackSession(
-            json_path=self.json_path, log_dir=self.log_dir, every=self.every, activations=self.activations,
-            fix=self.fix and not _wrapped(trainer, pl_module), show=main, main=main)
-        if self.fix and _wrapped(trainer, pl_module):
-            session._event(f"ampdoctor fix=True: the LightningModule is already wrapped in "
+        wrapped = self.options.fix and _wrapped(trainer, pl_module)
+        self.session = session = CallbackSession(self.options.replace(fix=self.options.fix and not wrapped),
+                                                 show=main, main=main)
+        if wrapped:
+            session._event(f"ampdoctor --fix: the LightningModule is already wrapped in "
                            f"{type(trainer.strategy.model).__name__}, whose buffers keep the old dtypes; nothing "
                            "changed. Fix the dtypes in configure_model() or before Trainer.fit().")
         precision = precision_of(trainer)

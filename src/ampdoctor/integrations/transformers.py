@@ -29,9 +29,10 @@ from transformers import TrainerCallback
 from ampdoctor._compat.accelerate import accelerator_autocast
 from ampdoctor._compat.transformers import calling_trainer, epoch_method
 from ampdoctor.core.dtypes import dtype_name
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.integrations._observe import on_exception as _on_exception
-from ampdoctor.integrations._session import CallbackSession, check_options
+from ampdoctor.integrations._session import CallbackSession
 
 __all__ = ["AmpDoctorCallback"]
 
@@ -54,9 +55,8 @@ class AmpDoctorCallback(TrainerCallback):
 
     def __init__(self, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
                  fix: bool = False) -> None:
-        check_options(json_path, log_dir, every)
-        self.json_path, self.log_dir, self.every = json_path, log_dir, every
-        self.activations, self.fix = activations, fix
+        self.options = RunOptions(fix=fix, every=every, log_dir=log_dir, json_path=json_path, activations=activations)
+        self.options.check_outputs()   # when the callback is built, not at the end of a long run
         self.session: CallbackSession | None = None
         self._handles: list[Any] = []
 
@@ -70,9 +70,7 @@ class AmpDoctorCallback(TrainerCallback):
         main = bool(getattr(state, "is_world_process_zero", True))
         trainer = calling_trainer()   # the Trainer is the `self` of a calling frame: no callback is handed one
         # Every rank diagnoses its replica; in a job of several processes the session hands its report to rank 0.
-        self.session = session = CallbackSession(
-            json_path=self.json_path, log_dir=self.log_dir, every=self.every, activations=self.activations,
-            fix=self.fix, show=main, main=main)
+        self.session = session = CallbackSession(self.options, show=main, main=main)
         if model is None or optimizer is None:
             return   # nothing to diagnose; on_train_end reports that nothing was seen
         accelerator = getattr(trainer, "accelerator", None)

@@ -29,7 +29,8 @@ from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
-from ampdoctor.core.training import module_label
+from ampdoctor.core.names import module_label
+from ampdoctor.core.options import check_every
 from ampdoctor.explanations.fixes import frozen_half_fix, frozen_weights_fix, nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, abs_max_on_device, scale_note, split
 from ampdoctor.monitor.replay import (
@@ -90,8 +91,7 @@ class ActivationMonitor:
                  prefix: str = "", others: Sequence[tuple[nn.Module, str]] = ()) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}; every=1 looks at every step")
+        check_every(every)
         if not headroom > 1:
             raise ValueError(f"headroom must be a factor above 1, got {headroom!r}; the default is {HEADROOM_FACTOR}")
         self._model, self.reads = weakref.ref(model), HostReads("activations", within=reads)

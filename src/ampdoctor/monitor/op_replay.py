@@ -20,7 +20,7 @@ from torch import nn
 from ampdoctor._torch.dispatch import TorchDispatchMode, op_schema, op_writes_in_place, tree_leaves
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.host_reads import HostReads, to_host
-from ampdoctor.core.training import module_label
+from ampdoctor.core.names import module_label
 
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
 

@@ -31,7 +31,7 @@ from ampdoctor._compat.engines import engine_family
 from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
 from ampdoctor.core.host_reads import HostReads, to_host
-from ampdoctor.core.training import module_label
+from ampdoctor.core.names import module_label
 from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
 
 __all__ = ["Replay", "Frame", "rerun", "explain", "render_frames", "replay_blocked"]

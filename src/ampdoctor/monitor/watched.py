@@ -25,7 +25,8 @@ from torch import nn
 from ampdoctor._compat.engines import engine_flat_copies, engine_stepper, loaded_engine_packages
 from ampdoctor._torch.scaler import is_enabled
 from ampdoctor.core.dtypes import dtype_name
-from ampdoctor.core.training import TrainingSetup, model_prefixes, optimizer_chain, optimizer_slots, unwrap_optimizer
+from ampdoctor.core.names import Names
+from ampdoctor.core.training import TrainingSetup, optimizer_chain, unwrap_optimizer
 from ampdoctor.core.words import counted
 
 __all__ = ["watched_chain", "refuse_meta", "name_params", "other_models", "param_owners", "steps_through",
@@ -89,11 +90,12 @@ class ParamNames(NamedTuple):
 
 
 def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequence[nn.Module] = (),
-                optimizer: Any = None) -> ParamNames:
-    """Return the names, owning modules and dtypes of ``params``, as the findings name them: with ``others`` (a text
-    encoder the same optimizer trains) each model's names have its prefix (``text_encoder.``, ``unet.``: see
-    ``model_prefixes``), returned for ``model`` too; a tensor no model owns is named where ``optimizer`` holds it
-    (``param_groups[0]['params'][1]``, as the explanations name it), in ``(not in model)``.
+                optimizer: Any = None, names: Names | None = None) -> ParamNames:
+    """Return the names, owning modules and dtypes of ``params``, as the findings name them (``names``: the run's
+    ``core.names.Names``): with ``others`` (a text encoder the same optimizer trains) each model's names have its
+    prefix (``text_encoder.``, ``unet.``: see ``Names.prefixes``), returned for ``model`` too; a tensor no model owns
+    is named where ``optimizer`` holds it (``param_groups[0]['params'][1]``, as the pre-flight and the explanations
+    name it), in ``(not in model)``.
 
     >>> model, scale = nn.Linear(2, 2), torch.zeros(1)
     >>> name_params(model, [model.weight, scale], optimizer=torch.optim.SGD([model.weight, scale], lr=0.1))[:3]
@@ -102,13 +104,13 @@ def name_params(model: nn.Module, params: Sequence[torch.Tensor], others: Sequen
     'Linear.'
     """
     models = _run_models(model, others)
-    setup = TrainingSetup(models)   # one model: no prefix
+    setup = TrainingSetup(models, [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else (),
+                          names=names or Names())   # one model: no prefix
     infos = [setup.info(p) for p in params]
-    slots = optimizer_slots(optimizer)
-    names = [i.name if i else slots.get(id(p), f"params[{k}]") for k, (p, i) in enumerate(zip(params, infos))]
+    named = [setup.name_of(p, f"params[{k}]") for k, p in enumerate(params)]
     modules = [i.module if i else "(not in model)" for i in infos]
     prefix = setup.prefixes[next(k for k, m in enumerate(models) if m is model)]
-    return ParamNames(names, modules, [dtype_name(p) for p in params], prefix)
+    return ParamNames(named, modules, [dtype_name(p) for p in params], prefix)
 
 
 def _run_models(model: nn.Module, others: Sequence[nn.Module]) -> list[nn.Module]:
@@ -117,8 +119,8 @@ def _run_models(model: nn.Module, others: Sequence[nn.Module]) -> list[nn.Module
     return list(others) if any(m is model for m in others) else [model, *others]
 
 
-def other_models(model: nn.Module, others: Sequence[nn.Module],
-                 frozen: Sequence[nn.Module] = ()) -> list[tuple[nn.Module, str]]:
+def other_models(model: nn.Module, others: Sequence[nn.Module], frozen: Sequence[nn.Module] = (),
+                 names: Names | None = None) -> list[tuple[nn.Module, str]]:
     """Return the run's models other than ``model``, then the ``frozen`` ones (a teacher, a VAE: models that ran a
     forward with nothing to train), each with its prefix as ``name_params`` names the run's, leaving out one that
     shares a module with ``model`` or with a model listed before it (one inside the other).
@@ -127,10 +129,10 @@ def other_models(model: nn.Module, others: Sequence[nn.Module],
     >>> [(type(m).__name__, p) for m, p in other_models(a, [a, b, nn.Sequential(a)], [teacher, b])]
     [('Conv1d', 'Conv1d.'), ('Linear', 'Linear[1].')]
     """
-    models = _run_models(model, others)
-    prefixes = TrainingSetup(models).prefixes
+    models, names = _run_models(model, others), names or Names()
+    prefixes = names.prefixes(models)
     if frozen:   # numbered after the run's models, whose names stay those of the gradient table
-        prefixes += model_prefixes([*models, *frozen])[len(models):]
+        prefixes += names.prefixes([*models, *frozen])[len(models):]
     taken = {id(m) for m in model.modules()}
     out = []
     for m, prefix in zip([*models, *frozen], prefixes):

@@ -49,6 +49,8 @@ from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.names import Names
+from ampdoctor.core.options import check_every
 from ampdoctor.core.patch import observe
 from ampdoctor.core.records import Step, read_step, step_line
 from ampdoctor.core.report import Report
@@ -141,16 +143,16 @@ class Watch:
         others: other models the optimizer may also train, to name their parameters (``ampdoctor run``'s).
         frozen: returns the models that ran a forward with nothing to train (a teacher, a VAE; ``ampdoctor run``'s):
             the look at the forward covers them and ``others`` (``ActivationMonitor``'s ``others``).
+        names: how the run names what the script holds (``core.names.Names``; a watch alone has its own).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
                  fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = (),
-                 frozen: Callable[[], Sequence[nn.Module]] | None = None) -> None:
+                 frozen: Callable[[], Sequence[nn.Module]] | None = None, names: Names | None = None) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}; every=1 looks at every step")
+        check_every(every)
         if stats not in STATS:
             raise ValueError(f"stats must be one of {STATS}, got {stats!r}")
         refuse_meta(model, optimizer)
@@ -161,8 +163,9 @@ class Watch:
         self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
         self._want_activations = activations
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._names = names or Names()   # the run's (``core.names``): the script's names for its models
         self.param_names, self.param_modules, self.param_dtypes, self._prefix = name_params(model, params, others,
-                                                                                            optimizer)
+                                                                                            optimizer, self._names)
         self._params: list[torch.Tensor] = params
         # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
         # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
@@ -285,7 +288,8 @@ class Watch:
         # the run's other models too: the first inf/NaN in call order may be theirs (a GAN's generator), and an input
         # of the watched model that one of them made inf is no bad data
         frozen = list(self._frozen()) if self._frozen is not None else []
-        others = other_models(self._model, self._others, frozen) if len(self._models) > 1 or frozen else []
+        others = other_models(self._model, self._others, frozen, self._names) \
+            if len(self._models) > 1 or frozen else []
         self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
                                               gradients=gradients, prefix=self._prefix, others=others)
         self._activations.attach()

@@ -33,10 +33,9 @@ class JobEnd:
         failed_at: when it failed (``time.time()``), to order the ranks' crashes.
         json_path: where the JSON report was asked for, if anywhere.
         show: whether this process prints (a framework's main process; rank 0's decision in a job).
-        fix: whether a fix was asked for, and its name (``"--fix"``, ``"fix=True"``).
+        fix: whether a fix was asked for (``--fix``, however it was asked: every entry point names it so).
         traceback: where the script's traceback is: ``"above"`` (printed already, ``ampdoctor run``) or
             ``"follows"`` (a framework prints it after the callback).
-        code: what still has a bug a fix repaired in the run (``"the script"``, ``"the training code"``).
     """
 
     exit_code: int
@@ -45,9 +44,7 @@ class JobEnd:
     json_path: str | None = None
     show: bool = True
     fix: bool = False
-    fix_name: str = "--fix"
     traceback: str = "above"
-    code: str = "the script"
 
 
 def end_job(own: Report, end: JobEnd, exchange: RankExchange | None, rank: RankInfo | None,
@@ -121,8 +118,8 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
         codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
         if codes:
             one = len(codes) == 1
-            say(f"ampdoctor {end.fix_name} changed nothing: {', '.join(codes)} {'has' if one else 'have'} no "
-                f"automatic repair; {'its fix is' if one else 'their fixes are'} in {end.code} (how to fix, above)")
+            say(f"ampdoctor --fix changed nothing: {', '.join(codes)} {'has' if one else 'have'} no "
+                f"automatic repair; {'its fix is' if one else 'their fixes are'} in the script (how to fix, above)")
     if mine_first and end.exit_code and own.exception and not end.explained:
         where = "above, unchanged" if end.traceback == "above" else "follows"
         say(f"ampdoctor: the script failed with {own.exception['type']}, which is not a known mixed-precision "
@@ -134,10 +131,10 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
 def _repaired_line(report: Report, end: JobEnd, codes: list[str]) -> str:
     """Say that a fix left no findings, and that the code still has what it repaired."""
     if codes:
-        return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by {end.fix_name}; "
-                f"what it repaired ({', '.join(codes)}) is still in {end.code}"
+        return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by --fix; "
+                f"what it repaired ({', '.join(codes)}) is still in the script"
                 + (f", and listed as info in {end.json_path}" if end.json_path else ""))
     # no finding to resolve: it repaired before one arose (upcast again at the forward after a mid-run downcast)
-    return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by {end.fix_name}, made "
-            f"before a finding arose; {end.code} still needs them"
+    return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by --fix, made "
+            f"before a finding arose; the script still needs them"
             + (f" (each change is in {end.json_path})" if end.json_path else ""))

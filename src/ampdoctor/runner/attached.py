@@ -30,17 +30,18 @@ import traceback
 from typing import Any, Callable, Iterator
 
 from ampdoctor._compat.ray import in_train_worker
-from ampdoctor._compat.tqdm import clear_of_bars
 from ampdoctor.core.callsite import without_own_frames
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report
-from ampdoctor.core.usage import UsageError, check_outputs
-from ampdoctor.core.views import Line
+from ampdoctor.core.usage import UsageError
+from ampdoctor.core.views import printer
 from ampdoctor.ranks.in_process import InProcessRanks
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.runner.doctor import Doctor
+from ampdoctor.session.run import SIGTERM_STATUS, end_run, terminated
 from ampdoctor.session.termination import Termination
 
 ENV = "AMPDOCTOR"   # runner.startup.ENV; startup imports this module, so it is not imported from there
@@ -101,11 +102,8 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
             ``every``, or a second ``attach()`` with other options while one is attached. Checked here, before the
             first step.
     """
-    options = dict(fix=bool(fix), watch=bool(watch), every=every, activations=bool(activations),
-                   log_dir=None if log_dir is None else os.fspath(log_dir),
-                   json_path=None if json_path is None else os.fspath(json_path))
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise UsageError(f"every must be a positive number of steps, got {every!r}; every=1 looks at every step")
+    options = RunOptions(fix=fix, watch=watch, every=every, log_dir=log_dir, json_path=json_path,
+                         activations=activations)
     if _watchers:
         return Attached(options, watched_by=_watchers[-1])
     if _active:
@@ -117,9 +115,8 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
             raise UsageError(f"ampdoctor is already attached in this process with {_active[0].options}; call .end() "
                              "on it first, or attach once, at the top of the script")
         return _active[0]
-    check_outputs(options["json_path"], options["log_dir"], "json_path=", "log_dir=")
-    return Attached(options, quiet_when_idle=announce == "environment",
-                    fix_name="--fix" if announce == "environment" else "fix=True").start()
+    options.check_outputs()
+    return Attached(options, quiet_when_idle=announce == "environment").start()
 
 
 class Attached:
@@ -130,25 +127,27 @@ class Attached:
         report: the report (complete once ended).
     """
 
-    def __init__(self, options: dict[str, Any], *, quiet_when_idle: bool = False, fix_name: str = "fix=True",
-                 console: Any = None, watched_by: str | None = None) -> None:
+    def __init__(self, options: RunOptions, *, quiet_when_idle: bool = False, watched_by: str | None = None,
+                 say: Callable[[Any], None] | None = None) -> None:
         self.options = options
         self.watched_by = watched_by   # not None: something else diagnoses the process; this one does nothing
-        self.json_path: str | None = options["json_path"]
-        self.quiet_when_idle, self.fix_name = quiet_when_idle, fix_name
-        self.doctor = Doctor(fix=options["fix"], watch=options["watch"], every=options["every"],
-                             log_dir=options["log_dir"], activations=options["activations"], on_event=self._say,
-                             on_rank=self._on_rank, on_first_look=self._on_first_look)
+        self.quiet_when_idle = quiet_when_idle
+        self.doctor = Doctor(options, on_event=self._say, on_rank=self._on_rank, on_first_look=self._on_first_look)
         self.report: Report = self.doctor.report
         self.ranks: InProcessRanks | None = None   # None: a single process (so far)
         self.ended = False
         self._in_block = False   # used as `with attach():`: it ends with the block
-        self._console = console
+        self._print = say or printer(stderr=True)
         self._uncaught: BaseException | None = None
         self._exit_code = 0   # what the script passed to sys.exit(), which atexit does not tell
         self._exit_handle: Any = None
         self._restore_excepthook: Callable[[], None] = lambda: None
         self._termination = Termination(self._terminated)
+
+    @property
+    def json_path(self) -> str | None:
+        """Where the JSON report is written at the end (``json_path=``)."""
+        return self.options.json_path
 
     # ---- the start -------------------------------------------------------------------------------------------
     def start(self) -> "Attached":
@@ -221,52 +220,35 @@ class Attached:
         call_safely(self._restore_excepthook)
         if self._exit_handle is not None:
             call_safely(self._exit_handle.remove)
-        self._termination.begin_end()
-        try:
+        with self._termination.closing():
             self.doctor.detach()
             self.report = self.doctor.report
             self.report.exit_status = exit_code or self.report.exit_status
-            call_safely(self._report, exit_code, where)
-        finally:
-            self._termination.release()   # a SIGTERM that came while the run ended is delivered now
+            call_safely(self._report, exit_code, where, on_error=self._failed_end)
         return self.report
 
     def _report(self, exit_code: int, where: str) -> None:
-        from ampdoctor.ranks.job import JobEnd, end_job
-
         report = self.report
         if self.quiet_when_idle and report.saw_nothing and not report.findings:
             # AMPDOCTOR=1 reached a process that trains nothing (torchrun's agent, a DataLoader worker): silent, also
             # when it fails (the agent raises ChildFailedError after its workers' reports) and nothing is written
             return
-        log_path = (report.extra.get("watch") or {}).get("log_path")
-        if log_path:   # each rank's own log ends with its own report
-            from ampdoctor.monitor.recorder import append_report
-
-            call_safely(append_report, log_path, report.to_dict())
-        end = JobEnd(exit_code, bool(report.extra.get("explained_by")), self.doctor.failed_at, self.json_path,
-                     fix=self.options["fix"], fix_name=self.fix_name, traceback=where)
         exchange = self.ranks.exchange if self.ranks is not None else None
         rank = self.ranks.info if self.ranks is not None else self.doctor.rank_info
-        end_job(report, end, exchange, rank, self._print, write_atomic)
+        end_run(report, self.options, exit_code=exit_code, failed_at=self.doctor.failed_at, say=self._print,
+                write=write_atomic, traceback=where, exchange=exchange, rank=rank)
+
+    def _failed_end(self, exc: BaseException) -> None:
+        """ampdoctor's own failure while ending the run: said in a line, the script's exit is left alone."""
+        self._say(f"ampdoctor: internal error while ending the run ({type(exc).__name__}: {exc}); the report may be "
+                  "incomplete")
 
     def _terminated(self) -> None:
         """A SIGTERM stopped the process while it trained: end the run now (the report covers the steps so far)."""
-        self.report.extra["terminated"] = "SIGTERM"
-        self._end(143, "above")   # 128 + SIGTERM, what the shell reports
+        terminated(self.report)
+        self._end(SIGTERM_STATUS, "above")
 
     # ---- output ---------------------------------------------------------------------------------------------
-    def _print(self, renderable: Any) -> None:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=True, highlight=False)
-        with clear_of_bars(self._console.file):   # a tqdm bar left open: start at column 0
-            if isinstance(renderable, (str, Line)):   # a line of ampdoctor's, wrapped to the width
-                self._console.print(Line(renderable) if isinstance(renderable, str) else renderable, soft_wrap=True)
-            else:   # a ReportView: drawn by ampdoctor.ui
-                self._console.print(renderable)
-
     def _say(self, line: str) -> None:
         if self.ranks is None or self.ranks.rank == 0:   # rank 0 speaks for the job
             call_safely(self._print, line)

@@ -51,14 +51,15 @@ def start() -> None:
         return
     from ampdoctor._compat.tqdm import clear_of_bars
     from ampdoctor.core.isolation import call_safely
+    from ampdoctor.core.options import RunOptions
     from ampdoctor.ranks.children import rank_name, write_child
     from ampdoctor.runner.attached import chain_excepthook, watched_by
     from ampdoctor.runner.doctor import Doctor
 
-    options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
-    shared_log = options.get("log_dir")
+    options = RunOptions.from_dict(json.loads(os.environ.get(ENV_OPTIONS) or "{}"))
+    shared_log = options.log_dir
     if shared_log:
-        options["log_dir"] = os.path.join(shared_log, f"pid{os.getpid()}")
+        options = options.replace(log_dir=os.path.join(shared_log, f"pid{os.getpid()}"))
     prefix = f"ampdoctor[pid {os.getpid()}]"
 
     def say(line: str) -> None:   # a rank other than 0 is quiet: rank 0 reports for the job (see merge_ranks)
@@ -72,7 +73,7 @@ def start() -> None:
         if shared_log:   # its flight recorder is ampdoctor.rank{r}.jsonl next to the other ranks' ones
             doctor.log_dir = shared_log
 
-    doctor = Doctor(**options, on_event=say, on_rank=on_rank)
+    doctor = Doctor(options, on_event=say, on_rank=on_rank)
     doctor.attach()
     watched_by("ampdoctor run (a child process)").__enter__()   # for the process's life: attach() does nothing
     chain_excepthook(doctor.explain)

@@ -16,8 +16,8 @@ import glob
 import json
 import os
 import tempfile
-from typing import Any
 
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.ranks.children import ChildReports
 from ampdoctor.ranks.info import RankInfo
@@ -35,12 +35,11 @@ class ChildProcesses:
     """Follow child Python processes while the context is open; a context manager.
 
     Args:
-        options: the Doctor options the children use (``fix``, ``watch``, ``every``, ``log_dir``,
-            ``activations``), JSON-ready.
+        options: the run's options, which the children's Doctors use too (the JSON report is the parent's).
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = options
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options.replace(json_path=None)
         self.directory: str | None = None
         self._saved: dict[str, str | None] = {}
         self._pth_files: list[str] = []
@@ -48,7 +47,7 @@ class ChildProcesses:
     def __enter__(self) -> "ChildProcesses":
         self.directory = tempfile.mkdtemp(prefix="ampdoctor-children-")
         self._pth_files = _write_pth_files()
-        values = {ENV_DIR: self.directory, ENV_OPTIONS: json.dumps(self.options)}
+        values = {ENV_DIR: self.directory, ENV_OPTIONS: json.dumps(self.options.to_dict())}
         if not self._pth_files:
             pythonpath = os.environ.get("PYTHONPATH")
             values["PYTHONPATH"] = STARTUP_DIR + (os.pathsep + pythonpath if pythonpath else "")

@@ -24,8 +24,9 @@ from ampdoctor.core.callsite import is_user_file
 from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
-from ampdoctor.core.training import TrainingSetup, note_part_name, note_script_names, owns_any, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.monitor.watched import closure_calls_back
 from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.runner.discovery import (
@@ -38,6 +39,7 @@ from ampdoctor.runner.discovery import (
     unwrap_module,
 )
 from ampdoctor.session.frameworks import autocast_ahead, framework_autocast
+from ampdoctor.session.run import terminated
 from ampdoctor.session.session import Session
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
@@ -48,12 +50,10 @@ class Doctor:
     """Watch a training process; a context manager.
 
     Args:
-        fix: repair what can be repaired (upcast trainable params under autocast, fp32 master weights for a
-            half model without autocast), and re-apply when the script downcasts again.
-        watch: attach ``ampdoctor.watch`` to the trained model once it is known.
-        every: sampling interval of the watch, in optimizer steps.
-        log_dir: where the watch writes its JSON-lines flight recorder.
-        activations: also run the activation monitor (first non-finite module, headroom).
+        options: what the run was asked for (``core.options.RunOptions``): ``fix`` repairs what can be repaired
+            (upcast trainable params under autocast, fp32 master weights for a half model without autocast) and
+            re-applies when the script downcasts again; ``watch`` attaches ``ampdoctor.watch`` to the trained model
+            once it is known (``every``, ``log_dir``, ``activations``).
         on_event: called with each human-readable event line (fixes applied, internal errors).
         on_rank: told once, when this process's rank is first read.
         ended: the optimizers and GradScalers of ended stages (a notebook's earlier cells; see `stage_objects`),
@@ -64,22 +64,20 @@ class Doctor:
     The lifecycle itself (pre-flight, fix, guard, watch, explanation, the end) is the `Session`'s; the Doctor finds
     what the process trains and hands it over.
 
-    >>> with Doctor(watch=False) as doctor:
+    >>> with Doctor(RunOptions(watch=False)) as doctor:
     ...     pass
     >>> doctor.report.findings
     []
     """
 
-    def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
-                 activations: bool = False, on_event: Callable[[str], None] | None = None,
+    def __init__(self, options: RunOptions = RunOptions(), *, on_event: Callable[[str], None] | None = None,
                  on_rank: Callable[[RankInfo], None] | None = None, ended: weakref.WeakSet | None = None,
                  on_first_look: Callable[[], None] | None = None) -> None:
-        self.fix = fix
+        self.fix = options.fix
         self.ended = ended if ended is not None else weakref.WeakSet()
         self.on_rank = on_rank or (lambda info: None)
         self.on_first_look = on_first_look
-        self.session = Session(fix=fix, watch=watch, every=every, log_dir=log_dir, activations=activations,
-                               on_event=on_event)
+        self.session = Session(options, on_event=on_event)
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
         self.models: list[nn.Module] = []
         self._autocast: dict[int, torch.dtype | None] = {}
@@ -199,7 +197,7 @@ class Doctor:
 
     def _note_frozen(self, module: nn.Module) -> None:
         if self.session.note_frozen(module):   # the first time: its name in the user's frames (`vae.encoder`)
-            note_part_name(module, _user_namespaces())
+            self.session.names.note_part_name(module, _user_namespaces())
 
     def _scaler_undecided(self) -> bool:
         """Whether the stage's GradScaler shows only at its first ``scale()`` or step: an ended stage's enabled
@@ -230,7 +228,8 @@ class Doctor:
         if dtype is None:
             return
         scaler = next((s for s in live.scalers if is_enabled(s)), None)
-        setup = TrainingSetup([module], live.optimizers, scaler, dtype, accelerator, facts=self.session.observers.facts)
+        setup = TrainingSetup([module], live.optimizers, scaler, dtype, accelerator, facts=self.session.observers.facts,
+                              names=self.session.names)
         self.session.repair_before_wrap(setup, module, dtype)
 
     def _framework_accelerator(self) -> Any:
@@ -282,12 +281,12 @@ class Doctor:
         live = scan(self.ended)
         models = trained_models(self.models, live.optimizers, live.modules)
         # models local to the script's main(), or bound to a name as DDP(model)
-        note_script_names(models, _user_namespaces(), unwrap_module)
+        self.session.names.note_script_names(models, _user_namespaces(), unwrap_module)
         scalers = [scaler] if scaler is not None else live.scalers
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
         return TrainingSetup(models, live.optimizers, scaler, dtypes[0] if dtypes else None, _accelerator(),
-                             facts=self.session.observers.facts)
+                             facts=self.session.observers.facts, names=self.session.names)
 
     def _start(self, scaler: Any = None) -> None:
         if not self.models:
@@ -323,8 +322,7 @@ class Doctor:
 
     def terminated(self) -> None:
         """End the run now: a SIGTERM stopped it while the script ran (the report covers the steps until then)."""
-        self.report.exit_status = 143   # 128 + SIGTERM, what the shell reports
-        self.report.extra["terminated"] = "SIGTERM"
+        terminated(self.report)
         self.detach()
 
     # ---- crash explanation -----------------------------------------------------------------------------------

@@ -109,9 +109,12 @@ def options_from_environment(value: str) -> dict[str, Any]:
         elif name in valued and (given or words):
             text = given or words.pop(0)
             if name == "--every":
-                if not text.isdigit() or int(text) < 1:
-                    raise ValueError(f"{ENV}={value!r}: --every must be a positive number of steps, got {text!r}")
-                options["every"] = int(text)
+                from ampdoctor.core.options import check_every  # no torch: before the script starts
+
+                try:
+                    options["every"] = check_every(int(text) if text.isdigit() else text, "--every")
+                except ValueError as exc:
+                    raise ValueError(f"{ENV}={value!r}: {exc}") from None
             else:
                 options[valued[name]] = text
         else:
@@ -136,9 +139,9 @@ def install_from_environment() -> None:
         return
     try:
         options = options_from_environment(value)
-        from ampdoctor.core.usage import check_outputs  # no torch: before the script starts
+        from ampdoctor.core.options import RunOptions  # no torch: before the script starts
 
-        check_outputs(options.get("json_path"), options.get("log_dir"), "--json", "--log-dir")
+        RunOptions(**options).check_outputs("--json", "--log-dir")
     except ValueError as exc:
         print(f"ampdoctor: {exc}", file=sys.stderr, flush=True)
         os._exit(2)   # from a .pth line: SystemExit would make site print a traceback and go on

@@ -99,14 +99,13 @@ class RunRepairs:
         return True
 
     def repair(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None],
-               found: list[Finding], look: Callable[[], list[Finding]], by: str, still: str,
+               found: list[Finding], look: Callable[[], list[Finding]],
                on_error: Callable[[BaseException], None]) -> list[Finding]:
         """Repair ``setup`` (`apply`), then return ``found`` with what the repair resolved turned into info.
 
         Args:
             setup, parts, autocast: as for `apply`.
             found: the findings before the repair; ``look()`` finds them again after it.
-            by: the fix's name in the texts (``"--fix"``); still: what still has the bug (``"the script itself"``).
             on_error: receives an exception of the repair, which `apply` rolled back: the findings stand.
         """
         before = len(self.report.changes)
@@ -118,7 +117,7 @@ class RunRepairs:
         if len(self.report.changes) == before:
             return found
         # What the fix resolved stays in the report, as info that says so: the code still has the bug.
-        found, fixed, line = split_repaired(found, look(), by, still)
+        found, fixed, line = split_repaired(found, look())
         if line:
             self.report.extra.setdefault("fixed", []).extend(f.to_dict() for f in fixed)
             self.on_event(line)
@@ -217,22 +216,23 @@ class _Snapshot:
                 optimizer.state[p] = state
 
 
-def split_repaired(found: list[Finding], remaining: list[Finding], by: str, still: str
-                   ) -> tuple[list[Finding], list[Finding], str | None]:
+def split_repaired(found: list[Finding], remaining: list[Finding]) -> tuple[list[Finding], list[Finding], str | None]:
     """Return ``found`` with what a fix resolved turned into info that says so, the resolved findings, and the line
     that announces them (None when nothing was resolved). The code still has the bug, so the finding stays.
 
     Args:
         found: the findings before the fix; remaining: the same rules' findings after it.
-        by: the fix's name in the texts (``"--fix"``, ``"fix=True"``); still: what still has the bug.
+
+    Every entry point names the fix ``--fix`` and the code that still has the bug ``the script``
+    (``session.run``: the same words, however the run was started).
     """
     left = {f.place for f in remaining}
     fixed = [f for f in found if f.place not in left]
     kept = [f for f in found if f.place in left] + [
-        replace(f, severity=Severity.INFO, detail=f"repaired in this run by {by}; {still} still has it: {f.detail}")
-        for f in fixed]
+        replace(f, severity=Severity.INFO,
+                detail=f"repaired in this run by --fix; the script itself still has it: {f.detail}") for f in fixed]
     if not fixed:
         return kept, fixed, None
     counts = Counter(f.code for f in fixed)   # findings, by code: not the same unit as changes
-    return kept, fixed, f"ampdoctor {by} resolved " + ", ".join(
+    return kept, fixed, "ampdoctor --fix resolved " + ", ".join(
         f"{code} ({n} {'place' if n == 1 else 'places'})" for code, n in counts.items())

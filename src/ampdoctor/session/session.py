@@ -28,6 +28,8 @@ from torch import nn
 
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import StepAside, call_safely
+from ampdoctor.core.names import Names
+from ampdoctor.core.options import RunOptions
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
@@ -49,31 +51,24 @@ class Session:
     """One run's lifecycle; see the module's description.
 
     Args:
-        fix: repair what can be repaired before the first update (upcast trainable half parameters under autocast,
-            fp32 master weights without it), and again after a downcast (``reapply``).
-        watch: attach the numerics watch to the trained model.
-        every: the watch's sampling interval, in optimizer steps.
-        log_dir: where the watch writes its flight recorder.
-        activations: also run the activation monitor.
+        options: what the run was asked for (``core.options.RunOptions``): ``fix`` repairs what can be repaired
+            before the first update (upcast trainable half parameters under autocast, fp32 master weights without
+            it) and again after a downcast (``reapply``); ``watch``, ``every``, ``log_dir`` and ``activations`` set
+            up the numerics watch.
         on_event: called with each human-readable event line (fixes applied, internal errors).
-        fix_name: how the fix is named in what it says (``"--fix"``, ``"fix=True"``).
-        fixed_in: what still has a repaired bug (``"the script itself"``, ``"the training code itself"``).
 
-    >>> session = Session(watch=False)
+    >>> session = Session(RunOptions(watch=False))
     >>> model = nn.Linear(4, 4).half()
     >>> session.start(TrainingSetup(model, torch.optim.SGD(model.parameters(), lr=0.1)))
     >>> session.finish().codes()
     ['AMP103']
     """
 
-    def __init__(self, *, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | None = None,
-                 activations: bool = False, on_event: Callable[[str], None] | None = None,
-                 fix_name: str = "--fix", fixed_in: str = "the script itself") -> None:
-        self.fix, self.watch_enabled, self.every, self.log_dir, self.activations = fix, watch, every, log_dir, \
-            activations
+    def __init__(self, options: RunOptions = RunOptions(), *, on_event: Callable[[str], None] | None = None) -> None:
+        self.options = options
         self.on_event = on_event or (lambda line: None)
-        self.fix_name, self.fixed_in = fix_name, fixed_in
         self.report = Report()
+        self.names = Names()   # how this run names what the script holds: every setup of the run uses it
         self.setup: TrainingSetup | None = None
         self.guard: Any = None
         self.watch: Any = None
@@ -116,6 +111,20 @@ class Session:
             if model is None:   # collected: its id may be reused by another module
                 del self._frozen[key]
         return [model for _, model in alive if model is not None]
+
+    @property
+    def fix(self) -> bool:
+        """Whether the run repairs what it can (``--fix``)."""
+        return self.options.fix
+
+    @property
+    def log_dir(self) -> str | None:
+        """Where the watch writes its flight recorder (a rank's own file, once its rank is known)."""
+        return self.options.log_dir
+
+    @log_dir.setter
+    def log_dir(self, value: str | None) -> None:   # before the watch starts: a rank's own file
+        self.options = self.options.replace(log_dir=value)
 
     @property
     def broken(self) -> bool:
@@ -172,14 +181,14 @@ class Session:
         found = look()
         if self.fix:
             dtypes = autocast if autocast is not None else {id(m): setup.autocast_dtype for m in parts}
-            found = self.repairs.repair(setup, parts, dtypes, found, look, self.fix_name, self.fixed_in,
+            found = self.repairs.repair(setup, parts, dtypes, found, look,
                                         on_error=lambda exc: self.parts.fail("fix", exc))
         for finding in found:
             self.report.add(finding)
         if any(f.code in ("AMP301", "AMP302") for f in found):
             self._unconfirmed.update(unwrap_optimizer(o) for o in setup.optimizers)
         self.parts.guard("run", self._attach_guard)
-        if self.watch_enabled and self.watch is None:
+        if self.options.watch and self.watch is None:
             self.parts.guard("run", self._attach_watch, watch_model, watch_optimizers)
 
     def _note_setup(self, setup: TrainingSetup) -> None:
@@ -217,8 +226,10 @@ class Session:
         model, optimizer = watched_pair(candidates, list(optimizers or stage))
         if any(p.is_meta for p in model.parameters()):
             return   # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
-        self.watch = Watch(model, optimizer, setup.scaler, every=self.every, log_dir=self.log_dir,
-                           activations=self.activations, others=models, frozen=self.frozen_models).attach()
+        options = self.options
+        self.watch = Watch(model, optimizer, setup.scaler, every=options.every, log_dir=options.log_dir,
+                           activations=options.activations, others=models, frozen=self.frozen_models,
+                           names=self.names).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)
@@ -283,8 +294,7 @@ class Session:
 
         def repair() -> None:
             self.repairs.repair(setup, [module], {id(module): dtype}, run_preflight(setup),
-                                lambda: run_preflight(setup), self.fix_name, self.fixed_in,
-                                on_error=lambda exc: self.parts.fail("fix", exc))
+                                lambda: run_preflight(setup), on_error=lambda exc: self.parts.fail("fix", exc))
 
         self.parts.guard("run", repair)
 
@@ -450,5 +460,5 @@ class Session:
 
     def _stepped_aside(self, part: str, exc: BaseException) -> None:
         what = "stepping aside, training continues unaffected" if part == "run" else \
-            f"{self.fix_name} is off for the rest of the run, training continues unaffected"
+            "--fix is off for the rest of the run, training continues unaffected"
         self.on_event(f"ampdoctor: internal error ({type(exc).__name__}: {exc}); {what}")

@@ -13,11 +13,12 @@ the other ranks' reports); the end goes on, and the signal is delivered again wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["Termination"]
 
@@ -58,6 +59,15 @@ class Termination:
         """The run ends now: from here a SIGTERM only stops the waits (catch it here too, if it was not caught)."""
         self.ending = True
         self.install()
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """The run's end, in a ``with`` block: `begin_end` before it, `release` after it, whatever happens."""
+        self.begin_end()
+        try:
+            yield
+        finally:
+            self.release()   # a SIGTERM that came while the run ended is delivered now
 
     def stopped(self) -> bool:
         """Whether a SIGTERM came: the job is being stopped, and waits end."""

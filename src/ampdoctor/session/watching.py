@@ -40,8 +40,6 @@ def watch_coverage(optimizer: Any, setup: Any, optimizers: Sequence[Any] | None 
     """Return which part of the trained models ``optimizer`` (the one a watch follows) steps, when other
     optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None.
     ``optimizers`` and ``models``: the watch's stage's, when not all of ``setup``'s (a k-fold's later fold)."""
-    from ampdoctor.explanations.naming import optimizer_label
-
     optimizers = setup.optimizers if optimizers is None else optimizers
     trainable = {id(p) for m in (setup.models if models is None else models) for p in m.parameters()
                  if p.requires_grad}
@@ -49,5 +47,5 @@ def watch_coverage(optimizer: Any, setup: Any, optimizers: Sequence[Any] | None 
               if o is not optimizer and any(id(p) in trainable for p in optimizer_tensors(o))]
     if not others:
         return None
-    return {"optimizer": optimizer_label(optimizer, setup), "other_optimizers": len(others),
+    return {"optimizer": setup.optimizer_label(optimizer), "other_optimizers": len(others),
             "trainable": len(trainable), "tensors": sum(id(p) in trainable for p in optimizer_tensors(optimizer))}

@@ -9,15 +9,13 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from rich.console import Console
-
+from ampdoctor.core.options import RunOptions, check_every
 from ampdoctor.core.usage import UsageError as _UsageError
-from ampdoctor.core.usage import check_outputs as _check_outputs
 from ampdoctor.core.usage import check_writable as _check_writable
 from ampdoctor.core.usage import write_text as _write
 from ampdoctor.core.views import Line
 from ampdoctor.core.words import counted
-from ampdoctor.ui.plain import console as plain_console
+from ampdoctor.ui.plain import Printer
 
 EXAMPLES = """\
 examples:
@@ -130,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    err = plain_console(stderr=True)
+    err = Printer(stderr=True)
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
@@ -160,30 +158,29 @@ def _run(args: argparse.Namespace) -> int:
     from ampdoctor.runner.children import ChildProcesses
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import RunResult, run_module, run_script
+    from ampdoctor.session.run import SIGTERM_STATUS
     from ampdoctor.session.termination import Termination
 
-    err = plain_console(stderr=True)
-    _check_run_arguments(args)
-    options = dict(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                   activations=args.activations)
+    options = _run_options(args)
+    err = Printer(stderr=True)
     ended: list[int] = []
 
     def end(result: RunResult) -> int:   # once: after the script, or on SIGTERM while it runs
         if not ended:
             termination.begin_end()
-            ended.append(_finish_run(args, result, doctor, exchange, err))
+            ended.append(_finish_run(args, options, result, doctor, exchange, err))
         return ended[0]
 
     def end_on_sigterm() -> None:
         doctor.terminated()
         if children is not None:   # the hook files go now: the signal ends this process without atexit
             children.__exit__(None, None, None)
-        end(RunResult(143, doctor.report, False))
+        end(RunResult(SIGTERM_STATUS, doctor.report, False))
 
     termination = Termination(end_on_sigterm)
     exchange = RankExchange.for_this_process(termination.stopped)   # None outside a torchrun job of several ranks
-    say = (lambda line: None) if exchange and exchange.rank else (lambda line: _say(err, line))  # rank 0 speaks
-    doctor = Doctor(**options, on_event=say)
+    say = (lambda line: None) if exchange and exchange.rank else err  # rank 0 speaks
+    doctor = Doctor(options, on_event=say)
     children = None if args.no_children else ChildProcesses(options)
     termination.install()   # the end of the run also happens on SIGTERM (a scheduler, torchrun's agent)
     try:
@@ -201,8 +198,9 @@ def _run(args: argparse.Namespace) -> int:
         termination.release()   # a SIGTERM that came while the run ended is delivered now
 
 
-def _check_run_arguments(args: argparse.Namespace) -> None:
-    """Refuse what cannot run before the script starts: a long run must not end with "cannot write"."""
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    """Return the run's options; refuse what cannot run before the script starts: a long run must not end with
+    "cannot write"."""
     if args.module is not None:
         if not args.module:
             raise _UsageError("-m needs a module name, e.g. `ampdoctor run -m mypackage.train --epochs 1`")
@@ -214,49 +212,27 @@ def _check_run_arguments(args: argparse.Namespace) -> None:
     elif not os.path.isfile(args.script):
         raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
                           "e.g. `ampdoctor run train.py --epochs 1`.")
-    if args.every < 1:
-        raise _UsageError(f"--every must be a positive number of steps, got {args.every}")
+    check_every(args.every, "--every")
     if args.no_watch and (args.log_dir or args.activations):
         given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
-    _check_outputs(args.json, args.log_dir, "--json", "--log-dir")
+    options = RunOptions(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
+                         activations=args.activations, json_path=args.json)
+    options.check_outputs("--json", "--log-dir")
+    return options
 
 
-def _finish_run(args: argparse.Namespace, result: Any, doctor: Any, exchange: Any, err: Console) -> int:
-    """Print the report, write the JSON and the log's report line; under torchrun, once, for the whole job."""
-    from ampdoctor.ranks.job import JobEnd, end_job
+def _finish_run(args: argparse.Namespace, options: RunOptions, result: Any, doctor: Any, exchange: Any,
+                err: Printer) -> int:
+    """End the run (``session.run.end_run``); under torchrun, once, for the whole job. Return the exit status."""
+    from ampdoctor.session.run import end_run
 
-    own = result.report
-    _append_to_log(own, err)   # each rank's own log ends with its own report
     failed_at = doctor.failed_at or (time.time() if result.exit_code else None)
-    end = JobEnd(result.exit_code, result.explained, failed_at, args.json, fix=args.fix)
-    report = end_job(own, end, exchange, doctor.rank_info, lambda item: _show(err, item), _write)
+    report = end_run(result.report, options, exit_code=result.exit_code, failed_at=failed_at, say=err,
+                     write=_write, explained=result.explained, exchange=exchange, rank=doctor.rank_info)
     if exchange is not None and exchange.rank != 0:
         return result.exit_code   # --strict is decided by rank 0, on the whole job's report
     return result.exit_code or (_strict_status(report, err) if args.strict else 0)
-
-
-def _show(console: Console, item: Any) -> None:
-    """Print what the end of a run shows: a ``ReportView``, or a line (``ampdoctor: ...``)."""
-    if isinstance(item, (str, Line)):
-        _say(console, item)
-        return
-    from ampdoctor._compat.tqdm import clear_of_bars
-    from ampdoctor.ui.views import render_view
-
-    with clear_of_bars(console.file):   # a bar left open by the script: the report starts on a line of its own
-        console.print(render_view(item))
-
-
-def _append_to_log(report: object, err: Console) -> None:
-    log_path = (report.extra.get("watch") or {}).get("log_path")
-    if log_path:
-        from ampdoctor.monitor.recorder import append_report
-
-        try:
-            append_report(log_path, report.to_dict())
-        except OSError as exc:
-            _say(err, f"ampdoctor: could not add the report to {log_path!r}: {exc.strerror}")
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -264,7 +240,7 @@ def _explain(args: argparse.Namespace) -> int:
     from ampdoctor.explanations.crash import explain_text
     from ampdoctor.ui.console import rule_panel
 
-    out = plain_console()
+    out = Printer(stderr=False)
     text = " ".join(args.text)
     if text == "-":
         text = sys.stdin.buffer.read(50_000_000).decode("utf-8", errors="replace")
@@ -281,7 +257,7 @@ def _explain(args: argparse.Namespace) -> int:
         _say(out, f"ampdoctor: {unknown_answer(text)}")
         return 0  # "unknown" is an answer, not a failure (EXIT_STATUS)
     for rule in rules:
-        out.print(rule_panel(rule))
+        out(rule_panel(rule))
     return 0
 
 
@@ -295,14 +271,14 @@ def _rules(args: argparse.Namespace) -> int:
     if args.markdown:
         sys.stdout.write(rules_markdown(chosen))
     else:
-        plain_console().print(rules_table(chosen))
+        Printer(stderr=False)(rules_table(chosen))
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from ampdoctor.ui.report_files import load_any, render_loaded, write_html
 
-    out = plain_console()
+    out = Printer(stderr=False)
     try:
         loaded = load_any(args.path)
         if args.with_report:
@@ -315,7 +291,7 @@ def _report(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.path!r} nests JSON too deeply to be an ampdoctor report") from None
     if args.html:
         _check_writable(args.html, "--html")
-    out.print(render_loaded(loaded))
+    out(render_loaded(loaded))
     if args.html:
         _export(out, f"cannot write --html {args.html!r}", lambda: write_html(loaded, args.html),
                 lambda _: f"ampdoctor: HTML report written to {args.html}")
@@ -332,7 +308,7 @@ def _report(args: argparse.Namespace) -> int:
     return _strict_status(loaded.report, out) if args.strict else 0
 
 
-def _export(out: Console, what: str, write: Callable[[], Any], said: Callable[[Any], str]) -> None:
+def _export(out: Printer, what: str, write: Callable[[], Any], said: Callable[[Any], str]) -> None:
     """Write one of ``report``'s files; a path that cannot be written is bad input (exit 2), not a traceback."""
     try:
         result = write()
@@ -341,7 +317,7 @@ def _export(out: Console, what: str, write: Callable[[], Any], said: Callable[[A
     _say(out, said(result), wrap=False)
 
 
-def _strict_status(report: object, console: Console) -> int:
+def _strict_status(report: object, out: Printer) -> int:
     """Return 1 for ``--strict`` when ``report`` has a finding at error severity, a crash, or saw nothing."""
     errors = [f for f in getattr(report, "findings", []) if f.severity.value == "error"]
     why = (f"{counted(len(errors), 'finding')} at error severity ({', '.join(dict.fromkeys(f.code for f in errors))})"
@@ -349,14 +325,14 @@ def _strict_status(report: object, console: Console) -> int:
            else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False) else None)
     if why is None:
         return 0
-    _say(console, f"ampdoctor: --strict: exit 1: {why}")
+    _say(out, f"ampdoctor: --strict: exit 1: {why}")
     return 1
 
 
 def _demo(args: argparse.Namespace) -> int:
     from ampdoctor.ui.demo import run_demo
 
-    return run_demo(fix=not args.no_fix, console=plain_console())
+    return run_demo(fix=not args.no_fix)
 
 
 def _advise(args: argparse.Namespace) -> int:
@@ -372,15 +348,11 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(console: Console, text: str | Line, wrap: bool = True) -> None:
+def _say(out: Printer, text: str | Line, wrap: bool = True) -> None:
     """Print ``text`` as a `Line`: wrapped between words to the console's width, with a hanging indent (names stay
     whole); ``wrap=False`` keeps it on one line (a message built around a path, to copy whole). An open tqdm bar is
     cleared first and redrawn after, so the line starts at column 0 (``grep '^ampdoctor'`` finds it in a log)."""
-    from ampdoctor._compat.tqdm import clear_of_bars
-
-    with clear_of_bars(console.file):
-        console.print(text if isinstance(text, Line) else Line(text, whole=not wrap), soft_wrap=True,
-                      highlight=False)
+    out(text if isinstance(text, Line) else Line(text, whole=not wrap))
 
 
 if __name__ == "__main__":

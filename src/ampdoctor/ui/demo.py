@@ -42,6 +42,7 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
 
     Returns 0 when the diagnosis names the fp16 parameters and, with ``fix``, the repaired run trains.
     """
+    from ampdoctor.core.options import RunOptions
     from ampdoctor.runner.doctor import Doctor
     from ampdoctor.runner.launcher import run_script
     from ampdoctor.ui.console import render_report
@@ -61,13 +62,13 @@ def run_demo(fix: bool = True, console: Console | None = None) -> int:
         console.print(Heading("the training script (train.py)"))
         console.print(Syntax(DEMO_SCRIPT, "python", theme="ansi_dark", line_numbers=True, word_wrap=True))
         console.print(Heading("1. ampdoctor run train.py"))
-        first = run_script(path, [], Doctor(watch=False, on_event=events))
+        first = run_script(path, [], Doctor(RunOptions(watch=False), on_event=events))
         console.print(render_report(first.report, show_exception=False))  # the traceback above ends with it
         diagnosed = first.exit_code != 0 and "AMP101" in first.report.codes()
         if not fix:
             return 0 if diagnosed else 1
         console.print(Heading("2. ampdoctor run --fix train.py"))
-        second = run_script(path, [], Doctor(fix=True, watch=False, on_event=events))
+        second = run_script(path, [], Doctor(RunOptions(fix=True, watch=False), on_event=events))
         if second.exit_code == 0:
             console.print("ampdoctor: the unchanged script trained to the end with the fix applied.", style="green")
         else:

@@ -13,17 +13,65 @@ from typing import Any, Iterator
 from rich.console import Console, RenderableType
 from rich.text import Text
 
-__all__ = ["INDENT", "PlainLines", "Sentence", "console", "wrap", "wrap_code"]
+from ampdoctor.core.views import Line
+
+__all__ = ["INDENT", "PlainLines", "Printer", "Sentence", "console", "wrap", "wrap_code"]
 
 INDENT = "    "
 
 
-def console(stderr: bool = False) -> Console:
-    """Return the console ampdoctor prints to. Off a terminal rich would cut a line at its width in the middle of a
-    name, where ``wrap`` keeps a name longer than the line whole: every plain line is written as it is made."""
-    out = Console(stderr=stderr, highlight=False)
+def console(stderr: bool = False, *, file: Any = None, kernel: bool = False) -> Console:
+    """Return the console ampdoctor prints to: every entry point's, from here.
+
+    Off a terminal rich would cut a line at its width in the middle of a name, where ``wrap`` keeps a name longer
+    than the line whole: every plain line is written as it is made. ``file``: another stream than stdout/stderr (a
+    terminal IPython's ``sys.stdout`` as it is now); ``kernel``: a notebook's kernel, where rich writes HTML with a
+    text part, ``KERNEL_WIDTH`` columns wide (rich's default there is 115).
+    """
+    if kernel:
+        return Console(force_jupyter=True, width=KERNEL_WIDTH, highlight=False)
+    out = Console(stderr=stderr, file=file, highlight=False)
     out.soft_wrap = not out.is_terminal
     return out
+
+
+KERNEL_WIDTH = 80
+
+
+class Printer:
+    """Print what a run says on a console made at its first line (``console``'s arguments): ampdoctor's lines (text
+    or a `Line`) wrapped between words from column 0, under an open tqdm bar too, and report views drawn by
+    ``ampdoctor.ui``. Every entry point prints through one (``core.views.printer``), so each says the same.
+
+    >>> import io
+    >>> out = Printer(file=io.StringIO())
+    >>> out("ampdoctor: a line"); out.console.file.getvalue()
+    'ampdoctor: a line\\n'
+    """
+
+    def __init__(self, stderr: bool = True, *, file: Any = None, kernel: bool = False, out: Console | None = None
+                 ) -> None:
+        self._made = out
+        self._how = (stderr, file, kernel)
+
+    @property
+    def console(self) -> Console:
+        """The console, made when first used (a test may have replaced the stream since the printer was made)."""
+        if self._made is None:
+            stderr, file, kernel = self._how
+            self._made = console(stderr, file=file, kernel=kernel)
+        return self._made
+
+    def __call__(self, item: Any) -> None:
+        """Print ``item``: a line of ampdoctor's (``str`` or `Line`), or a data object ``ampdoctor.ui`` draws."""
+        from ampdoctor._compat.tqdm import clear_of_bars
+
+        out = self.console
+        with clear_of_bars(out.file):   # a tqdm bar left open: start at column 0
+            if isinstance(item, (str, Line)):
+                out.print(Line(item) if isinstance(item, str) else item, soft_wrap=True, highlight=False)
+            else:
+                out.print(item)
 
 
 def wrap(text: str, width: int, first: str = "", rest: str = INDENT) -> list[str]:

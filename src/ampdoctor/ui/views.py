@@ -14,10 +14,10 @@ from ampdoctor.core.views import Line
 from ampdoctor.monitor.watcher import WatchView
 from ampdoctor.ui.advice_view import render_advice
 from ampdoctor.ui.console import render_report
-from ampdoctor.ui.plain import Sentence
+from ampdoctor.ui.plain import Printer, Sentence
 from ampdoctor.ui.watch_view import render_watch
 
-__all__ = ["draw", "html_page", "render_view"]
+__all__ = ["draw", "display_page", "printer", "render_view"]
 
 
 def render_view(view: ReportView) -> RenderableType:
@@ -62,8 +62,20 @@ def _(line: Line) -> RenderableType:
     return Text(line.text) if line.whole else Sentence(line.text)
 
 
-def html_page(report: Report) -> str:
-    """Return the HTML page of ``report`` that ``ampdoctor report --html`` would write of its JSON."""
+def printer(stderr: bool = True, *, kernel: bool = False, file: Any = None) -> Printer:
+    """Return the printer of an entry point (``core.views.printer``)."""
+    return Printer(stderr, kernel=kernel, file=file)
+
+
+def display_page(report: Report) -> None:
+    """Show the HTML page of ``report`` that ``ampdoctor report --html`` would write of its JSON, inline in the
+    notebook (in an iframe, so its styles stay out of the notebook's)."""
+    import html
+
+    from IPython.display import HTML, display
+
     from ampdoctor.ui.report_files import Loaded, render_html
 
-    return render_html(Loaded(path="this notebook", report=report))
+    page = render_html(Loaded(path="this notebook", report=report))
+    display(HTML(f'<iframe srcdoc="{html.escape(page, quote=True)}" title="ampdoctor report" '
+                 'style="width:100%;height:640px;border:1px solid #ddd"></iframe>'))

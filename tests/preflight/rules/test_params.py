@@ -141,7 +141,9 @@ def test_amp101_names_a_free_standing_fp16_parameter_the_optimizer_steps_next_to
     opt = torch.optim.AdamW([{"params": model.parameters()}, {"params": [scale], "weight_decay": 0.0}], eps=1e-4)
     (finding,) = fp16_trainable_params(TrainingSetup(model, opt, cpu_scaler()))
     assert finding.where == "optimizer[0] group 1"
-    assert "params[0] (float16, [])" in finding.detail and "1 of 5 trainable parameters" in finding.detail
+    # named where the optimizer holds it, as the watch and the explanations name it
+    assert "param_groups[1]['params'][0] (float16, [])" in finding.detail
+    assert "1 of 5 trainable parameters" in finding.detail
     assert check(model, opt, cpu_scaler()).codes() == ["AMP101"]
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(torch.randn(4, 10)).float().sum() * scale
@@ -208,7 +210,7 @@ def test_amp102_names_a_free_standing_bf16_parameter_and_agrees_with_its_count()
     opt = torch.optim.AdamW([*model.parameters(), scale])
     (finding,) = bf16_params_under_fp16_amp(TrainingSetup(model, opt, cpu_scaler(), torch.float16))
     assert finding.where == "optimizer[0] group 0"
-    assert "params[4] (bfloat16, [])" in finding.detail
+    assert "param_groups[0]['params'][4] (bfloat16, [])" in finding.detail
     assert "1 of 5 trainable parameters is bfloat16: stray casts" in finding.detail
 
 

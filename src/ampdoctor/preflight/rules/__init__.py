@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from ampdoctor.core.catalog import Rule, get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.names import listing
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
 
 CheckFn = Callable[[TrainingSetup], Iterable[Finding]]
@@ -36,19 +37,6 @@ def check(code: str) -> Callable[[Callable[[TrainingSetup, Rule], Iterable[Findi
         return run
 
     return register
-
-
-MAX_LISTED = 10  # names in one finding's detail
-
-
-def listing(items: Sequence[str], limit: int = MAX_LISTED) -> str:
-    """Return ``"a, b, c"``, cut to ``limit`` items with a count of the rest.
-
-    >>> listing(["a", "b", "c"], limit=2)
-    'a, b and 1 more'
-    """
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
 
 
 def findings_by_module(rule: Rule, params: Sequence[ParamInfo], state: str, summary: str) -> Iterator[Finding]:

@@ -21,9 +21,10 @@ from ampdoctor._torch.scaler import init_scale, is_enabled, patched_to_allow_fp1
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.names import Names, listing
 from ampdoctor.core.training import TrainingSetup, keeps_fp32_masters, unwrap_optimizer
 from ampdoctor.core.words import counted
-from ampdoctor.preflight.rules import check, listing
+from ampdoctor.preflight.rules import check
 from ampdoctor.preflight.rules.fsdp import fsdp_units, loaded_class
 
 
@@ -45,7 +46,7 @@ def scaler_label(scaler: Any) -> str:
     >>> scaler_label(torch.amp.GradScaler("cpu"))
     "GradScaler('cpu')"
     """
-    return f"{type(scaler).__name__}({scaler_device(scaler) or '?'!r})"
+    return Names.scaler(scaler, scaler_device(scaler))
 
 
 @check("AMP201")

@@ -16,9 +16,10 @@ from ampdoctor._torch.distributed import dtensor_reduces_found_inf
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.names import listing
 from ampdoctor.core.training import TrainingSetup, unwrap_optimizer
 from ampdoctor.core.words import counted, word_for
-from ampdoctor.preflight.rules import check, listing
+from ampdoctor.preflight.rules import check
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.fsdp import FsdpUnit, fsdp_units
 

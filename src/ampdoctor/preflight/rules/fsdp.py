@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from ampdoctor._torch.engines import fsdp2_policy, fsdp2_reduce_size
-from ampdoctor.core.training import TrainingSetup, module_label
+from ampdoctor.core.names import module_label
+from ampdoctor.core.training import TrainingSetup
 
 __all__ = ["FsdpUnit", "fsdp_units", "loaded_class"]
 

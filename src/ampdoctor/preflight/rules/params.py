@@ -27,6 +27,7 @@ from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
+from ampdoctor.core.names import listing
 from ampdoctor.core.training import (
     HALF,
     ParamInfo,
@@ -35,7 +36,7 @@ from ampdoctor.core.training import (
     unwrap_optimizer,
 )
 from ampdoctor.core.words import counted, word_for
-from ampdoctor.preflight.rules import check, findings_by_module, listing
+from ampdoctor.preflight.rules import check, findings_by_module
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.wiring import stale_tensors
 
@@ -147,14 +148,15 @@ def fp16_trainable_params(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]
 
 def _free_standing(setup: TrainingSetup, dtype: torch.dtype) -> list[ParamInfo]:
     """Return the trainable ``dtype`` tensors outside the models that the optimizers step next to the models' own
-    (a logit scale kept outside the model), named ``params[i]`` in ``optimizer[o] group g``: they get gradients as
-    the model's parameters do. Stale tensors (AMP301's) get none, so they are left out."""
+    (a logit scale kept outside the model), named where the optimizer holds them (``param_groups[g]['params'][i]``,
+    as the watch and the explanations name them) in ``optimizer[o] group g``: they get gradients as the model's
+    parameters do. Stale tensors (AMP301's) get none, so they are left out."""
     if not setup.models:
         return []
     stale, mastered = stale_tensors(setup), has_master(setup)
-    return [ParamInfo(f"params[{i}]", f"optimizer[{oi}] group {gi}", t)
+    return [ParamInfo(setup.name_of(t, optimizer=opt), f"optimizer[{oi}] group {gi}", t)
             for oi, opt in enumerate(setup.optimizers) for gi, group in enumerate(opt.param_groups)
-            for i, t in enumerate(group["params"])
+            for t in group["params"]
             if t.dtype == dtype and t.requires_grad and setup.info(t) is None and id(t) not in stale
             and not mastered(t)]
 
@@ -194,13 +196,6 @@ def _reported_elsewhere(setup: TrainingSetup) -> set[torch.dtype]:
     if setup.scaler_enabled or setup.autocast_dtype == torch.float16:
         covered.add(torch.bfloat16)
     return covered
-
-
-def _tensor_label(setup: TrainingSetup, index: int, tensor: torch.Tensor) -> str:
-    info = setup.info(tensor)
-    if info is not None:
-        return info.describe()
-    return f"params[{index}] ({dtype_name(tensor.dtype)}, {list(tensor.shape)})"
 
 
 def _dtype_counts(tensors: Iterable[torch.Tensor]) -> str:
@@ -262,7 +257,7 @@ def pure_half_without_master(setup: TrainingSetup, rule: Rule) -> Iterator[Findi
             where,
             f"{name} (lr={lr}) {verb} {len(members)} of {total} tensors in place in "
             f"half precision ({_dtype_counts(t for _, t in members)}), with {scaler} and no fp32 master copy: "
-            f"{listing([_tensor_label(setup, i, t) for i, t in members])}. An update smaller than "
+            f"{listing([setup.describe(t) for _, t in members])}. An update smaller than "
             f"{' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
         )
 
@@ -360,7 +355,7 @@ def fused_optimizer_fp16_params(setup: TrainingSetup, rule: Rule) -> Iterator[Fi
         yield rule.finding(
             f"optimizer[{oi}]",
             f"fused {type(unwrap_optimizer(opt)).__name__} steps {counted(len(fp16), 'float16 trainable tensor')} "
-            f"({listing([_tensor_label(setup, i, t) for i, t in fp16])}) under {scaler_label(setup.scaler)}. "
+            f"({listing([setup.describe(t, opt) for _, t in fp16])}) under {scaler_label(setup.scaler)}. "
             "scaler.step() only checks fused optimizers for inf (allow_fp16=True), so it raises nothing and "
             "training is silently pure fp16 with no fp32 master copy; the first explicit scaler.unscale_(opt), "
             "e.g. before clip_grad_norm_, raises 'Attempting to unscale FP16 gradients.'",
