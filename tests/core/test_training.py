@@ -97,5 +97,5 @@ def test_a_wrapper_bound_to_a_name_names_the_model_it_delegates_to():
     generator, critic = mlp(), mlp()
     namespace = {"G": nn.DataParallel(generator), "D": nn.DataParallel(critic)}
     names = Names()
-    names.note_script_names([generator, critic], [namespace], unwrap=lambda wrapper: getattr(wrapper, "module", wrapper))
+    names.note_script_names([generator, critic], [namespace], unwrap=lambda wrap: getattr(wrap, "module", wrap))
     assert TrainingSetup([generator, critic], names=names).prefixes == ["G.", "D."]

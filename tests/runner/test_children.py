@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+from ampdoctor.core.options import RunOptions
 from ampdoctor.ui.cli import main
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
@@ -130,7 +131,7 @@ def test_a_rank_child_is_merged_by_rank_and_a_killed_one_is_named_missing_withou
     from ampdoctor.ranks.info import RankInfo
     from ampdoctor.runner.children import ChildProcesses
 
-    children = ChildProcesses({})
+    children = ChildProcesses(RunOptions())
     children.directory = str(tmp_path)
     own = Report([Finding("AMP101", Severity.ERROR, "fc.weight", "float16")], observed={"models": 1})
     _rank_child(tmp_path, _exited_child(), 1, ["AMP101"])
@@ -168,7 +169,7 @@ def test_a_run_that_is_no_rank_keeps_its_own_findings_next_to_its_rank_children(
     from ampdoctor.core.report import Report
     from ampdoctor.runner.children import ChildProcesses
 
-    children = ChildProcesses({})
+    children = ChildProcesses(RunOptions())
     children.directory = str(tmp_path)
     _rank_child(tmp_path, _exited_child(), 1, ["AMP101"])
     own = Report([Finding("AMP208", Severity.WARNING, "torch.autocast", "x")], observed={"models": 0})

@@ -198,6 +198,7 @@ def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
 
     from ampdoctor.core.options import RunOptions
     from ampdoctor.runner.doctor import Doctor
+    from ampdoctor.session.stages import Stages
 
     torch.manual_seed(0)
     x = torch.randn(8, 4)
@@ -206,7 +207,7 @@ def test_an_ended_stages_optimizer_is_left_out_until_it_steps_again():
     model = nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ended = weakref.WeakSet([old_opt])
-    with Doctor(RunOptions(watch=False), ended=ended) as doctor:
+    with Doctor(RunOptions(watch=False), stages=Stages(ended=ended)) as doctor:
         for _ in range(2):
             opt.zero_grad()
             model(x).sum().backward()

@@ -34,9 +34,11 @@ from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report, ReportView
 from ampdoctor.core.views import display_page, printer
+from ampdoctor.ranks.merge import merge_reports
 from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.doctor import Doctor
 from ampdoctor.session.run import end_run
+from ampdoctor.session.stages import Stages
 
 __all__ = ["NotebookDoctor", "load_ipython_extension", "unload_ipython_extension"]
 
@@ -61,7 +63,7 @@ class NotebookDoctor:
     def __init__(self, shell: Any, *, fix: bool = False, say: Any = None) -> None:
         self.shell = shell
         # The optimizers and scalers of the stages a cell ended: the next stages' discovery leaves them out (a
-        # crashed cell's traceback keeps them alive), until they train again.
+        # crashed cell's traceback keeps them alive), until they train again (``session.stages``).
         self._ended: weakref.WeakSet = weakref.WeakSet()
         self.doctor = self._new_doctor(fix)
         self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix or a new stage ended
@@ -72,8 +74,8 @@ class NotebookDoctor:
         self._handles: list[Any] = []
 
     def _new_doctor(self, fix: bool) -> Doctor:
-        doctor = Doctor(RunOptions(fix=fix), on_event=self._say, ended=self._ended)
-        doctor.session.stage_after = 1   # a re-run cell's new optimizer: the watch follows it from its first step
+        # a re-run cell's new optimizer: the watch follows it from its first step
+        doctor = Doctor(RunOptions(fix=fix), on_event=self._say, stages=Stages(after=1, ended=self._ended))
         return doctor
 
     # ---- load / unload ----------------------------------------------------------------------------------------
@@ -138,7 +140,7 @@ class NotebookDoctor:
         # new optimizers that have not trained yet (a cell that built and trained them is this stage's own)
         rebuilt = bool(built) and not any(id(o) in seen["optimizers"] for o in built)
         if (crashed or rebuilt) and any(seen.values()):
-            self._ended.update(self.doctor.stage_objects())
+            self._ended.update(self.doctor.stages.objects())
             self.doctor.detach()
             self.earlier.append(self.doctor.report)
             self.doctor = self._new_doctor(self.doctor.fix).attach()
@@ -196,16 +198,7 @@ class NotebookDoctor:
     def snapshot(self) -> Report:
         """Return the report so far (`Session.snapshot`), with those of the doctors a switch to ``--fix`` ended."""
         report = self.doctor.session.snapshot()
-        if self.earlier:
-            merged = Report(exception=report.exception, changes=report.changes, extra=report.extra)
-            for finding in [f for r in self.earlier for f in r.findings] + report.findings:
-                merged.add(finding)
-            merged.observed = dict(report.observed or {})
-            for earlier in self.earlier:
-                for kind, count in (earlier.observed or {}).items():
-                    merged.observed[kind] = merged.observed.get(kind, 0) + count
-            report = merged
-        return report
+        return merge_reports([*self.earlier, report]) if self.earlier else report
 
     def show_html(self) -> None:
         """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of the run so far, inline; a terminal

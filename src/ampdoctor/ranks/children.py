@@ -18,7 +18,7 @@ from ampdoctor.core.words import word_for
 from ampdoctor.ranks.exchange import wait_seconds
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.mailbox import FolderMailbox, alive, wait_until
-from ampdoctor.ranks.merge import disagreements, merge_rank_reports, with_parent
+from ampdoctor.ranks.merge import disagreements, merge_rank_reports, merge_reports, with_parent
 
 __all__ = ["ChildReports", "rank_name", "report_name", "write_child"]
 
@@ -95,6 +95,7 @@ class ChildReports:
         Returns the labels of the children that reported. The folder is removed.
         """
         labels: list[str] = []
+        children: list[Report] = []
         for name in self.mailbox.names("child-"):
             data = self.mailbox.get(name) or {}
             try:
@@ -103,24 +104,22 @@ class ChildReports:
             except (ValueError, KeyError, TypeError):
                 continue  # a child killed while writing: its console output stands
             labels.append(process)
-            _add_child(report, child, process)
+            children.append(_labelled(child, process))
+            if child.exception is not None:
+                report.extra.setdefault("child_exceptions", []).append({"process": process, **child.exception})
         shutil.rmtree(self.mailbox.folder, ignore_errors=True)
         if labels:
+            merged = merge_reports([report, *children], main=0)
+            report.findings, report.changes, report.observed = merged.findings, merged.changes, merged.observed
             report.extra["child_processes"] = labels
         return labels
 
 
-def _add_child(report: Report, child: Report, process: str) -> None:
-    for finding in child.findings:
-        report.add(replace(finding, process=process))
-    if child.exception is not None:
-        report.extra.setdefault("child_exceptions", []).append({"process": process, **child.exception})
-    if child.observed:
-        total = dict(report.observed or {})
-        for kind, count in child.observed.items():
-            total[kind] = total.get(kind, 0) + count
-        report.observed = total
-    report.changes.extend(f"[{process}] {c}" for c in child.changes)
+def _labelled(child: Report, process: str) -> Report:
+    """Return what the parent's report takes of a child's: its findings and changes, each with its process, and its
+    counts (its crash goes to the parent's ``extra["child_exceptions"]``: it is not the parent's)."""
+    return Report([replace(f, process=process) for f in child.findings], changes=[f"[{process}] {c}" for c in
+                  child.changes], observed=child.observed or None)
 
 
 def write_child(folder: str, name: str, data: dict) -> None:

@@ -1,13 +1,15 @@
-"""Merge the reports of several processes into one: findings seen by several ranks once, AMP411 between them.
+"""Merge reports into one: a job's ranks (findings seen by several ranks once, AMP411 between them), a parent and
+its child processes, a notebook's stages (`merge_reports`, the one merge they share).
 
-Pure and local: nothing here starts a collective. The reports come from the hand-over (``ranks.exchange``) or from
-per-rank flight recorders (``ampdoctor report`` on a folder).
+Pure and local: nothing here starts a collective. The reports come from the hand-over (``ranks.exchange``), from
+per-rank flight recorders (``ampdoctor report`` on a folder), from the child processes' folder
+(``ranks.children``) or from a notebook's earlier doctors.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,8 +18,47 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.report import Report
 from ampdoctor.core.words import word_for
 
-__all__ = ["merge_rank_reports", "rank_disagreements", "disagreements", "label_rank", "rank_path", "with_parent",
-           "SHOWN_RANK_LINES"]
+__all__ = ["merge_reports", "merge_rank_reports", "rank_disagreements", "disagreements", "label_rank", "rank_path",
+           "with_parent", "summed_observed", "SHOWN_RANK_LINES"]
+
+
+def merge_reports(reports: Sequence[Report], main: int = -1) -> Report:
+    """Return one report of several parts of one run: a notebook's stages, a parent and what its child processes
+    found, a job's ranks and the parent that launched them. Each finding once, in order (``Report.add``: the first
+    one at a place wins); every change; the counts of what was observed summed (`summed_observed`); the exception,
+    exit status, environment and extras of ``reports[main]`` (the notebook's current stage, the parent).
+
+    >>> from ampdoctor.core.findings import Severity
+    >>> first = Report([Finding("AMP103", Severity.WARNING, "head", "x")], observed={"models": 1}, changes=["a"])
+    >>> later = Report([Finding("AMP103", Severity.WARNING, "head", "x")], observed={"models": 1}, changes=["b"])
+    >>> merged = merge_reports([first, later])
+    >>> merged.codes(), merged.observed, merged.changes
+    (['AMP103'], {'models': 2}, ['a', 'b'])
+    """
+    keep = reports[main]
+    merged = Report(exception=keep.exception, environment=keep.environment, extra=dict(keep.extra),
+                    changes=[c for r in reports for c in r.changes], exit_status=keep.exit_status)
+    for report in reports:
+        for finding in report.findings:
+            merged.add(finding)
+    merged.observed = summed_observed(reports)
+    return merged
+
+
+def summed_observed(reports: Iterable[Report]) -> dict[str, int] | None:
+    """Return how many models, optimizers and GradScalers the reports saw together; None when none counted.
+
+    >>> summed_observed([Report(observed={"models": 1}), Report(), Report(observed={"models": 2, "scalers": 1})])
+    {'models': 3, 'scalers': 1}
+    """
+    counted = [r.observed for r in reports if r.observed is not None]
+    if not counted:
+        return None
+    observed: dict[str, int] = {}
+    for counts in counted:
+        for kind, count in counts.items():
+            observed[kind] = observed.get(kind, 0) + count
+    return observed
 
 
 def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = (),
@@ -49,7 +90,7 @@ def merge_rank_reports(reports: Mapping[int, Report], expected: Iterable[int] = 
         times = failed_at or {}
         first = min(crashed, key=lambda r: (times.get(r, float("inf")), r))
         merged.exception = {**reports[first].exception, "rank": str(first)}
-    merged.observed = _summed_observed(reports, order)
+    merged.observed = summed_observed(reports[r] for r in order)
     merged.changes = _merged_changes(reports, order)
     if order:
         merged.extra.update(reports[order[0]].extra)
@@ -98,17 +139,6 @@ def _join_ranks(findings: list[Finding], seen_by: list[list[tuple[int, str]]]) -
             details += [{"code": first.code, "where": first.where, "step": first.step, "rank": r, "detail": d}
                         for r, d in seen]
     return details
-
-
-def _summed_observed(reports: Mapping[int, Report], order: list[int]) -> dict[str, int] | None:
-    """Return how many models, optimizers and GradScalers the ranks saw together; None when no rank counted."""
-    if all(reports[r].observed is None for r in order):
-        return None
-    observed: dict[str, int] = {}
-    for r in order:
-        for kind, count in (reports[r].observed or {}).items():
-            observed[kind] = observed.get(kind, 0) + count
-    return observed
 
 
 def _merged_changes(reports: Mapping[int, Report], order: list[int]) -> list[str]:
@@ -247,13 +277,9 @@ def disagreements(reports: dict[int, Report]) -> list[Any]:
 
 
 def with_parent(ranks: Report, parent: Report) -> Report:
-    """Return the ranks' merged report with what the parent, no rank itself, saw and did added to it."""
-    merged = replace(ranks, findings=list(parent.findings), environment=parent.environment,
-                     exception=parent.exception, changes=[*parent.changes, *ranks.changes],
-                     extra={**parent.extra, **ranks.extra})
-    for finding in ranks.findings:
-        merged.add(finding)
-    if parent.observed is not None:
-        merged.observed = {k: parent.observed.get(k, 0) + (ranks.observed or {}).get(k, 0)
-                           for k in {*parent.observed, *(ranks.observed or {})}}
+    """Return the ranks' merged report with what the parent, no rank itself, saw and did added to it: its findings
+    first, its exception and environment, the ranks' extras over its own (`merge_reports`)."""
+    merged = merge_reports([parent, ranks], main=0)
+    merged.extra.update(ranks.extra)
+    merged.exit_status = ranks.exit_status
     return merged

@@ -41,6 +41,7 @@ from ampdoctor.runner.discovery import (
 from ampdoctor.session.frameworks import autocast_ahead, framework_autocast
 from ampdoctor.session.run import terminated
 from ampdoctor.session.session import Session
+from ampdoctor.session.stages import Stages
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 _MAX_SCANS = 64       # under --fix, scans for the optimizer of a model first seen after the start (folds)
@@ -56,9 +57,9 @@ class Doctor:
             once it is known (``every``, ``log_dir``, ``activations``).
         on_event: called with each human-readable event line (fixes applied, internal errors).
         on_rank: told once, when this process's rank is first read.
-        ended: the optimizers and GradScalers of ended stages (a notebook's earlier cells; see `stage_objects`),
-            which discovery leaves out until they train again: something may still hold them (IPython keeps a
-            crashed cell's traceback), but they are not what the process trains now. Shared, not copied.
+        stages: which objects the run trains now (``session.stages.Stages``); its ``ended`` optimizers and
+            GradScalers (a notebook's earlier cells) discovery leaves out until they train again: something may still
+            hold them (IPython keeps a crashed cell's traceback), but they are not what the process trains now.
         on_first_look: told once, at the first look at what the process trains (before its pre-flight).
 
     The lifecycle itself (pre-flight, fix, guard, watch, explanation, the end) is the `Session`'s; the Doctor finds
@@ -71,13 +72,13 @@ class Doctor:
     """
 
     def __init__(self, options: RunOptions = RunOptions(), *, on_event: Callable[[str], None] | None = None,
-                 on_rank: Callable[[RankInfo], None] | None = None, ended: weakref.WeakSet | None = None,
+                 on_rank: Callable[[RankInfo], None] | None = None, stages: Stages | None = None,
                  on_first_look: Callable[[], None] | None = None) -> None:
         self.fix = options.fix
-        self.ended = ended if ended is not None else weakref.WeakSet()
         self.on_rank = on_rank or (lambda info: None)
         self.on_first_look = on_first_look
-        self.session = Session(options, on_event=on_event)
+        self.session = Session(options, on_event=on_event, stages=stages)
+        self.stages = self.session.stages
         self.report = self.session.report   # the launcher may replace it with the merge of its child processes'
         self.models: list[nn.Module] = []
         self._autocast: dict[int, torch.dtype | None] = {}
@@ -86,9 +87,7 @@ class Doctor:
         self._forward_handles: list[Any] = []
         self._accelerator_found: Any = None
         self._attached = False
-        self._diagnosed: weakref.WeakSet = weakref.WeakSet()  # real optimizers the pre-flight has looked at
         self._internal: weakref.WeakSet = weakref.WeakSet()  # optimizers inside others' steps (ZeRO's own)
-        self._scalers: weakref.WeakSet = weakref.WeakSet()  # the GradScalers the looks handed over
         # This process's rank, read from torch.distributed at the first look (the script may destroy its group
         # before the end); None outside a process group of several ranks.
         self.rank_info: RankInfo | None = None
@@ -183,20 +182,20 @@ class Doctor:
         self._autocast[id(module)] = dtype
         if self.setup is None and self._scans < _MAX_EARLY_SCANS:
             self._scans += 1
-            if live_optimizers(instances(torch.optim.Optimizer), self.ended) and not self._scaler_undecided():
+            if live_optimizers(instances(torch.optim.Optimizer), self.stages.ended) and not self._scaler_undecided():
                 self._start()
         elif self.fix and self.setup is not None and not self.session.repairs.knows(module) \
                 and self._scans < _MAX_SCANS:
             # A model not seen before (a new fold, a resumed copy): repair it before its backward, if an
             # optimizer trains it, so the GradScaler never sees its fp16 gradients.
             self._scans += 1
-            if any(owns_any(o, module) for o in live_optimizers(instances(torch.optim.Optimizer), self.ended)):
+            if any(owns_any(o, module) for o in live_optimizers(instances(torch.optim.Optimizer), self.stages.ended)):
                 self._start()
         if self.fix and self.setup is not None:
             self.session.reapply(self.setup, module, dtype)
 
     def _note_frozen(self, module: nn.Module) -> None:
-        if self.session.note_frozen(module):   # the first time: its name in the user's frames (`vae.encoder`)
+        if self.stages.note_frozen(module):   # the first time: its name in the user's frames (`vae.encoder`)
             self.session.names.note_part_name(module, _user_namespaces())
 
     def _scaler_undecided(self) -> bool:
@@ -204,12 +203,12 @@ class Doctor:
         scaler is alive and no other (a notebook's scaler cell ran once, a re-run cell built a new optimizer). Its
         ``scale()`` makes it this stage's and starts the look with it; a step before any starts it without (AMP208).
         Not under --fix, whose repairs come before the first backward."""
-        ended = [s for s in self.ended if isinstance(s, scaler_classes()) and is_enabled(s)]
-        return bool(ended) and not self.fix and not scan(self.ended).scalers
+        ended = [s for s in self.stages.ended if isinstance(s, scaler_classes()) and is_enabled(s)]
+        return bool(ended) and not self.fix and not scan(self.stages.ended).scalers
 
     def _on_scale(self, scaler: Any, *args: Any, **kwargs: Any) -> None:
         self.session.seen["scalers"].add(id(scaler))
-        self.ended.discard(scaler)   # an ended stage's scaler scales again: it is this stage's
+        self.stages.trains_again(scaler)   # an ended stage's scaler scales again: it is this stage's
         if self.setup is None and not self.session.broken and self._attached:
             self._start(scaler)
             guard = self.session.guard
@@ -223,7 +222,7 @@ class Doctor:
         if self.session.broken or not isinstance(module, nn.Module) or self.session.repairs.knows(module) \
                 or not any(p.requires_grad and p.dtype in HALF for p in module.parameters()):
             return
-        live, accelerator = scan(self.ended), _accelerator()   # two scans of the live objects, once per DDP built
+        live, accelerator = scan(self.stages.ended), _accelerator()   # two scans of the live objects, per DDP built
         dtype = autocast_ahead(accelerator, live.scalers)
         if dtype is None:
             return
@@ -241,12 +240,12 @@ class Doctor:
         real = unwrap_optimizer(optimizer)
         if real in self._internal:
             return None   # ZeRO's own per-rank optimizer, inside the step of the one the script calls
-        self.ended.discard(real)   # an ended stage's optimizer steps again: it is this stage's
+        self.stages.trains_again(real)   # an ended stage's optimizer steps again: it is this stage's
         self.session.seen["optimizers"].add(id(real))
         if not self._in_scaler_step:   # counted there
             self.session.optimizer_stepped(real)   # the watch follows what trains now (a resume, a second stage)
         self.session.confirm_wiring(real)   # its first step: the gradients are there now
-        if self.session.broken or (self.setup is not None and real in self._diagnosed):
+        if self.session.broken or (self.setup is not None and real in self.stages.diagnosed):
             return None
         if self.setup is None and not self.models:
             # step(closure) before any forward (Lightning, LBFGS): the forward runs in the closure, where the first
@@ -259,12 +258,10 @@ class Doctor:
     def _on_scaler_step(self, scaler: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
         self._in_scaler_step += 1
         real = unwrap_optimizer(optimizer)
-        self.ended.discard(scaler)
-        if isinstance(real, torch.optim.Optimizer):
-            self.ended.discard(real)
+        self.stages.trains_again(scaler, *([real] if isinstance(real, torch.optim.Optimizer) else []))
         if self.session.broken or self.setup is None or not isinstance(real, torch.optim.Optimizer):
             return
-        if real not in self._diagnosed:   # a new stage's scaler.step(): its steps may all be skipped
+        if real not in self.stages.diagnosed:   # a new stage's scaler.step(): its steps may all be skipped
             self._start(scaler)
         self.session.optimizer_stepped(real)
 
@@ -278,7 +275,7 @@ class Doctor:
 
     # ---- the looks: what the process trains now, handed to the session ---------------------------------------
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
-        live = scan(self.ended)
+        live = scan(self.stages.ended)
         models = trained_models(self.models, live.optimizers, live.modules)
         # models local to the script's main(), or bound to a name as DDP(model)
         self.session.names.note_script_names(models, _user_namespaces(), unwrap_module)
@@ -297,9 +294,7 @@ class Doctor:
             call_safely(self.on_first_look)
             self.on_first_look = None   # once
         setup = self._build_setup(scaler)
-        self._diagnosed.update(setup.optimizers)
-        if setup.scaler is not None:
-            self._scalers.add(setup.scaler)
+        self.stages.handed_over(setup.optimizers, setup.scaler)
         self._internal.update(internal_optimizers(setup.optimizers))
         self.session.start(setup, self.models, self._autocast)
         if first and not self.fix:
@@ -308,11 +303,6 @@ class Doctor:
             for handle in self._forward_handles:
                 handle.remove()
             self._depth = 0   # this forward's post-hook is gone with them: the count would stay at 1
-
-    def stage_objects(self) -> list[Any]:
-        """Return the optimizers and GradScalers this doctor handed to its session: what a notebook's next stage
-        leaves out (``ended``) when a cell rebuilt them or crashed."""
-        return [*self._diagnosed, *self._scalers]
 
     def _read_rank(self) -> None:
         if self.rank_info is None:

@@ -36,15 +36,12 @@ from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
 from ampdoctor.session.frameworks import hidden_losses
 from ampdoctor.session.observers import GlobalObservers
 from ampdoctor.session.repair import RunRepairs
+from ampdoctor.session.stages import Stages
 from ampdoctor.session.watching import watch_coverage, watched_pair, watched_size
 
 __all__ = ["Session"]
 
 Checks = Callable[[TrainingSetup], list[Finding]]
-
-
-STAGE_AFTER = 3   # steps of newer optimizers, with none of the watched one, that start the watch's next stage
-MAX_FROZEN = 8   # frozen models (a teacher, a VAE, a text encoder) whose forward the watch's look covers
 
 
 class Session:
@@ -56,6 +53,7 @@ class Session:
             it) and again after a downcast (``reapply``); ``watch``, ``every``, ``log_dir`` and ``activations`` set
             up the numerics watch.
         on_event: called with each human-readable event line (fixes applied, internal errors).
+        stages: which objects the run trains now (``session.stages``; a notebook's doctors share what ended).
 
     >>> session = Session(RunOptions(watch=False))
     >>> model = nn.Linear(4, 4).half()
@@ -64,7 +62,8 @@ class Session:
     ['AMP103']
     """
 
-    def __init__(self, options: RunOptions = RunOptions(), *, on_event: Callable[[str], None] | None = None) -> None:
+    def __init__(self, options: RunOptions = RunOptions(), *, on_event: Callable[[str], None] | None = None,
+                 stages: Stages | None = None) -> None:
         self.options = options
         self.on_event = on_event or (lambda line: None)
         self.report = Report()
@@ -82,35 +81,10 @@ class Session:
         self._clip_norms = ClipNorms()
         self._max_norm: Any = None
         self._coverage: dict[str, Any] | None = None   # which part of the models the watched optimizer steps
-        self._stages: list[dict[str, Any]] = []   # the watch summaries of the stages a later one replaced
-        self._others_stepped = 0   # steps of newer optimizers since the watched one last stepped
-        self.stage_after = STAGE_AFTER   # a notebook, where a re-run cell rebuilds them, starts the next stage at 1
-        self._stage_optimizers: set[int] = set()   # the optimizers there were when the watch's stage began
-        self._recent: weakref.WeakSet = weakref.WeakSet()   # the optimizers that stepped since the watched one did
-        # the optimizers of the stages the watch left that did not step on into the next (a k-fold's earlier folds)
-        self._ended: weakref.WeakSet = weakref.WeakSet()
+        self.stages = stages if stages is not None else Stages()   # which objects the run trains now
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
-        # models that ran a forward without training (a frozen teacher, a VAE under no_grad), by id, weakly: the
-        # watch's look at the forward covers them (their fp16 overflow reaches the trained model or the loss)
-        self._frozen: dict[int, weakref.ref] = {}
-
-    def note_frozen(self, module: nn.Module) -> bool:
-        """Remember a model whose forward ran with nothing to train (O(1) once known; at most MAX_FROZEN); return
-        whether it is new."""
-        if id(module) in self._frozen or len(self._frozen) >= MAX_FROZEN or next(module.parameters(), None) is None:
-            return False
-        self._frozen[id(module)] = weakref.ref(module)
-        return True
-
-    def frozen_models(self) -> list[nn.Module]:
-        """Return the live models that ran a forward with nothing to train, in the order they first ran."""
-        alive = [(key, ref()) for key, ref in self._frozen.items()]
-        for key, model in alive:
-            if model is None:   # collected: its id may be reused by another module
-                del self._frozen[key]
-        return [model for _, model in alive if model is not None]
 
     @property
     def fix(self) -> bool:
@@ -220,62 +194,45 @@ class Session:
             return
         # the stage's objects: not those of the stages the watch left (a k-fold's earlier folds, which the setup
         # still holds), unless an optimizer of theirs steps on
-        stage = [o for o in setup.optimizers if unwrap_optimizer(o) not in self._ended]
-        models = [m for m in setup.models if not self._ended or any(owns_any(o, m) for o in stage)]
+        stage = self.stages.current(setup.optimizers)
+        models = [m for m in setup.models if not self.stages.has_left() or any(owns_any(o, m) for o in stage)]
         candidates = [model] if model is not None else models
         model, optimizer = watched_pair(candidates, list(optimizers or stage))
         if any(p.is_meta for p in model.parameters()):
             return   # meta tensors hold no values: there are no numerics to watch (pre-flight still ran)
         options = self.options
         self.watch = Watch(model, optimizer, setup.scaler, every=options.every, log_dir=options.log_dir,
-                           activations=options.activations, others=models, frozen=self.frozen_models,
+                           activations=options.activations, others=models, frozen=self.stages.frozen_models,
                            names=self.names).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)
         # the watch follows one optimizer
         self._coverage = watch_coverage(unwrap_optimizer(optimizer), setup, stage, models)
-        self._stage_optimizers = {id(unwrap_optimizer(o)) for o in stage}
+        self.stages.begin(stage)
 
     def optimizer_stepped(self, optimizer: Any) -> None:
         """Every optimizer step (O(1)): the watch follows the objects that train now. When optimizers diagnosed
         after the watched one step ``STAGE_AFTER`` times while it does not (a resume built a new model and
-        optimizer, a second stage), the watch ends its stage and a new one follows the latest setup's."""
-        watch = self.watch
-        if watch is None or self.setup is None:
+        optimizer, a second stage), the watch ends its stage and a new one follows the latest setup's
+        (``session.stages``)."""
+        watch, setup = self.watch, self.setup
+        if watch is None or setup is None:
             return
-        if watch.follows(optimizer):
-            self._others_stepped = 0
-            self._recent.clear()
-            return
-        self._recent.add(unwrap_optimizer(optimizer))
-        if id(optimizer) in self._stage_optimizers or \
-                not any(unwrap_optimizer(o) is optimizer for o in self.setup.optimizers):
-            return   # one the watch's stage already had (a GAN's other optimizer, one optimizer per parameter)
-        self._others_stepped += 1
-        if self._others_stepped >= self.stage_after:
-            self._others_stepped = 0
+        known = lambda: any(unwrap_optimizer(o) is optimizer for o in setup.optimizers)  # noqa: E731
+        if self.stages.stepped(optimizer, watched=watch.follows(optimizer), known=known):
             self.parts.guard("run", self._next_stage, optimizer)
 
     def _next_stage(self, optimizer: Any) -> None:
-        # the ended stage's optimizers that did not step on (a GAN's other optimizer may go on with the new one)
-        for real in (unwrap_optimizer(o) for o in self.setup.optimizers):
-            if id(real) in self._stage_optimizers and real not in self._recent:
-                self._ended.add(real)
-        for real in self._recent:
-            self._ended.discard(real)
-        self._recent.clear()
         call_safely(self.watch.detach, on_error=self.internal_error)
         call_safely(self._collect_watch, on_error=self.internal_error)
-        ended = self.report.extra.pop("watch", None)
-        if isinstance(ended, dict):
-            self._stages.append({key: ended.get(key) for key in ("steps", "sampled_steps", "verified")})
+        self.stages.end(self.setup.optimizers, self.report.extra.pop("watch", None))
         self.watch = None
         wrapped = [o for o in self.setup.optimizers if unwrap_optimizer(o) is optimizer]
         trained = [m for m in self.setup.models if owns_any(optimizer, m)]
         self._attach_watch(max(trained, key=watched_size) if trained else None,
                            wrapped + [o for o in self.setup.optimizers
-                                      if o not in wrapped and unwrap_optimizer(o) not in self._ended])
+                                      if o not in wrapped and not self.stages.left_behind(o)])
 
     def confirm_wiring(self, optimizer: Any) -> None:
         """At ``optimizer``'s first step, when the gradients exist: confirm or withdraw AMP301/AMP302 said earlier."""
@@ -391,8 +348,8 @@ class Session:
                 report.add(finding)
             summary = call_safely(self.watch.summary_data, on_error=self.internal_error)
             if summary is not None:
-                if self._stages:
-                    summary = {**summary, "stages": list(self._stages)}
+                if self.stages.summaries:
+                    summary = {**summary, "stages": list(self.stages.summaries)}
                 report.extra["watch"] = summary
         report.observed = {kind: len(ids) for kind, ids in self.seen.items()}
         return report
@@ -429,8 +386,8 @@ class Session:
             watched.extra["watch"]["coverage"] = self._coverage
         for finding in watched.findings:
             self.report.add(finding)
-        if self._stages:
-            watched.extra["watch"]["stages"] = list(self._stages)
+        if self.stages.summaries:
+            watched.extra["watch"]["stages"] = list(self.stages.summaries)
         self.report.extra.update(watched.extra)
         # a prediction gets what the watch measured (AMP208)
         self.report.findings = [with_watch_evidence(f, watched.extra.get("watch")) for f in self.report.findings]
