@@ -22,11 +22,11 @@ READS = {"tolist", "item", "cpu", "numpy"}
 NOT_DEVICE_READS = {
     ("monitor/host_sync.py", "self._host.tolist()"):
         "host memory (pinned on CUDA): HostCopy counts its one read when the copy starts",
-    ("monitor/formats.py", "torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(0.0)).item()"):
+    ("core/formats.py", "torch.nextafter(torch.tensor(x, dtype=torch.float32), torch.tensor(0.0)).item()"):
         "a constant computed on CPU tensors built from a Python float",
     ("preflight/rules/params.py", "torch.tensor(eps, dtype=dtype).item()"):
         "a CPU tensor built from a Python float: eps rounded to a half dtype",
-    ("monitor/recorder.py", "value.tolist()"):
+    ("core/records/file.py", "value.tolist()"):
         "the record format's JSON fallback for values json cannot write; the monitors hand the recorder host values",
     ("_compat/engines.py", "value.item()"):
         "an engine's loss scale, read once when the engine is described before training; _compat may import "

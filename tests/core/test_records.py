@@ -15,19 +15,23 @@ from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import (
     OLD_WATCH_SCHEMAS,
     WATCH_SCHEMA,
+    FlightRecorder,
     Layout,
+    WatchSummary,
+    append_report,
     gradient_rows,
     gradients_entry,
     lost_updates_entry,
+    read_log,
     read_recording,
+    read_runs,
     read_step,
     rollup,
     scale_entry,
 )
 from ampdoctor.core.report import Report
 from ampdoctor.monitor.grad_stats import COLUMNS, GradStats
-from ampdoctor.monitor.recorder import FlightRecorder, append_report, read_log, read_runs
-from ampdoctor.monitor.summary import log_header
+from ampdoctor.monitor.header import log_header
 
 V1_LOG = Path(__file__).parents[1] / "data" / "watch_v1.jsonl"  # written by ampdoctor at 2c84e2c, trimmed
 V1 = "ampdoctor.watch/1"
@@ -94,7 +98,7 @@ def test_a_watch_summary_and_its_log_give_the_same_numbers(tmp_path):
     assert recording.steps[-1].gradients.params() == summary["gradients"]["params"]
     assert recording.lost_fraction() == summary["lost_updates"]["lost_fraction"] > 0
     assert recording.lost_by_param() == {n: s["lost_fraction"] for n, s in summary["lost_updates"]["params"].items()}
-    assert recording.end.summary == json.loads(json.dumps(summary))
+    assert json.loads(json.dumps(recording.end.summary.to_dict())) == json.loads(json.dumps(summary))
 
 
 def test_a_module_share_pools_counts_over_the_signal_entries():
@@ -172,7 +176,8 @@ def test_a_report_round_trips_and_a_malformed_finding_is_named():
     finding = Finding("AMP101", Severity.ERROR, "fc.weight", "float16", step=2, process="pid 7", cause="half",
                       ranks=(0, 1))
     report = Report([finding], exception={"type": "ValueError", "message": "x"}, environment={"torch": "2"},
-                    changes=["upcast fc"], extra={"watch": {"steps": 3}}, observed={"models": 1}, exit_status=1)
+                    changes=["upcast fc"], extra={"watch": WatchSummary(steps=3)}, observed={"models": 1},
+                    exit_status=1)
     again = Report.from_dict(json.loads(report.to_json()))
     assert again == report and again.to_dict() == report.to_dict()
     assert report.to_dict()["findings"][0]["title"] == "Trainable float16 parameters under an fp16 GradScaler"

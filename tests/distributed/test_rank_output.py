@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from launch_jobs import clean_environment, free_port, run_job
 
-from ampdoctor.monitor.recorder import read_log, read_runs
+from ampdoctor.core.records import read_log, read_runs
 from ampdoctor.ui.cli import main
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"

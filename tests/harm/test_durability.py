@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import ampdoctor
-from ampdoctor.monitor.recorder import LOG_NAME, SCHEMA, read_log
+from ampdoctor.core.records import LOG_NAME, SCHEMA, read_log
 from ampdoctor.ui.cli import main
 
 from .test_identity import load_script, one_torch_thread, script_path  # noqa: F401  (autouse fixture)

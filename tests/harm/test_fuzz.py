@@ -25,10 +25,10 @@ from torch import nn
 
 import ampdoctor
 from ampdoctor.core.catalog import RULES, Rule
+from ampdoctor.core.records import SCHEMA as LOG_SCHEMA
+from ampdoctor.core.records import read_log
 from ampdoctor.core.report import SCHEMA as REPORT_SCHEMA
 from ampdoctor.explanations.crash import explain_text
-from ampdoctor.monitor.recorder import SCHEMA as LOG_SCHEMA
-from ampdoctor.monitor.recorder import read_log
 from ampdoctor.ui.cli import main
 
 from .test_identity import one_torch_thread, script_path  # noqa: F401  (autouse fixture)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
+import ampdoctor.core.records.file
 import ampdoctor.explanations.crash
 import ampdoctor.guard.scaler_guard
 import ampdoctor.monitor.activations
@@ -27,7 +28,6 @@ import ampdoctor.monitor.grad_stats
 import ampdoctor.monitor.gradients
 import ampdoctor.monitor.loss_scale
 import ampdoctor.monitor.op_replay
-import ampdoctor.monitor.recorder
 import ampdoctor.monitor.updates
 import ampdoctor.monitor.watcher
 import ampdoctor.preflight.engine
@@ -109,7 +109,7 @@ WATCH_FAULTS = [
     Fault("scale-consume", lambda: ampdoctor.monitor.loss_scale.ScaleMonitor, "consume", "scale", after=2),
     Fault("lost-updates-consume", lambda: ampdoctor.monitor.updates.UpdateMonitor, "consume", "lost_updates",
           loop="bf16-weights", after=1),
-    Fault("recorder-disk-full", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=3,
+    Fault("recorder-disk-full", lambda: ampdoctor.core.records.file.FlightRecorder, "write", "recorder", after=3,
           error=_disk_full),
     Fault("activation-hook", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_forward_stats", "Activation"),
     Fault("activation-record", lambda: ampdoctor.monitor.activations.ActivationMonitor, "_close", "Activation",
@@ -183,9 +183,9 @@ RUN_FAULTS = [
     Fault("guard-scheduler", lambda: ampdoctor.guard.scaler_guard.ScalerGuard, "_before_scheduler", "ScalerGuard",
           after=1),
     Fault("attach-watch", lambda: ampdoctor.monitor.watcher.Watch, "attach", "ampdoctor"),
-    Fault("recorder-disk-full-at-open", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "ampdoctor",
+    Fault("recorder-disk-full-at-open", lambda: ampdoctor.core.records.file.FlightRecorder, "write", "ampdoctor",
           error=_disk_full),
-    Fault("recorder-disk-full-later", lambda: ampdoctor.monitor.recorder.FlightRecorder, "write", "recorder", after=4,
+    Fault("recorder-disk-full-later", lambda: ampdoctor.core.records.file.FlightRecorder, "write", "recorder", after=4,
           error=_disk_full),
     # summary_data() runs twice: for the doctor's report, then for the recorder's end line at detach
     Fault("watch-report", lambda: ampdoctor.monitor.gradients, "rollup", "ampdoctor", steps_aside=False),

@@ -8,7 +8,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from ampdoctor.monitor.recorder import read_log
+from ampdoctor.core.records import read_log
 
 
 def check_job_report(folder: Path, output: str, port: int, *, rank_lines: int) -> tuple[dict, list[list[str]]]:

@@ -16,8 +16,8 @@ from torch import nn
 
 import ampdoctor
 from ampdoctor.core.host_reads import process_reads
+from ampdoctor.core.records import read_log
 from ampdoctor.monitor import host_sync
-from ampdoctor.monitor.recorder import read_log
 
 SKIPS = (3, 4, 9)  # the forward overflows fp16 at these steps: inf gradients, the GradScaler skips them
 

@@ -1,7 +1,7 @@
 """count_sample's one joint histogram against a plain per-format count, exactly, on random and adversarial entries.
 
 The reference below counts each format on its own, with float32 comparisons against the limits of
-``ampdoctor.monitor.formats`` as they read (``y <= underflow_at_most``, ``y < min_normal``, ``y > overflow_above``),
+``ampdoctor.core.formats`` as they read (``y <= underflow_at_most``, ``y < min_normal``, ``y > overflow_above``),
 so a bucket off by one at a limit, a lost NaN or a misplaced class shows as a different integer.
 """
 
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from ampdoctor.monitor.formats import FORMATS, LOSS_SCALED
+from ampdoctor.core.formats import FORMATS, LOSS_SCALED
 from ampdoctor.monitor.grad_counts import Plan, bins_per_row, count_sample, limits
 
 F32 = torch.float32

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampdoctor.monitor.recorder import LOG_NAME, SCHEMA, FlightRecorder, read_log
+from ampdoctor.core.records import LOG_NAME, SCHEMA, FlightRecorder, read_log
 from ampdoctor.monitor.watcher import watch
 
 
@@ -175,7 +175,7 @@ def _train(log_dir: Path, steps: int) -> None:
 
 
 def test_a_restart_appends_a_new_run_instead_of_truncating(tmp_path: Path, capsys) -> None:
-    from ampdoctor.monitor.recorder import read_runs
+    from ampdoctor.core.records import read_runs
     from ampdoctor.ui.cli import main
 
     _train(tmp_path, 3)
@@ -212,15 +212,13 @@ def test_the_watchs_stages_are_runs_of_the_log_counted_by_their_sampled_steps(tm
 
 def test_each_rank_writes_its_own_file_and_a_single_process_keeps_the_old_name(tmp_path: Path,
                                                                                 monkeypatch) -> None:
-    from ampdoctor.monitor.recorder import rank_of_log
+    from ampdoctor.core.records import rank_of_log
 
     with FlightRecorder(tmp_path, {}) as single:
         pass
     assert single.path.name == LOG_NAME and "rank" not in read_log(single.path)[0]
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    for rank in ("0", "1"):
-        monkeypatch.setenv("RANK", rank)
-        with FlightRecorder(tmp_path, {}) as rec:
+    for rank in ("0", "1"):   # the watch reads this process's rank (ranks.info) and passes it on
+        with FlightRecorder(tmp_path, {}, rank=int(rank), world_size=2) as rec:
             rec.write({"type": "step", "step": 0})
         assert rank_of_log(rec.path) == int(rank)
         assert (read_log(rec.path)[0]["rank"], read_log(rec.path)[0]["world_size"]) == (int(rank), 2)

@@ -129,8 +129,7 @@ def test_weights_that_are_fp32_at_step_time_lose_nothing() -> None:
 def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path) -> None:
     # The step ends in the watch's optimizer post-hook; the lost-update counts come from a post-hook too. Theirs
     # must run first, or step k's counts land in step k + 1's record and the last ones in a "partial" line.
-    from ampdoctor.core.records import read_recording
-    from ampdoctor.monitor.recorder import read_log
+    from ampdoctor.core.records import read_log, read_recording
 
     torch.manual_seed(0)
     model = nn.Linear(64, 64).to(torch.bfloat16)
@@ -195,6 +194,6 @@ def test_the_watchs_time_inside_counts_the_lost_update_hooks() -> None:
         model(torch.randn(8, 16, dtype=torch.bfloat16)).float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
-    hooks = w._lost.seconds
+    hooks = w.part("lost_updates").seconds
     w.detach()
     assert hooks > 0 and w.seconds_inside > hooks

@@ -109,7 +109,7 @@ def test_gradients_are_read_unscaled_before_or_after_unscale_(kind: str) -> None
 def test_one_host_sync_per_sampled_step_and_records_at_the_right_steps(tmp_path) -> None:
     *_, w = train(steps=10, scaler=False, every=3, log_dir=str(tmp_path), dense=0)
     assert w.sampled_steps == 4 and w.host_syncs == 4
-    from ampdoctor.monitor.recorder import read_log
+    from ampdoctor.core.records import read_log
 
     _, records, problems = read_log(tmp_path)
     assert problems == []
@@ -591,7 +591,7 @@ def test_each_iteration_ends_one_step_whatever_the_scaler_does(shape: str, tmp_p
     loss = w.summary_data()["loss"]
     assert (w.steps, w.sampled_steps, loss["steps_ended"], loss["dropped"]) == (4, 4, 4, 0)
     assert "AMP612" not in [f.code for f in w.findings()]
-    from ampdoctor.monitor.recorder import read_log
+    from ampdoctor.core.records import read_log
 
     lines = [r for r in read_log(tmp_path)[1] if r["type"] == "step"]
     assert [r["step"] for r in lines] == [0, 1, 2, 3]
@@ -612,7 +612,7 @@ def test_findings_of_direct_steps_name_their_real_steps(tmp_path) -> None:
     w = _scaler_loop("direct", steps=3, lr=1e-3, log_dir=str(tmp_path))
     found = {f.code: f.step for f in w.findings()}
     assert found["AMP616"] == 1 and found["AMP601"] == 2
-    from ampdoctor.monitor.recorder import read_log
+    from ampdoctor.core.records import read_log
 
     assert [r["step"] for r in read_log(tmp_path)[1] if r["type"] == "step"] == [0, 1, 2]
 
@@ -846,15 +846,15 @@ def test_the_time_inside_counts_the_activation_monitors_forward_hooks() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     w = watch(model, opt, dense=2)
-    armed = w._activations
+    armed = w.part("activations").monitor
     for step in range(3):
         model(torch.randn(4, 8)).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
         if step == 0:
-            assert armed.seconds > 0 and w.seconds_inside >= armed.seconds + w._lost.seconds
-    assert w._activations is None  # disarmed after the dense start (its last step, 1, recorded)
+            assert armed.seconds > 0 and w.seconds_inside >= armed.seconds + w.part("lost_updates").seconds
+    assert w.part("activations").monitor is None  # disarmed after the dense start (its last step, 1, recorded)
     hooks = armed.seconds
-    assert w.seconds_inside >= hooks + w._lost.seconds
+    assert w.seconds_inside >= hooks + w.part("lost_updates").seconds
     w.detach()
     assert w.summary_data()["seconds_inside"] >= round(hooks, 6)

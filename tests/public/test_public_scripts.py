@@ -421,7 +421,7 @@ def test_hf_fp16_checkpoint_is_pure_fp16_adamw(runs):
 def test_hf_fp16_checkpoint_watch_sees_the_nan(runs):
     """Was a gap (the watch sampled only step 0 of 16 and printed 'no numerical problems seen')."""
     doctor = runs["hf-fp16-checkpoint/doctor"]
-    assert "no numerical problems seen" not in doctor.stderr
+    assert "no mixed-precision problems found" not in doctor.stderr
     watched = {f["code"] for f in doctor.findings if f["step"] is not None}
     assert watched and watched <= {"AMP601", "AMP602", "AMP608", "AMP616"}, doctor.codes()   # AMP616: NaN weights
 

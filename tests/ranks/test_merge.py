@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.records import FlightRecorder
 from ampdoctor.core.report import Report
-from ampdoctor.monitor.recorder import FlightRecorder
 from ampdoctor.ranks.merge import disagreements, merge_rank_reports, rank_path
 from ampdoctor.ui.report_files import load_any
 
@@ -95,9 +95,7 @@ def test_the_console_says_on_which_ranks() -> None:
 
 def test_report_reads_a_folder_of_per_rank_logs_together(tmp_path: Path, monkeypatch) -> None:
     for rank, detail in ((0, "3% underflow"), (1, "12% underflow")):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "2")
-        rec = FlightRecorder(tmp_path, {"params": []})
+        rec = FlightRecorder(tmp_path, {"params": []}, rank=rank, world_size=2)   # as each rank's watch opens it
         rec.write({"type": "step", "step": 0, "findings": [
             Finding("AMP101", Severity.ERROR, "2", HALF).to_dict(),
             Finding("AMP603", Severity.WARNING, "0", detail).to_dict()]})

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ampdoctor.monitor.recorder import read_log
+from ampdoctor.core.records import read_log
 
 SCRIPT = Path(__file__).parent / "scripts" / "slow_fp16_sgd.py"
 

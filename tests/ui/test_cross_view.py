@@ -23,8 +23,7 @@ import numpy as np
 import pytest
 from launch_jobs import clean_environment, free_port, run_job
 
-from ampdoctor.core.records import Recording, read_recording
-from ampdoctor.monitor.recorder import read_log, read_runs
+from ampdoctor.core.records import Recording, read_log, read_recording, read_runs
 from ampdoctor.ui.cli import main
 from ampdoctor.ui.figures import draw_figures, have_matplotlib
 from ampdoctor.ui.report_files import load_any, run_data

@@ -68,11 +68,11 @@ def test_run_data_of_a_forward_overflow(overflow_log):
     assert data.source == "log" and data.closed and data.sampled_steps == 6 and data.formats == ["fp16"]
     assert [s for s, _ in data.scale] == list(range(7)) and data.scale[0][1] == 65536.0
     assert data.scale[-1][1] == 65536.0 / 2 ** 6 and data.skipped == list(range(6))
-    assert data.first_nonfinite["module"] == "ffn.wo" and data.first_nonfinite["frames"]
+    assert data.first_nonfinite.module == "ffn.wo" and data.first_nonfinite.frames
     assert set(data.module_norms) == {"inp", "ffn.wi", "ffn.wo", "out"}
     assert data.cast_steps == list(range(6)) and set(data.cast) >= {"fp16_underflow", "fp16_overflow", "nonfinite"}
     assert data.cast["nonfinite"]["ffn.wo"] == [1.0] * 6  # every gradient entry is inf/NaN
-    assert [a["nonfinite_module"] for a in data.activations] == ["ffn.wo"] * 6
+    assert [a.nonfinite_module for a in data.activations] == ["ffn.wo"] * 6
 
 
 @needs_matplotlib
@@ -81,7 +81,9 @@ def test_page_of_a_forward_overflow(overflow_log, tmp_path):
     write_html(load_any(str(overflow_log)), str(out))
     page = out.read_text(encoding="utf-8")
     verdict = page[page.index("id='verdict'"):page.index("</section>")]
-    assert "65536 to 1024" in verdict and "ffn.wo (Linear) at step 0" in verdict
+    # the verdict is the report's (its error findings), as on the console; the numbers are in the sections below
+    assert "verdict bad" in verdict and "errors" in verdict
+    assert "<td>1.02e+03</td>" in page and "<b>ffn.wo</b> (Linear) at step 0" in page
     for key in ("loss_scale", "cast_fp16", "nonfinite_grads", "activations"):
         assert f"id='fig-{key}'><svg" in page
     assert "id='frames'" in page and "aten.addmm" in page and "id='environment'" in page
@@ -136,7 +138,8 @@ def test_truncated_log_still_renders(overflow_log, tmp_path):
     assert loaded.problems and "torn last line" in loaded.problems[-1]
     page = render_html(loaded)
     assert "without its end line: the run was killed" in page and "Reading problems" in page
-    assert "verdict bad" in page and "ffn.wo" in page  # the overflow seen in the step records
+    # no findings in a log without its end line: no verdict but "no all-clear"; the overflow its step records show
+    assert "verdict partial" in page and "<b>ffn.wo</b>" in page
     text = _console(render_loaded(loaded))
     assert "torn last line" in text and "first inf/NaN in the forward pass: ffn.wo at step 0" in text
 
@@ -148,7 +151,7 @@ def test_json_report_alone_and_combined_with_its_log(tmp_path):
     alone = load_any(str(path))
     data = run_data(alone)
     assert data.source == "report" and data.scale[0] == (0, 65536.0) and data.skipped == [0, 1, 2, 3]
-    assert data.first_nonfinite["module"] == "ffn.wo" and "ffn.wo" in data.activation_modules
+    assert data.first_nonfinite.module == "ffn.wo" and "ffn.wo" in data.activation_modules
     page = render_html(alone)
     assert "watch summary" in page and "verdict bad" in page and "<b>AMP601</b>" in page and "id='activations'" in page
     both = combine(load_any(str(tmp_path / "log")), alone)
@@ -268,7 +271,7 @@ def test_activations_of_one_step_are_drawn_per_module_not_as_a_one_point_line(tm
             opt.step()
             opt.zero_grad()
     data = run_data(load_any(str(tmp_path)))
-    assert [a["step"] for a in data.activations] == [0] and data.activation_modules
+    assert [a.step for a in data.activations] == [0] and data.activation_modules
     page = render_html(load_any(str(tmp_path)))
     assert "Activation headroom per module at step 0" in page and "Activation headroom over" not in page
     assert "id='fig-activations'><svg" in page

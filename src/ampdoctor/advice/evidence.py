@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ampdoctor.core.records import read_recording
-from ampdoctor.monitor.formats import BF16, FP16
+from ampdoctor.core.formats import BF16, FP16
+from ampdoctor.core.records import read_log, read_recording
 from ampdoctor.monitor.grad_stats import FLOOR
-from ampdoctor.monitor.recorder import read_log
 
 __all__ = ["read_evidence"]
 

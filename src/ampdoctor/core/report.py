@@ -9,13 +9,48 @@ from typing import Any
 
 from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
-from ampdoctor.core.records import REPORT_SCHEMA, report_fields, report_to_dict
+from ampdoctor.core.records import REPORT_SCHEMA, Extras, WatchSummary, report_fields, report_to_dict
 from ampdoctor.core.views import Drawn
 from ampdoctor.core.words import counted, word_for
 
 SCHEMA = REPORT_SCHEMA
 NOTHING_OBSERVED = ("nothing was trained in a process ampdoctor could see: no model ran a forward pass with "
                     "gradients, and no optimizer or GradScaler was used, so nothing was diagnosed")
+
+
+@dataclass(frozen=True)
+class Crash:
+    """The crash a report records (``Report.exception``), read through attributes: its exception's type and message,
+    the traceback, the rank it happened on in a job, and the facts read at it (``explanations.facts``)."""
+
+    data: Mapping[str, Any]
+
+    @property
+    def type(self) -> str:
+        return str(self.data.get("type", ""))
+
+    @property
+    def message(self) -> str:
+        return str(self.data.get("message", ""))
+
+    @property
+    def traceback(self) -> str:
+        return str(self.data.get("traceback") or "")
+
+    @property
+    def rank(self) -> str | None:
+        rank = self.data.get("rank")
+        return None if rank in (None, "") else str(rank)
+
+    @property
+    def facts(self) -> list[str]:
+        facts = self.data.get("facts")
+        return [str(f) for f in facts] if isinstance(facts, list) else []
+
+    @property
+    def line(self) -> str:
+        """``ValueError: Attempting to unscale FP16 gradients.``"""
+        return f"{self.type}: {self.message}"
 
 
 @dataclass
@@ -27,7 +62,7 @@ class Report(Drawn):
         exception: ``{"type", "message", "traceback"}`` of a crash, if any.
         environment: see ``ampdoctor.core.environment.environment()``; read when first shown.
         changes: what a fix changed, as strings.
-        extra: other sections (watch summaries), JSON-ready.
+        extra: what the run adds, each key typed (``core.records.Extras``): the watch's summary, a job's ranks, ...
         observed: how many models, optimizers and GradScalers a run saw (``ampdoctor run``); None for a
             ``check()`` of given objects. A run that saw none of them has diagnosed nothing, so it is never ``ok``.
         exit_status: the script's non-zero exit status under ``ampdoctor run`` (``sys.exit(1)`` after a NaN loss,
@@ -45,9 +80,19 @@ class Report(Drawn):
     exception: dict[str, str] | None = None
     environment: Mapping[str, Any] = field(default_factory=Environment)
     changes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Extras = field(default_factory=Extras)
     observed: dict[str, int] | None = None
     exit_status: int | None = None
+
+    @property
+    def crash(self) -> Crash | None:
+        """The crash (``exception``) read through attributes, None without one."""
+        return None if self.exception is None else Crash(self.exception)
+
+    @property
+    def watch(self) -> WatchSummary | None:
+        """The watch's summary (``extra["watch"]``), None where no watch ran."""
+        return self.extra.get("watch")
 
     @property
     def saw_nothing(self) -> bool:
@@ -57,8 +102,8 @@ class Report(Drawn):
     @property
     def missing_ranks(self) -> list[int]:
         """Return the ranks of a distributed run whose report never reached the merge (killed, hung, other node)."""
-        missing = (self.extra.get("ranks") or {}).get("missing") if isinstance(self.extra.get("ranks"), dict) \
-            else None
+        ranks = self.extra.get("ranks")
+        missing = ranks.get("missing") if isinstance(ranks, dict) else None
         return [r for r in missing if isinstance(r, int)] if isinstance(missing, list) else []
 
     @property
@@ -139,15 +184,13 @@ def missing_ranks_sentence(missing: list[int]) -> str:
 
 def exit_sentence(report: Report) -> str:
     """Return why a run that exited with a non-zero status and no exception is not ``ok``."""
-    watch = report.extra.get("watch") or {}
-    steps = watch.get("steps")
-    after = f" after {counted(steps, 'optimizer step')}" if isinstance(steps, int) else ""
+    watch = report.watch
+    after = "" if watch is None else f" after {counted(watch.steps, 'optimizer step')}"
     if report.extra.get("terminated"):
         return (f"the run was stopped by {report.extra['terminated']}{after} (exit status {report.exit_status}): "
                 "the report covers the steps until then; this is no all-clear")
     found = "" if report.findings else ", and ampdoctor found no mixed-precision cause for it"
-    looked = (watch.get("activations") or {}).get("sampled_steps")
-    hint = "" if report.findings or (isinstance(steps, int) and isinstance(looked, int) and looked >= steps) else \
+    hint = "" if report.findings or (watch is not None and watch.looked_at_every_step) else \
         " (`--activations --every 1` looks at the activations of every step)"
     return f"the script exited with status {report.exit_status}{after}{found}: this is no all-clear{hint}"
 
@@ -187,19 +230,20 @@ def verdict(report: Report) -> Verdict | None:
 def _earned(report: Report) -> Verdict:
     """Return the verdict of a run without findings: what was verified over how many steps, or, where some of it
     could not be measured, that this is no all-clear (``monitor.invariants.verified``)."""
-    watch = report.extra.get("watch")
-    checked = watch.get("verified") if isinstance(watch, dict) else None
-    if not isinstance(watch, dict) or not isinstance(checked, dict):
+    watch = report.watch
+    checked = None if watch is None else watch.verified
+    if watch is None or checked is None:
         return Verdict("ok", "no mixed-precision problems found in the setup (pre-flight checks only; no training "
                              "step was watched)")
-    measured = "; ".join(checked.get("measured") or [])
-    missing = ", ".join(checked.get("not_measured") or [])
-    stages = [st for st in watch.get("stages") or [] if isinstance(st, dict)]
-    if stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
-        measured += (f"; before that, {counted(len(stages), 'earlier stage')} of "
-                     f"{counted(sum(st.get('steps') or 0 for st in stages), 'step')}")
-    if checked.get("ok") and not missing:
-        return Verdict("ok", f"no mixed-precision problems found in {counted(checked.get('steps') or 0, 'step')}: "
-                             f"{measured}")
+    measured = "; ".join(checked.measured)
+    missing = ", ".join(checked.not_measured)
+    if not checked.measured:   # no step sampled, nothing trained: nothing was checked
+        return Verdict("no all-clear", f"nothing was checked in {counted(watch.steps, 'step')} (not measured: "
+                                       f"{missing}): this is no all-clear")
+    if watch.stages:   # earlier stages of the run (a resume): their invariants held, or their findings would be listed
+        measured += (f"; before that, {counted(len(watch.stages), 'earlier stage')} of "
+                     f"{counted(sum(st.steps or 0 for st in watch.stages), 'step')}")
+    if checked.ok and not missing:
+        return Verdict("ok", f"no mixed-precision problems found in {counted(checked.steps, 'step')}: {measured}")
     return Verdict("no all-clear", f"no problem found in what was measured ({measured}); not measured: {missing}; "
                                    "so this is no all-clear")

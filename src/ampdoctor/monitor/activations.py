@@ -31,6 +31,7 @@ from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import internal_error_finding
 from ampdoctor.core.names import module_label
 from ampdoctor.core.options import check_every
+from ampdoctor.core.records import ActivationModule, ActivationSummary, FirstNonfinite
 from ampdoctor.explanations.fixes import frozen_half_fix, frozen_weights_fix, nonfinite_weights_fix
 from ampdoctor.monitor.activation_records import StepRecord, abs_max, abs_max_on_device, scale_note, split
 from ampdoctor.monitor.replay import (
@@ -66,6 +67,7 @@ class ActivationMonitor:
         model: the module to watch; every submodule from ``model.named_modules()`` gets a forward hook.
         every: look at every ``every``-th call of ``model`` (1: all); a driver (``watch``) calls ``set_sampling``.
         setup: the run's ``TrainingSetup``; its scaler is named in gradient findings (gradients are scaled).
+        scaler: the run's GradScaler, when no ``setup`` is given (a watch's).
         headroom: flag AMP606 when a module's output abs-max exceeds the format's maximum divided by this.
         frames: how many module frames to dump when a forward turns non-finite.
         reads: the owner this monitor's host reads also count for (a ``Watch``'s ``reads``; ``core.host_reads``).
@@ -88,7 +90,7 @@ class ActivationMonitor:
 
     def __init__(self, model: nn.Module, *, every: int = 1, setup: Any = None, headroom: float = HEADROOM_FACTOR,
                  frames: int = FRAMES, reads: HostReads | None = None, gradients: bool = True,
-                 prefix: str = "", others: Sequence[tuple[nn.Module, str]] = ()) -> None:
+                 prefix: str = "", others: Sequence[tuple[nn.Module, str]] = (), scaler: Any = None) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}: {model!r:.80}")
         check_every(every)
@@ -100,7 +102,7 @@ class ActivationMonitor:
         # the roots whose forwards are looked at: the model, then the run's other models (weakly, with their prefixes)
         self._roots = [(self._model, prefix), *((weakref.ref(m), p) for m, p in others)]
         # the setup holds the model: keep only a weak reference to its scaler, so the monitor never pins the model
-        scaler = getattr(setup, "scaler", None)
+        scaler = getattr(setup, "scaler", None) if scaler is None else scaler
         self._scaler = weakref.ref(scaler) if scaler is not None else lambda: None
         self.first_nonfinite_module: str | None = None
         self._handles: list[Any] = []
@@ -159,9 +161,10 @@ class ActivationMonitor:
                                                                  with_kwargs=True, prepend=True))
         return self
 
-    def detach(self) -> None:
-        """Record a pending step, then remove every hook this monitor registered."""
-        if self._record is not None and not self._broken:
+    def detach(self, record: bool = True) -> None:
+        """Record a pending step (unless ``record`` is False: a watch's part that stepped aside), then remove every
+        hook this monitor registered."""
+        if record and self._record is not None and not self._broken:
             try:
                 self._close(None)
             except Exception as exc:
@@ -476,21 +479,24 @@ class ActivationMonitor:
         """Return the findings so far: AMP601, AMP602, AMP606, and AMP001 if the monitor hit an internal error."""
         return list(self._findings)
 
-    def summary(self) -> dict[str, Any]:
-        """Return a JSON-ready summary: per-module max abs seen, headroom ratio, first non-finite fwd/bwd."""
+    def section(self, culprit: str | None = None) -> ActivationSummary:
+        """Return the activations' section of a watch summary: per-module max abs seen, headroom ratio, the first
+        non-finite forward and backward (``culprit``: the module the first AMP601 names, as it names it)."""
         modules = {}
         for i, name in enumerate(self._names):
             seen, limit = self._max_abs[i], self._limit[i]
             if seen is None and not any(self._nonfinite[i]):
                 continue
-            modules[name] = {"class": self._classes[i], "max_abs": seen, "limit": limit,
-                             "headroom_ratio": None if seen is None or limit is None else seen / limit,
-                             "nonfinite_forward_steps": self._nonfinite[i][0],
-                             "nonfinite_backward_steps": self._nonfinite[i][1]}
-        return {"enabled": self.enabled, "every": self.every, "headroom_factor": self.headroom,
-                "sampled_steps": self._sampled, "first_nonfinite_module": self.first_nonfinite_module,
-                "first_nonfinite_forward": self._first["forward"], "first_nonfinite_backward": self._first["backward"],
-                "modules": modules, "error": self._error}
+            modules[name] = ActivationModule(self._classes[i], seen, limit,
+                                             None if seen is None or limit is None else seen / limit,
+                                             self._nonfinite[i][0], self._nonfinite[i][1])
+        first = {k: None if v is None else FirstNonfinite(dict(v)) for k, v in self._first.items()}
+        return ActivationSummary(self.enabled, self.every, self.headroom, self._sampled, self.first_nonfinite_module,
+                                 first["forward"], first["backward"], modules, self._error, culprit)
+
+    def summary(self) -> dict[str, Any]:
+        """Return a JSON-ready summary: per-module max abs seen, headroom ratio, first non-finite fwd/bwd."""
+        return self.section().to_dict()
 
     # ---- internals ------------------------------------------------------------------------------------------
     def _label(self, i: int) -> str:

@@ -33,6 +33,7 @@ from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.records import AverageCopy
 from ampdoctor.core.words import counted, word_for
 from ampdoctor.monitor.grad_stats import sample_index
 from ampdoctor.monitor.sampling import Sampling
@@ -190,8 +191,8 @@ class AverageMonitor:
         self._pending = (copy, taken)
 
     # ---- results --------------------------------------------------------------------------------------------
-    def summary(self) -> list[dict[str, Any]]:
-        """Return one entry per averaged copy with a half-precision tensor: calls, sampled calls and, per tensor,
+    def sections(self) -> tuple[AverageCopy, ...]:
+        """Return one section per averaged copy with a half-precision tensor: calls, sampled calls and, per tensor,
         the share of the sampled entries it had to move that it did not (one host read per copy)."""
         out = []
         for copy in self._copies.values():
@@ -200,23 +201,26 @@ class AverageMonitor:
             counts = to_host(copy.counts, self.reads)
             lost = {name: round(lost / apart, 4) for name, (apart, lost) in zip(copy.names, counts) if apart}
             dtypes = {name: dtype for name, dtype in zip(copy.names, copy.dtypes) if name in lost}
-            out.append({"label": copy.label, "calls": copy.calls, "sampled": copy.sampled, "unread": copy.unread,
-                        "apart": sum(a for a, _ in counts), "lost": sum(v for _, v in counts),
-                        "tensors": lost, "dtypes": dtypes})
-        return out
+            out.append(AverageCopy(copy.label, copy.calls, copy.sampled, copy.unread, sum(a for a, _ in counts),
+                                   sum(v for _, v in counts), lost, dtypes))
+        return tuple(out)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Return the sections of the averaged copies as data (`sections`)."""
+        return [copy.to_dict() for copy in self.sections()]
 
 
-def average_findings(summary: Iterable[dict[str, Any]]) -> list[Finding]:
+def average_findings(copies: Iterable[AverageCopy]) -> list[Finding]:
     """AMP619 for each averaged copy of which most sampled entries that had to move did not."""
     rule, out = get_rule("AMP619"), []
-    for copy in summary:
-        lost = {name: share for name, share in copy["tensors"].items() if share > LOST_FRACTION}
-        if not copy["apart"] or copy["lost"] / copy["apart"] <= LOST_FRACTION or not lost:
+    for copy in copies:
+        lost = {name: share for name, share in copy.tensors.items() if share > LOST_FRACTION}
+        if not copy.apart or copy.lost / copy.apart <= LOST_FRACTION or not lost:
             continue
         worst = sorted(lost, key=lambda name: -lost[name])
-        dtypes = sorted(set(copy["dtypes"][name] for name in lost))
-        detail = (f"{copy['label']}: {copy['lost'] / copy['apart']:.1%} of the sampled entries that differed from "
-                  f"the model did not move on {counted(copy['sampled'], 'sampled update')} of {copy['calls']}; "
+        dtypes = sorted(set(copy.dtypes[name] for name in lost))
+        detail = (f"{copy.label}: {copy.lost / copy.apart:.1%} of the sampled entries that differed from "
+                  f"the model did not move on {counted(copy.sampled, 'sampled update')} of {copy.calls}; "
                   f"{len(lost)} {'/'.join(dtypes)} {word_for(len(lost), 'tensor')} lost more than half, worst "
                   f"{worst[0]} ({lost[worst[0]]:.0%}): the average step (1 - decay) * (w - average) is below half "
                   "an ulp")

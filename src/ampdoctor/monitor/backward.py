@@ -42,7 +42,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from ampdoctor._torch.autograd import constant_factor, version_counter
 from ampdoctor._torch.scaler import live_scale
 from ampdoctor.core.patch import PatchHandle, observe
-from ampdoctor.core.records import loss_entry
+from ampdoctor.core.records import LossSummary, loss_entry
+from ampdoctor.core.records.summary import EveryLoss
 from ampdoctor.monitor.grad_stats import local_tensor
 
 __all__ = ["BackwardMonitor", "LOSS_HISTORY", "HAND_SCALE"]
@@ -293,26 +294,30 @@ class BackwardMonitor:
             self.losses.append((step, loss[0]))
         return loss_entry(loss[0], since, dropped)
 
-    def summary(self) -> dict[str, Any]:
-        """Return the counts and what the sampled losses did (``monitor.invariants`` reads it). ``unstepped``: the
+    def section(self, nonfinite_forward: Sequence[tuple[int, str | None]] = ()) -> LossSummary:
+        """Return the counts and what the sampled losses did (``monitor.verdicts`` reads it). ``unstepped``: the
         backward calls since the last step, with no step after them (yet): the loop ended before one used them;
-        ``dropped`` includes those a zero_grad() discarded that no step or backward has followed yet."""
-        out: dict[str, Any] = {"backwards": self.backwards, "dropped": self.dropped + self._discarded,
-                               "dropped_early": self.dropped_early, "steps_ended": self.steps_ended,
-                               "zeroed_before_step": self.zeroed_before_step, "unstepped": self._unstepped,
-                               "sampled": len(self.losses), "hand_scaled": self.hand_scaled}
+        ``dropped`` includes those a zero_grad() discarded that no step or backward has followed yet.
+        ``nonfinite_forward``: what the owner saw of the forward of steps with an inf/NaN loss."""
+        losses = {}
         if self.losses:
             finite = [(s, v) for s, v in self.losses if math.isfinite(v)]
-            out["nonfinite"] = [s for s, v in self.losses if not math.isfinite(v)][:20]
-            out["last_finite"] = math.isfinite(self.losses[-1][1])
+            losses = dict(nonfinite=tuple(s for s, v in self.losses if not math.isfinite(v))[:20],
+                          last_finite=math.isfinite(self.losses[-1][1]),
+                          identical=tuple(_longest_identical(self.losses)))
             if finite:
                 head = finite[:max(1, len(finite) // 4)]
-                out.update(first=finite[0], last=finite[-1], head_min=min(v for _, v in head),
-                           peak=max(finite, key=lambda sv: sv[1]))
-            out["identical"] = _longest_identical(self.losses)
-        if self.hidden_by is not None:
-            out["every"] = {**self.every, "hidden_by": self.hidden_by}
-        return out
+                losses.update(first=finite[0], last=finite[-1], head_min=min(v for _, v in head),
+                              peak=max(finite, key=lambda sv: sv[1]))
+        every = None if self.hidden_by is None else EveryLoss(self.every["losses"], self.every["nonfinite"],
+                                                              self.every["first"], self.hidden_by)
+        return LossSummary(self.backwards, self.dropped + self._discarded, self.dropped_early, self.steps_ended,
+                           self.zeroed_before_step, self._unstepped, len(self.losses), self.hand_scaled, every=every,
+                           nonfinite_forward=tuple(nonfinite_forward), **losses)
+
+    def summary(self) -> dict[str, Any]:
+        """Return the counts and what the sampled losses did, as data (`section`)."""
+        return self.section().to_dict()
 
 
 def _longest_identical(losses: Sequence[tuple[int, float]]) -> list[Any]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ampdoctor.monitor.formats import FORMATS, LOSS_SCALED
+from ampdoctor.core.formats import FORMATS, LOSS_SCALED
 
 __all__ = ["Plan", "count_sample", "at_least", "limits", "bins_per_row", "CLASSES", "CHUNK"]
 

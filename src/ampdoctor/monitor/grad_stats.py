@@ -47,7 +47,7 @@ import torch
 
 from ampdoctor._torch import foreach
 from ampdoctor._torch.distributed import grad_layout
-from ampdoctor.monitor.formats import FORMATS, LOSS_SCALED, FloatFormat
+from ampdoctor.core.formats import FORMATS, LOSS_SCALED, FloatFormat
 from ampdoctor.monitor.grad_counts import Plan, bins_per_row, count_sample, limits
 
 __all__ = ["FloatFormat", "FORMATS", "LOSS_SCALED", "FLOOR", "KINDS", "COLUMNS", "COL", "GradStats",

@@ -29,7 +29,17 @@ import torch
 
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
 from ampdoctor.core.findings import Severity
-from ampdoctor.core.records import Step, gradient_rows, gradients_entry, param_stats, read_step, rollup
+from ampdoctor.core.records import (
+    Arrival,
+    GradientSummary,
+    Stats,
+    Step,
+    gradient_rows,
+    gradients_entry,
+    param_stats,
+    read_step,
+    rollup,
+)
 from ampdoctor.core.words import counted
 from ampdoctor.monitor.grad_stats import COL, COLUMNS, GradStats, local_tensor
 from ampdoctor.monitor.reduction import ShardReduction
@@ -212,36 +222,25 @@ class GradientReader:
         self._params = []
         self.clear()
 
-    def summary(self, modules: Sequence[str], trained: Sequence[bool] | None = None) -> dict[str, Any]:
-        """Return the JSON-ready summary: the last step's statistics by parameter and by module (``modules``: the
-        module of each parameter; pooled by ``core.records.rollup``), the norms, and which trainable tensors got a
-        gradient (``arrival``) among those ``trained`` marks as part of what the run trains (default: all); the
-        others that never got one are counted as ``outside``."""
-        out: dict[str, Any] = {"params": self.last, "modules": rollup(self.last_rows, COLUMNS, modules)}
-        if self.unsummarised:
-            out["unsummarised"] = dict(self.unsummarised)
-        if self.reduction is not None:
-            out["merged_over_ranks"] = {"params": len(self.reduction.rows),
-                                        "collectives": self.reduction.collectives}
+    def summary(self, modules: Sequence[str], trained: Sequence[bool] | None = None) -> GradientSummary:
+        """Return the gradients' section of the summary: the last step's statistics by parameter and by module
+        (``modules``: the module of each parameter; pooled by ``core.records.rollup``), the norms, and which trainable
+        tensors got a gradient (``arrival``) among those ``trained`` marks as part of what the run trains (default:
+        all); the others that never got one are counted as ``outside``."""
         trained = [True] * len(self.names) if trained is None else trained
         counted = [k for k, t in enumerate(self._trainable) if t and trained[k]]
-        out["arrival"] = {"reads": self.reads, "params": len(counted),
-                          "without": [self.names[k] for k in counted if k not in self.arrived and
-                                      self.names[k] not in self.unsummarised]}
-        outside = sum(1 for k, t in enumerate(self._trainable) if t and not trained[k])
-        if outside:   # in the optimizer, in no model the run trains, and never with a gradient
-            out["arrival"]["outside"] = outside
-        if self.clipped_nothing:
-            out["clipped_nothing"] = [list(sn) for sn in self.clipped_nothing]
-        if self.last_pre_clip is not None:
-            out["pre_clip_norm"] = self.last_pre_clip
-        if self.last_clipped_scaled:
-            out["clipped_scaled"] = True
-        if self.norm_history:
-            step, norm = self.norm_history[-1]
-            peak = max(self.norm_history, key=lambda sn: sn[1] if math.isfinite(sn[1]) else -1.0)
-            out.update(step=step, global_norm=norm, max_global_norm={"step": peak[0], "value": peak[1]})
-        return out
+        arrival = Arrival(self.reads, len(counted), tuple(self.names[k] for k in counted if k not in self.arrived
+                                                          and self.names[k] not in self.unsummarised),
+                          # in the optimizer, in no model the run trains, and never with a gradient
+                          sum(1 for k, t in enumerate(self._trainable) if t and not trained[k]))
+        last = self.norm_history[-1] if self.norm_history else None
+        peak = max(self.norm_history, key=lambda sn: sn[1] if math.isfinite(sn[1]) else -1.0) if last else None
+        merged = None if self.reduction is None else (len(self.reduction.rows), self.reduction.collectives)
+        return GradientSummary(
+            {n: Stats.from_dict(s) for n, s in self.last.items()},
+            {m: Stats.from_dict(s) for m, s in rollup(self.last_rows, COLUMNS, modules).items()}, arrival,
+            None if last is None else last[0], None if last is None else last[1], peak, dict(self.unsummarised),
+            merged, tuple(self.clipped_nothing), self.last_pre_clip, self.last_clipped_scaled)
 
     def consume(self, values: dict[str, list[float]], step: int) -> dict[str, Any]:
         """Take the host copy of ``pending()``; return the step line's ``"gradients"`` entry."""

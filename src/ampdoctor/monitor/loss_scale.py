@@ -40,7 +40,7 @@ from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabl
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
-from ampdoctor.core.records import scale_entry
+from ampdoctor.core.records import ScaleSummary, scale_entry
 from ampdoctor.core.words import counted
 from ampdoctor.explanations.fixes import scale_collapse_fix
 from ampdoctor.monitor.activation_records import is_input
@@ -385,15 +385,12 @@ class ScaleMonitor:
     def _collapsed(self, finding: Finding) -> Finding:
         return replace(finding, detail=self.collapse_detail(), fix=scale_collapse_fix(self.origin()))
 
+    def section(self) -> ScaleSummary:
+        """Return the loss scale's section of a watch summary (``core.records.ScaleSummary``)."""
+        return ScaleSummary(self.steps, self.skipped, self.skipped / self.steps if self.steps else 0.0,
+                            self.longest_run, self.current_scale, self.peak, self.lowest,
+                            tuple(self.history[-200:]), tuple(self.skipped_steps[-200:]))
+
     def summary(self) -> dict[str, Any]:
-        """Return a JSON-ready summary of the scale and the skipped steps."""
-        return {
-            "steps": self.steps, "skipped": self.skipped,
-            "skipped_fraction": self.skipped / self.steps if self.steps else 0.0,
-            "longest_skip_run": {"length": self.longest_run[0], "first_step": self.longest_run[1]},
-            "current": self.current_scale,
-            "peak": None if self.peak is None else {"step": self.peak[0], "scale": self.peak[1]},
-            "lowest": None if self.lowest is None else {"step": self.lowest[0], "scale": self.lowest[1]},
-            "history": [list(h) for h in self.history[-200:]],
-            "skipped_steps": self.skipped_steps[-200:],
-        }
+        """Return a JSON-ready summary of the scale and the skipped steps (`section`, as data)."""
+        return self.section().to_dict()

@@ -15,7 +15,7 @@ post-hook:
   misses only updates that weight decay alone would make. A parameter group whose learning rate is 0 (the first
   step of a warmup from 0) was meant not to move: its entries are not counted.
 * **moved**: of the entries with a non-zero gradient in groups with lr > 0 (any dtype), those that changed: a step
-  that moved none of them changed no weight (``monitor.invariants``).
+  that moved none of them changed no weight (``monitor.verdicts``).
 
 When a fused optimizer skips the step inside its kernel (``optimizer.found_inf`` set by the GradScaler) the counts
 are multiplied by 0 on the device; a for-loop or foreach optimizer is not called at all on a skipped step. At the
@@ -47,7 +47,7 @@ from ampdoctor._torch.distributed import local_numel
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.dtypes import HALF, dtype_name
 from ampdoctor.core.findings import Finding
-from ampdoctor.core.records import lost_updates_entry, updates_entry
+from ampdoctor.core.records import LostSummary, UpdatesSummary, lost_updates_entry, updates_entry
 from ampdoctor.core.words import counted
 from ampdoctor.monitor.grad_stats import local_tensor
 
@@ -343,21 +343,24 @@ class UpdateMonitor:
         """Return AMP607 findings (at most 5 parameters)."""
         return list(self._findings)
 
-    def summary(self) -> dict[str, Any]:
-        """Return a JSON-ready summary: lost fraction per fp16/bf16 parameter and overall."""
+    def lost_section(self) -> LostSummary:
+        """Return the lost updates' section of a watch summary: lost fraction per fp16/bf16 parameter and overall."""
         moved, lost = sum(self.with_grad), sum(self.lost)
-        params = {n: {"dtype": d, "lost_fraction": lo / m}
-                  for n, d, m, lo in zip(self.names, self.dtypes, self.with_grad, self.lost) if m}
-        return {"params": params, "watched": sum(d in ("float16", "bfloat16") for d in self.dtypes),
-                "sampled_steps": self.steps, "lost_fraction": lost / moved if moved else None}
+        params = {n: (d, lo / m) for n, d, m, lo in zip(self.names, self.dtypes, self.with_grad, self.lost) if m}
+        return LostSummary(params, sum(d in ("float16", "bfloat16") for d in self.dtypes), self.steps,
+                           lost / moved if moved else None)
 
-    def updates_summary(self) -> dict[str, Any]:
-        """Return what the sampled steps did to the weights (``monitor.invariants`` reads it)."""
-        unmoved = [s for s, expected, moved in self.moved_steps if expected and not moved]
+    def summary(self) -> dict[str, Any]:
+        """Return a JSON-ready summary: lost fraction per fp16/bf16 parameter and overall (`lost_section`)."""
+        return self.lost_section().to_dict()
+
+    def updates_section(self) -> UpdatesSummary:
+        """Return what the sampled steps did to the weights (``monitor.verdicts`` reads it)."""
+        unmoved = tuple(s for s, expected, moved in self.moved_steps if expected and not moved)
         expected = sum(e for _, e, _ in self.moved_steps)
-        return {"watched": len(self.names), "sampled_steps": len(self.moved_steps),
-                "unmoved_steps": unmoved, "moved_fraction": sum(m for _, _, m in self.moved_steps) / expected
-                if expected else None, "nonfinite": dict(self.nonfinite)}
+        return UpdatesSummary(len(self.names), len(self.moved_steps), unmoved,
+                              sum(m for _, _, m in self.moved_steps) / expected if expected else None,
+                              dict(self.nonfinite))
 
 
 BLOCK = 16  # consecutive entries per sampled block: one 64-byte cache line of fp32 weights

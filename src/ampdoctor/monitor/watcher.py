@@ -1,29 +1,25 @@
-"""Watch the numerics of a training run: gradient statistics, loss scale, lost updates and activations.
+"""Watch the numerics of a training run: a step clock, the sampling, one host copy per sampled step, and its parts.
 
-Where and when things are read. Gradients, lost updates and activations are looked at on sampled steps (the first
-ten, then every ``every``-th, and more after trouble: ``ampdoctor.monitor.sampling``); the loss scale on every step:
+The `Watch` keeps four things and loops over its parts (``monitor.part``, the built-in ones in ``monitor.parts``)
+for everything it measures:
 
-* **Gradients**, on a sampled step, just before ``scaler.step(optimizer)`` (observed, pass-through) with an enabled
+* **The step clock.** A step ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a
+  DeepSpeed optimizer's ``step()``, which steps it once per group; with one, also a direct ``optimizer.step()`` it
+  took no part in before its first ``update()``: AMP412's loop, or a scaler never used, calls none). On a sampled
+  step the gradients are final just before ``scaler.step(optimizer)`` (observed, pass-through) with an enabled
   GradScaler, else in an optimizer step pre-hook (or when a ``step(closure)``'s closure returns; also with a
-  GradScaler that never scaled a loss). The grads are then final (clipped, if the loop clips) and not yet
-  consumed; the scaler's stage for this optimizer (or the ``optimizer.grad_scale`` it sets for fused optimizers,
-  which unscale ``.grad`` in place in their kernel) says whether they still carry the loss scale.
-* **Loss scale and skipped steps** on every step, on the device (``ScaleMonitor``, around ``scaler.update``).
-* **Updates** around the optimizer step of a sampled step: lost to rounding, moved, weights finite
-  (``UpdateMonitor``).
-* **The loss and dropped iterations** at every backward (``BackwardMonitor``: O(1) host work per call).
-* **Invariants** of training health from all of it when the findings are read (``monitor.invariants``).
-* **Activations** (``activations=True``): ``ActivationMonitor`` hooks, switched on for sampled steps. Without it,
-  one is armed for the dense start (the first ``dense`` steps) and for the step after trouble, to name the first
-  module with an inf/NaN output (AMP601/AMP609 only): a script that stops at its first NaN loss has no later step.
+  GradScaler that never scaled a loss): clipped, if the loop clips, and not yet used; the scaler's stage for this
+  optimizer (or the ``optimizer.grad_scale`` it sets for fused optimizers) says whether they still carry the loss
+  scale (the parts' ``read_point``). Wrapped optimizers (accelerate's, ``MasterWeights``, DeepSpeed's, stacked) are
+  seen through: ``monitor.watched``.
+* **The sampling**: the first steps, every ``every``-th, and more after trouble (``monitor.sampling``).
+* **One host copy per sampled step**: every part's device values, read at once on CPU and after the next step on
+  CUDA (``monitor.host_sync``; ``host_syncs`` counts every read: ``core.host_reads``); the parts turn them into the
+  step line (``core.records``), which raises their alarms.
+* **The flight recorder** (``core.records.file``) of those lines.
 
-Wrapped optimizers (accelerate's, ``MasterWeights``, DeepSpeed's, stacked) are seen through: ``monitor.watched``. A step
-ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a DeepSpeed optimizer's ``step()``,
-which steps it once per group; with one, also a direct ``optimizer.step()`` it took no part in before its first
-``update()``: AMP412's loop, or a scaler never used, calls none). A sampled step copies the monitors' device
-tensors to the host in one read (at once on CPU, after the next step on CUDA: ``monitor.host_sync``), the
-activation monitor's in one more (``host_syncs`` counts every read: ``core.host_reads``); sharded gradients are
-merged over their ranks first (``monitor.reduction``).
+The summary (``core.records.WatchSummary``) holds each part's section; the invariants of training health and the
+arbitration between the parts' findings read it (``monitor.verdicts``).
 
 Do no harm: nothing here writes to parameters, gradients, optimizer or scaler state, or the global RNG; ``detach()``
 removes every hook and drops the references. An internal exception is reported once as AMP001 and that part stops.
@@ -32,47 +28,37 @@ removes every hook and drops the references. An internal exception is reported o
 from __future__ import annotations
 
 import functools
-import math
 import time
-from dataclasses import dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
-from ampdoctor._torch.modules import delegate_of
-from ampdoctor._torch.scaler import OptState, is_enabled, live_scale, stage
+from ampdoctor._torch.scaler import OptState, live_scale, stage
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.environment import environment
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.formats import run_formats
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.names import Names
 from ampdoctor.core.options import check_every
 from ampdoctor.core.patch import observe
-from ampdoctor.core.records import Step, read_step, step_line
+from ampdoctor.core.records import FlightRecorder, GradientSummary, WatchSummary, read_step, step_line
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Drawn
-from ampdoctor.explanations.fixes import nonfinite_grads_fix
-from ampdoctor.monitor.activation_records import is_input
-from ampdoctor.monitor.averages import AverageMonitor, average_findings
-from ampdoctor.monitor.backward import BackwardMonitor
-from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION, GradientReader, gradient_alarms
+from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION
+from ampdoctor.monitor.header import log_header
 from ampdoctor.monitor.host_sync import HostCopy
-from ampdoctor.monitor.invariants import invariant_findings, verified
-from ampdoctor.monitor.loss_scale import ScaleMonitor
-from ampdoctor.monitor.parts import WatchParts
-from ampdoctor.monitor.recorder import FlightRecorder
+from ampdoctor.monitor.part import PartsAside, Reading, WatchContext, WatchPart, parts
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
-from ampdoctor.monitor.summary import log_header, run_formats
-from ampdoctor.monitor.updates import UpdateMonitor
+from ampdoctor.monitor.verdicts import invariant_findings, verified, watch_findings
 from ampdoctor.monitor.watched import (
     EngineCopies,
     closure_calls_back,
     name_params,
-    other_models,
     param_owners,
     refuse_meta,
     scaler_of,
@@ -80,19 +66,10 @@ from ampdoctor.monitor.watched import (
     watched_chain,
 )
 
-__all__ = ["watch", "Watch", "WatchView", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION", "armed_findings"]
+__all__ = ["watch", "Watch", "WatchView", "STATS", "UNDERFLOW_FRACTION", "SUBNORMAL_FRACTION"]
 
 STATS = ("norms", "full", "exact")  # what GradStats computes: see Watch (AMP605 thresholds: monitor.gradients)
-
-
-# What a monitor armed for one step reports: the first inf/NaN output or input. Its headroom (AMP606) and inf
-# output gradients (AMP602, what a GradScaler's skips are for) are left to a watch with activations=True.
-ARMED_CODES = ("AMP601", "AMP609")
-
-
-def armed_findings(monitor: Any) -> list[Finding]:
-    """Return the findings of an ``ActivationMonitor`` armed for one step (see ``ARMED_CODES``)."""
-    return [f for f in monitor.findings() if f.code in ARMED_CODES]
+_SECTIONS = ("scale", "gradients", "lost_updates", "activations", "updates", "loss", "averages")   # the built-in
 
 
 @dataclass(frozen=True)
@@ -100,11 +77,11 @@ class WatchView(Drawn):
     """A watch's summary to show (``rich.print(w.summary())``; drawn by ``ampdoctor.ui.watch_view``).
 
     Attributes:
-        summary: ``Watch.summary_data()``.
+        summary: ``Watch.watch_summary()``.
         findings: the watch's findings to list under it; ``[]``: say the verdict; None: shown elsewhere.
     """
 
-    summary: dict[str, Any]
+    summary: WatchSummary
     findings: list[Finding] | None = None
 
 
@@ -139,7 +116,7 @@ class Watch:
             parameter, exact for smaller ones) or ``"exact"`` (every count over every entry; slow).
         sample: entries per parameter for the counts and the lost-update snapshots (of a parameter wider than
             fp16/bf16, at most ``monitor.updates.MOVED_SAMPLE``: its lost updates are not counted).
-        fsync: fsync the log after every line (see ``ampdoctor.monitor.recorder``).
+        fsync: fsync the log after every line (see ``ampdoctor.core.records.file``).
         others: other models the optimizer may also train, to name their parameters (``ampdoctor run``'s).
         frozen: returns the models that ran a forward with nothing to train (a teacher, a VAE; ``ampdoctor run``'s):
             the look at the forward covers them and ``others`` (``ActivationMonitor``'s ``others``).
@@ -161,84 +138,76 @@ class Watch:
         self._optimizer: torch.optim.Optimizer | None = optimizer
         self._chain: list[Any] = chain  # the optimizer as given, the ones it wraps, ..., self._optimizer
         self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
-        self._want_activations = activations
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        self._names = names or Names()   # the run's (``core.names``): the script's names for its models
-        self.param_names, self.param_modules, self.param_dtypes, self._prefix = name_params(model, params, others,
-                                                                                            optimizer, self._names)
-        self._params: list[torch.Tensor] = params
-        # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
-        # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
-        # their tensors got a gradient), not those of a model the script replaced (a resume, a re-run cell).
-        self._models: list[nn.Module] = [model, *[m for m in others if m is not model]]
-        self._others, self._frozen = list(others), frozen   # for the look at the forward: other_models
-        self._owners = param_owners(self._models, params)
-        self._ran: set[int] = set()   # models (by index in _models) whose forward ran while watched
-        self._ran_hooks: dict[int, Any] = {}
-        copies = EngineCopies([*chain, model], params, self.param_names, self.param_modules, optimizer)
-        self._stepper = copies.stepper  # sharded gradients are merged over their ranks: ampdoctor.monitor.reduction
-        layouts = {**fsdp1_layouts(model), **copies.layouts}
-        self._grads = GradientReader(params, self.param_names, stats=stats, sample=sample,
-                                     layouts=[param_layout(p, layouts) for p in params], padding=copies.padding)
-        self._grads.unsummarised.update({} if params else {type(optimizer).__name__: copies.why_empty()})  # say why
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler, and direct steps)
+        self.sampled_steps = 0
+        self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
+        self._ctx: WatchContext | None
+        self._ctx, self._stepper = self._context(model, optimizer, chain, others, frozen, names or Names(),
+                                                 activations, dense)
+        self.param_names, self.param_modules, self.param_dtypes = self._ctx.names, self._ctx.modules, self._ctx.dtypes
         self._through_scaler = False   # scaler.step() of the watched optimizer since the last update()
         self._ended_directly = False   # a step ended at a direct optimizer.step() since the last update()
         self._updated = False          # scaler.update() returned once: from then on it ends every step
-        self.sampled_steps = 0
-        self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
-        # seconds spent computing statistics and closing steps (sync, record, log line), and in the forward hooks of
-        # activation monitors gone (disarmed); with the lost-update hooks' and the current activation monitor's own
-        # (seconds_inside). The O(1) per-step observers and the output-gradient probes are not in it
+        # seconds spent closing steps (sync, record, log line); the parts' own hooks add theirs (seconds_inside)
         self._seconds = 0.0
         self.last_record: dict[str, Any] | None = None
         self._sampled_now = True
-        self._sampling, self._armed = Sampling(every, dense), None  # _armed: an ActivationMonitor, its last step
+        self._sampling = Sampling(every, dense)
         self._handles: list[Any] = []
-        self._scale_monitor: ScaleMonitor | None = None
-        self._lost: UpdateMonitor | None = None
-        self._backward: BackwardMonitor | None = None
-        self._averages: AverageMonitor | None = None
+        self._ran_hooks: dict[int, Any] = {}
         self._autocast: str | None = None   # the autocast dtype of the model's first forward after attach, if any
-        self._activations: Any = None
-        self._activation_result: tuple[dict[str, Any], list[Finding]] | None = None
-        # the activation monitor's looks at the forward of sampled steps whose loss was inf/NaN: [step, the first
-        # module with a non-finite output ("(input)": the model's input; None: every output finite)], up to 20
-        self._bad_loss_forwards: list[list[Any]] = []
+        self._formats: list[str] | None = None   # the formats the run is measured in, chosen at its first forward
+        self._scaled = self._scaler is not None   # an fp16 GradScaler is enabled: fp16 is one of the formats
+        self._classes = parts()
+        self._parts: list[WatchPart] = []
+        self._aside = PartsAside([cls.name for cls in self._classes], step=lambda: self.steps, on_fail=self._stop)
+        self._ctx.off = self._aside.off
         self._recorder: FlightRecorder | None = None
         self._deferred: tuple[HostCopy, int, float, dict[str, Any], bool] | None = None  # a step's copy, not read
-        self._parts = WatchParts()
         self._started = time.perf_counter()
         self.attached = False
 
+    def _context(self, model: nn.Module, optimizer: torch.optim.Optimizer, chain: list[Any],
+                 others: Sequence[nn.Module], frozen: Callable[[], Sequence[nn.Module]] | None, names: Names,
+                 activations: bool, dense: int) -> tuple[WatchContext, Any]:
+        """Return what the parts are handed (the watched tensors by the names the findings use, an engine's fp32
+        copies named where the engine keeps them, their models and layouts), and the engine optimizer whose
+        ``step()`` is one training step (None without one)."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        named, modules, dtypes, prefix = name_params(model, params, others, optimizer, names)
+        # The models the watched tensors belong to (``model`` first), while attached, and each tensor's (None: no
+        # model's). AMP617 counts the tensors of the models this run trains (a forward ran while watched, or one of
+        # their tensors got a gradient), not those of a model the script replaced (a resume, a re-run cell).
+        models = [model, *[m for m in others if m is not model]]
+        copies = EngineCopies([*chain, model], params, named, modules, optimizer)
+        layouts = {**fsdp1_layouts(model), **copies.layouts}   # sharded ones are merged over their ranks
+        return WatchContext(
+            model=model, optimizer=optimizer, chain=chain, scaler=self._scaler, params=params, names=named,
+            modules=modules, dtypes=dtypes, prefix=prefix, every=self.every, stats=self.stats, sample=self.sample,
+            dense=dense, activations=activations, reads=self.reads, fail=self._fail, steps=lambda: self.steps,
+            run_names=names, models=models, owners=param_owners(models, params), others=list(others), frozen=frozen,
+            layouts=[param_layout(p, layouts) for p in params], padding=copies.padding,
+            left_out={} if params else {type(optimizer).__name__: copies.why_empty()}), copies.stepper
+
     @property
     def seconds_inside(self) -> float:
-        """Seconds spent inside the watch: statistics, the ends of steps, the lost-update hooks and the activation
-        monitor's forward hooks."""
-        return self._seconds + sum(part.seconds for part in (self._lost, self._activations) if part is not None)
+        """Seconds spent inside the watch: the ends of steps and every part's own hooks (the statistics, the
+        lost-update hooks, the activation monitor's forward hooks)."""
+        return self._seconds + sum(part.seconds for part in self._parts)
 
-    # ---- attaching ------------------------------------------------------------------------------------------
+    # ---- attaching ------------------------------------------------------------------------------------------------
     def attach(self) -> "Watch":
-        """Register every hook and observer; return ``self``. Attaching twice is a no-op."""
+        """Register every part's hooks, then the step clock's; return ``self``. Attaching twice is a no-op."""
         if self.attached or self._optimizer is None:
             return self
         opt, scaler = self._optimizer, self._scaler
         self.attached = True
-        try:  # the lost-update hooks first: without a scaler the step ends in our post-hook, after theirs
-            named = list(zip(self.param_names, self._params))
-            self._lost = UpdateMonitor(named, sample=self.sample, on_error=lambda e: self._fail("lost_updates", e))
-            self._lost.attach(opt)
-            # the probe may be a model parameter the optimizer does not hold (a hand-written fp32 master copy)
-            probes = [*self._params, *(self._model.parameters() if self._model is not None else ())]
-            owners = [*self._chain, self._model]   # whose zero_grad() resets the watched gradients
-            while owners[-1] is not None and len(owners) < len(self._chain) + 4:   # the model inside DDP, compile
-                owners.append(delegate_of(owners[-1]))
-            self._backward = BackwardMonitor(probes, scaler, on_error=lambda e: self._fail("loss", e),
-                                             owners=owners).attach()
+        try:
+            # the parts first: without a scaler the step ends in the clock's post-hook, after the updates' own, and
+            # the clock's scaler.update observer wraps the loss scale's, so the step ends after that one ran
+            for cls in self._classes:
+                self._aside.guard(cls.name, self._start_part, cls)
             if scaler is not None:
-                self._scale_monitor = ScaleMonitor(scaler, capacity=min(self.every, 1024),
-                                                   on_error=lambda e: self._fail("scale", e)).attach()
-                # installed after ScaleMonitor's: ours wraps it, so the step ends after its observer ran
                 self._handles.append(observe(scaler, "step", before=self._before_scaler_step,
                                              on_error=lambda e: self._fail("gradients", e)))
                 self._handles.append(observe(scaler, "update", after=self._after_update,
@@ -249,16 +218,7 @@ class Watch:
             ended = self._step_done if scaler is None else self._after_direct_step
             self._handles.append(opt.register_step_post_hook(ended) if self._stepper is None else
                                  observe(self._stepper, "step", after=ended, on_error=lambda e: self._fail("watch", e)))
-            self._guard("averages", self._attach_averages)
-            # once per model: that its forward ran, and the model's forward's autocast dtype (the run's format)
-            for k, model in enumerate(self._models):
-                if k == 0 or k in self._owners:
-                    self._ran_hooks[k] = model.register_forward_pre_hook(functools.partial(self._note_call, k))
-                    self._handles.append(self._ran_hooks[k])
-            if self._want_activations:
-                self._guard("activations", self._attach_activations)
-            elif self._sampling.dense:
-                self._guard("activations", lambda: self._arm_activations(self._sampling.dense - 1))
+            self._note_forwards()
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
                 self._guard("recorder", self._open_recorder)
             self._set_sampling(self._sampling.sampled(self.steps))
@@ -267,6 +227,20 @@ class Watch:
             raise
         return self
 
+    def _start_part(self, cls: type[WatchPart]) -> None:
+        part = cls.create(self._ctx)
+        if part is not None:
+            self._parts.append(part)   # before its attach: a part whose attach fails is still detached
+            part.attach()
+
+    def _note_forwards(self) -> None:
+        """Once per model: that its forward ran, and the model's forward's autocast dtype (the run's format)."""
+        ctx = self._ctx
+        for k, model in enumerate(ctx.models):
+            if k == 0 or k in ctx.owners:
+                self._ran_hooks[k] = model.register_forward_pre_hook(functools.partial(self._note_call, k))
+                self._handles.append(self._ran_hooks[k])
+
     def _note_call(self, index: int, module: nn.Module, args: Any) -> None:
         self._guard("watch", self._called, index=index)
 
@@ -274,75 +248,45 @@ class Watch:
         handle = self._ran_hooks.pop(index, None)
         if handle is not None:
             handle.remove()   # safe in a hook: torch calls a copy of the hook list
-        self._ran.add(index)
-        device = next((p.device.type for p in self._params), "cpu")
-        if index == 0 and torch.is_autocast_enabled(device):   # the watched model's forward names the run's format
-            self._autocast = dtype_name(torch.get_autocast_dtype(device))
-
-    def _attach_averages(self) -> None:
-        self._averages = AverageMonitor(self.every, sample=self.sample, reads=self.reads,
-                                        on_error=lambda e: self._fail("averages", e)).attach()
-
-    def _attach_activations(self, gradients: bool = True) -> None:
-        from ampdoctor.monitor.activations import ActivationMonitor
-        # the run's other models too: the first inf/NaN in call order may be theirs (a GAN's generator), and an input
-        # of the watched model that one of them made inf is no bad data
-        frozen = list(self._frozen()) if self._frozen is not None else []
-        others = other_models(self._model, self._others, frozen, self._names) \
-            if len(self._models) > 1 or frozen else []
-        self._activations = ActivationMonitor(self._model, reads=self.reads, setup=SimpleNamespace(scaler=self._scaler),
-                                              gradients=gradients, prefix=self._prefix, others=others)
-        self._activations.attach()
-
-    def _arm_activations(self, last: int) -> None:
-        """Hook the sampled steps up to ``last``; the record of each is read at its end (or at detach). Armed, the
-        monitor looks at the forward alone: its findings are the first non-finite output or input (ARMED_CODES)."""
-        self._attach_activations(gradients=False)
-        self._armed = (self._activations, last)
-
-    def _disarm(self) -> None:
-        armed, self._armed, self._activations = self._armed[0], None, None
-        self._activation_result = (armed.summary(), armed_findings(armed))
-        self._seconds += armed.seconds
-        armed.detach()
+        self._ctx.ran.add(index)
+        device = next((p.device.type for p in self._ctx.params), "cpu")
+        if index == 0:   # the watched model's forward names the run's format
+            if torch.is_autocast_enabled(device):
+                self._autocast = dtype_name(torch.get_autocast_dtype(device))
+            self._formats = run_formats(self._scaled, self.param_dtypes, self._autocast)   # chosen once
 
     def _open_recorder(self) -> None:
+        from ampdoctor.ranks.info import from_environment, from_process_group
+
+        ranked = from_process_group() or from_environment()
         params = [{"name": n, "module": m, "dtype": d, "shape": list(p.shape)} for n, m, d, p in
-                  zip(self.param_names, self.param_modules, self.param_dtypes, self._params)]
+                  zip(self.param_names, self.param_modules, self.param_dtypes, self._ctx.params)]
         self._recorder = FlightRecorder(self.log_dir, log_header(
             self._optimizer, self._scaler, every=self.every, stats=self.stats, sample=self.sample, params=params),
-            fsync=self.fsync)
+            rank=ranked.rank if ranked else None, world_size=ranked.world_size if ranked else None, fsync=self.fsync)
 
     def detach(self) -> None:
         """Flush what is pending, remove every hook, close the log and drop references to the training objects."""
         if self._optimizer is None:
             return
-        if self.attached and "watch" not in self._parts.off:
+        if self.attached and "watch" not in self._aside.off:
             self._guard("watch", self._flush, partial=True)
         # Every handle of every part goes, failed parts included; detach() itself never raises.
         handles, self._handles = self._handles, []
         for handle in reversed(handles):  # last installed first: restores the scaler exactly
             call_safely(handle.remove)
-        for monitor in (self._scale_monitor, self._lost, self._backward, self._averages):
-            if monitor is not None:
-                call_safely(monitor.detach)
-        if self._activations is not None:
-            activations = self._activations
-            if "activations" not in self._parts.off:
-                self._guard("activations", activations.detach)  # records the pending step, removes the hooks
-            call_safely(activations._remove_hooks)  # a part that is off keeps no hook either
-            keep = armed_findings if self._armed else lambda monitor: monitor.findings()
-            self._activation_result = call_safely(lambda: (activations.summary(), keep(activations)))
-            self._seconds += activations.seconds
-            self._activations = self._armed = None
+        for part in self._parts:
+            call_safely(part.detach, on_error=functools.partial(self._fail, part.name))
         if self._recorder is not None:
-            self._guard("recorder", lambda: self._recorder.close({  # findings too: a watch-only log is whole
-                "steps": self.steps, "summary": self.summary_data(), "environment": environment(),
-                "findings": self.findings()}))
-        self._model = self._optimizer = self._scaler = self._stepper = None
-        self._chain, self._params, self._models, self._others, self._frozen = [], [], [], [], None
-        self._grads.release()
+            self._guard("recorder", self._close_recorder)
+        self._model = self._optimizer = self._scaler = self._stepper = self._ctx = None
+        self._chain = []
         self.attached = False
+
+    def _close_recorder(self) -> None:
+        summary = self.watch_summary()   # the findings too: a watch-only log is whole
+        self._recorder.close({"steps": self.steps, "summary": summary.to_dict(), "environment": environment(),
+                              "findings": self._findings(summary)})
 
     def __enter__(self) -> "Watch":
         return self.attach()
@@ -350,28 +294,24 @@ class Watch:
     def __exit__(self, *exc: object) -> None:
         self.detach()
 
-    # ---- hooks ----------------------------------------------------------------------------------------------
+    # ---- the step clock -------------------------------------------------------------------------------------------
     def _before_scaler_step(self, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         if not steps_through(optimizer, self._chain):
             return
         self._through_scaler = True   # this step ends at update(), not at the optimizer's post-hook
-        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
+        if self._discarded_now() or not self._sampled_now:
             return
         scaler = self._scaler  # its stage is kept for the object it is given, wrapper or not
-        self._read_grads(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
+        self._read_point(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
 
     def _discarded_now(self) -> bool:
-        """The step starts: tell the backward monitor; whether the gradients of its backward calls were reset
-        before it (zero_grad() between backward() and step()). Those are not read: what the step finds is not
-        what backward computed, and AMP612 says what happened."""
-        backward = self._backward
-        if backward is None:
-            return False
-        self._guard("loss", backward.step_started)
-        return backward.step_discarded
+        """The step starts: tell the parts; whether the gradients of its backward calls were reset before it
+        (zero_grad() between backward() and step()). Those are not read: what the step finds is not what backward
+        computed, and AMP612 says what happened."""
+        return any([self._aside.guard(part.name, part.step_starting) for part in self._active()])
 
     def _optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if self._discarded_now() or not self._sampled_now or "gradients" in self._parts.off:
+        if self._discarded_now() or not self._sampled_now:
             return None
         if self._scaler is not None and (self._through_scaler or live_scale(self._scaler) is not None):
             # read in scaler.step(); or a direct step after scale(): whether its gradients carry the scale is unknown
@@ -379,12 +319,16 @@ class Watch:
         # A GradScaler we were not given sets grad_scale on a fused optimizer: its grads are still scaled.
         grad_scale = getattr(optimizer, "grad_scale", None)
         scaled = isinstance(grad_scale, torch.Tensor)
-        read = lambda: self._read_grads(grad_scale if scaled else None, scaled=scaled)  # noqa: E731
+        read = functools.partial(self._read_point, grad_scale if scaled else None, scaled)
         # step(closure) (Lightning, LBFGS) computes the gradients inside the step: read them when it returns
-        wrapped = closure_calls_back(args, kwargs, lambda: self._guard("gradients", read))
+        wrapped = closure_calls_back(args, kwargs, lambda: call_safely(read))
         if wrapped is None:
-            self._guard("gradients", read)
+            read()
         return wrapped
+
+    def _read_point(self, scale: torch.Tensor | None, scaled: bool) -> None:
+        for part in self._active():
+            self._aside.guard(part.name, part.read_point, scale, scaled)
 
     def follows(self, optimizer: Any) -> bool:
         """Whether ``optimizer`` is the one this watch follows (as given, or one it wraps)."""
@@ -393,8 +337,8 @@ class Watch:
     def count_every_loss(self, hidden_by: str) -> None:
         """Check every loss given to backward for inf/NaN, sampled step or not (AMP610): where the run's log leaves
         them out, ``hidden_by`` names what does (``"TrainingArguments(logging_nan_inf_filter=True)"``)."""
-        if self._backward is not None and "loss" not in self._parts.off:
-            self._backward.count_every_loss(hidden_by)
+        for part in self._active():
+            self._aside.guard(part.name, part.count_every_loss, hidden_by)
 
     def read_step(self, optimizer: Any) -> None:
         """Read the gradients of the step of ``optimizer`` that is under way now: the watch attached inside it, after
@@ -404,7 +348,8 @@ class Watch:
     def note_clip(self, total_norm: Any, scaled: bool = False) -> None:
         """Record a clip's returned (pre-clip) norm on a sampled step; ``scaled``: it clipped before unscale_."""
         if self._sampled_now:  # other steps do no device work for it
-            self._guard("gradients", lambda: self._grads.note_clip(total_norm, scaled))
+            for part in self._active():
+                self._aside.guard(part.name, part.clipped, total_norm, scaled)
 
     def _after_update(self, *args: Any, **kwargs: Any) -> None:
         """``scaler.update()`` returned: the end of the step, unless it ended already at a direct
@@ -432,22 +377,16 @@ class Watch:
     def _step_done(self, *args: Any, **kwargs: Any) -> None:
         """The end of a step: ``scaler.update()`` returned, or the optimizer step post-hook (without a scaler, or a
         step the scaler took no part in)."""
-        if "watch" in self._parts.off:
-            if self._sampled_now and self._grads.reduces:  # the other ranks' collectives still need this one
-                call_safely(self._grads.finish)
+        if "watch" in self._aside.off:
+            if self._sampled_now:   # the other ranks' collectives still need this one's
+                self._parts_ending()
             self.steps += 1  # the watch is off, but the steps still count (O(1), nothing else)
-            if self._backward is not None:
-                self._backward.step_ended()
+            for part in self._parts:
+                call_safely(part.step_ended)
             self._sampled_now = self._sampling.sampled(self.steps)
             return
         self._guard("watch", self._end_step)
 
-    def _read_grads(self, scale: torch.Tensor | None, scaled: bool) -> None:
-        start = time.perf_counter()
-        self._grads.read(scale, scaled)
-        self._seconds += time.perf_counter() - start
-
-    # ---- the end of a step ----------------------------------------------------------------------------------
     def _end_step(self) -> None:
         start = time.perf_counter()
         try:
@@ -456,187 +395,125 @@ class Watch:
                 self._flush()
         finally:  # a failing flush (reported by the caller) still ends the step
             self.steps += 1
-            if self._backward is not None:
-                self._backward.step_ended()
+            for part in self._active():
+                self._aside.guard(part.name, part.step_ended)
             self._seconds += time.perf_counter() - start
         self._set_sampling(self._sampling.sampled(self.steps))
 
     def _set_sampling(self, active: bool) -> None:
         self._sampled_now = active
-        if self._lost is not None and "lost_updates" not in self._parts.off:
-            self._lost.set_sampling(active)
-        if self._backward is not None:
-            self._backward.sampling = active and "loss" not in self._parts.off
-        if self._activations is not None and "activations" not in self._parts.off:
-            self._guard("activations", lambda: self._activations.set_sampling(active))
+        for part in self._active():
+            self._aside.guard(part.name, part.set_sampling, active)
 
+    def _parts_ending(self) -> None:
+        """Every rank, every sampled step, every part, off or not: a part's collectives are shared by the ranks."""
+        for part in self._parts:
+            call_safely(part.sampled_step_ending, on_error=functools.partial(self._fail, part.name))
+
+    # ---- the one host copy of a sampled step ----------------------------------------------------------------------
     def _flush(self, partial: bool = False) -> None:
-        """The one host sync of a sampled step: copy every monitor's device tensors to the host, then consume."""
+        """The one host sync of a sampled step: copy every part's device values to the host, then consume them."""
         self._consume()  # the previous sampled step's copy, if it is still pending
-        if not partial:  # every rank, every sampled step, even with "gradients" off: its collectives are shared
-            call_safely(self._grads.finish, on_error=lambda e: self._fail("gradients", e))
-        parts: dict[str, dict[str, torch.Tensor]] = {}
-        if self._grads.pending():
-            parts["gradients"] = self._grads.pending()
-        if self._scale_monitor is not None and "scale" not in self._parts.off:
-            parts["scale"] = self._scale_monitor.pending()
-        if self._lost is not None and "lost_updates" not in self._parts.off:
-            parts["lost_updates"] = self._lost.pending()
-        if self._backward is not None and "loss" not in self._parts.off:
-            parts["loss"] = self._backward.pending()
-        if partial and not parts.get("gradients") and "counts" not in parts.get("lost_updates", {}) \
-                and "steps" not in parts.get("scale", {}) and not parts.get("loss"):
+        if not partial:
+            self._parts_ending()
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        for part in self._active():
+            values = self._aside.guard(part.name, part.pending, partial)
+            if values is not None:
+                pending[part.name] = values
+        if partial and not any(part.news(pending[part.name]) for part in self._active() if part.name in pending):
             return  # detached right after a sampled step: nothing new
-        looked = self._activations is not None and "activations" not in self._parts.off and not partial
-        if looked:  # the activation monitor's values travel in the same copy
-            parts["activations"] = self._guard("activations", self._activations.pending) or {}
-        copy = HostCopy(parts, self.reads)  # started (and counted) here; read now on CPU, after the next step on CUDA
-        self._grads.clear()
+        copy = HostCopy(pending, self.reads)  # started (and counted) here; read now on CPU, after the next step on CUDA
         step = self.steps - 1 if partial else self.steps  # partial: written at detach, after the last step
-        entries: dict[str, Any] = {}  # the step line's entries, by core.records.step_line's keywords
-        if looked:  # read at once: a non-finite output is re-run (monitor.replay) before the next step moves weights
-            values = copy.values()["activations"].get("abs_max") if parts["activations"] else None
-            self._guard("activations", lambda: entries.update(activations=self._activations.step_record(
-                step, values)))
+        entries: dict[str, Any] = {}  # the step line's entries, by their keys
+        for part in self._active():   # read at once: a non-finite output is re-run before the next step moves weights
+            if part.immediate and part.name in pending:
+                host = copy.values()[part.name] if pending[part.name] else {}
+                self._aside.guard(part.name, lambda p=part, h=host: entries.update(p.consume(h, Reading(
+                    step, partial, entries))))
         self._deferred = (copy, step, round(time.perf_counter() - self._started, 4), entries, partial)
         # deferred only when the next step is sampled too: escalation needs the values (test_deferred_read.py)
         if not copy.deferred or partial or not self._sampling.sampled(step + 1):
             self._consume()
 
     def _consume(self) -> None:
-        """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise alarms."""
+        """Read a sampled step's host copy (on CUDA at the end of the next step), record it, raise the alarms."""
         if self._deferred is None:
             return
         (copy, step, t, entries, partial), self._deferred = self._deferred, None
         host = copy.values()
-        if "gradients" in host:
-            self._guard("gradients", lambda: entries.update(gradients=self._grads.consume(host["gradients"], step)))
-        if "scale" in host:
-            self._guard("scale", lambda: entries.update(scale=self._scale_monitor.consume(host["scale"])))
-        if "lost_updates" in host:
-            skipped = step in (entries.get("scale") or {}).get("skipped", ())
-            self._guard("lost_updates", lambda: entries.update(zip(
-                ("lost_updates", "updates"), self._lost.consume(host["lost_updates"], step, skipped))))
-        if "loss" in host:
-            self._guard("loss", lambda: entries.update(loss=self._backward.consume(host["loss"], step, partial)))
-        record = step_line(step, t, partial=partial, **entries)  # partial: written at detach, for the last steps
+        reading = Reading(step, partial, entries)
+        for part in self._active():   # in order: a part reads the entries of the ones before it
+            if not part.immediate and part.name in host:
+                self._aside.guard(part.name, lambda p=part: entries.update(p.consume(host[p.name], reading)))
+        record = step_line(step, t, partial=partial, **entries)
         view = read_step(record)
-        self._guard("gradients", lambda: self._check_gradients(view, partial))
+        for part in self._active():
+            self._aside.guard(part.name, part.check, view, partial)
         if not partial:
-            self._guard("watch", lambda: self._note_look(view))
-            self._guard("watch", lambda: self._escalate(view, step))
+            self._guard("watch", self._escalate, view, step)
             self.sampled_steps += 1
         self.last_record = record
-        if self._recorder is not None and "recorder" not in self._parts.off:
-            self._guard("recorder", lambda: self._recorder.write(record))
+        if self._recorder is not None:
+            self._guard("recorder", self._recorder.write, record)
 
-    def _note_look(self, record: Step) -> None:
-        """Keep what the activation monitor saw in this step's forward, for the findings that say where the inf/NaN
-        come from: AMP603 on a skipped step, AMP613 (and whether AMP601 explains it) on a step with an inf/NaN loss."""
-        looked = record.activations
-        if looked is None or not looked.sampled or not looked.inputs:
-            return   # no forward seen on this step, or only part of it (the monitor was attached inside it)
-        loss = None if record.loss is None else record.loss.value
-        if record.skipped and self._scale_monitor is not None and "scale" not in self._parts.off:
-            self._scale_monitor.note_forward(looked.nonfinite_module, loss)
-        if loss is not None and not math.isfinite(loss) and len(self._bad_loss_forwards) < 20:
-            self._bad_loss_forwards.append([record.step, looked.nonfinite_module])
-
-    # ---- escalation -----------------------------------------------------------------------------------------
-    def _escalate(self, record: Step, step: int) -> None:
-        """After the first skip or non-finite gradient: sample the next steps, arm the activation monitor once."""
-        if self._armed is not None and step >= self._armed[1]:  # its last step is recorded: keep what it found
-            self._guard("activations", self._disarm)
+    def _escalate(self, record: Any, step: int) -> None:
+        """After the first skip or non-finite gradient: sample the next steps, and tell the parts (the activation
+        look arms itself for them)."""
         escalated = self._sampling.escalate(record, step)
-        if self._grads.reduces:  # the sampled steps, and so the collectives, must follow the step count alone
-            self._sampling.escalated_at = None
-        if escalated and self._activations is None and self._model is not None and "activations" not in self._parts.off:
-            self._guard("activations", lambda: self._arm_activations(self.steps + 1))
+        if any(part.collective for part in self._parts):   # the sampled steps, and so the collectives, must follow
+            self._sampling.escalated_at = None              # the step count alone
+        if escalated:
+            for part in self._active():
+                self._aside.guard(part.name, part.trouble, self.steps + 1)
 
-    # ---- alarms ---------------------------------------------------------------------------------------------
-    def _check_gradients(self, record: Step, partial: bool = False) -> None:
-        # whether the step was skipped is unknown with the scale part off (its own error) or a step that never
-        # ended (partial: read at detach, e.g. after a crash inside it): then no AMP608
-        skips = not partial and (self._scaler is None or "scale" not in self._parts.off)
-        grads = self._grads
-        for alarm in gradient_alarms(record, grads.last_rows, grads.names, scaler=self._scaler is not None,
-                                     stats=self.stats, skips_known=skips, own_nonfinite=grads.own_nonfinite):
-            # AMP608's own fix unscales with a GradScaler; this run may have none: the fix that fits it
-            fix = nonfinite_grads_fix(is_enabled(self._scaler), self.param_dtypes) if alarm[0] == "AMP608" else None
-            self._parts.report(alarm[0], alarm[1], alarm[2], record.step, alarm[3], fix=fix)
+    # ---- isolation ------------------------------------------------------------------------------------------------
+    def _active(self) -> list[WatchPart]:
+        """The parts not switched off, in order."""
+        off = self._aside.off
+        return [part for part in self._parts if part.name not in off]
 
-    def _guard(self, part: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        return self._parts.guard(part, fn, on_fail=self._fail, **kwargs)
+    def _guard(self, part: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._aside.guard(part, fn, *args, **kwargs)
 
     def _fail(self, part: str, exc: BaseException) -> None:
         """Report an internal error of ``part`` once (AMP001) and switch that part off; training is untouched."""
-        if not self._parts.fail(part, exc, self.steps):
-            return
-        # Switch the part off without removing observers: removing a patch that another one wraps would leave it
-        # behind; detach() removes everything in reverse order. Lost updates: a flag, not detach(): _fail runs
-        # inside optimizer step hooks, and torch iterates over the hook dicts live during step(), so removing a
-        # hook here would raise in the user's step().
-        if part in ("gradients", "watch"):
-            self._grads.clear()
-        stops: dict[str, tuple[Any, Callable[[Any], Any]]] = {
-            "scale": (self._scale_monitor, lambda m: setattr(m, "disabled", True)),
-            "lost_updates": (self._lost, lambda m: m.disable()),
-            "loss": (self._backward, lambda m: setattr(m, "disabled", True)),
-            "averages": (self._averages, lambda m: setattr(m, "disabled", True)),
-            "activations": (self._activations, lambda m: m.set_sampling(False)),
-            "recorder": (self._recorder, lambda m: m.close()),
-        }
-        for name, (monitor, stop) in stops.items():
-            if monitor is not None and (part == name or (part == "watch" and name != "recorder")):
-                call_safely(stop, monitor)
+        self._aside.fail(part, exc)
 
-    # ---- results: findings, summary, report ------------------------------------------------------------------
+    def _stop(self, name: str) -> None:
+        """Switch a part off without removing observers: removing a patch that another one wraps would leave it
+        behind, and torch iterates over the hook dicts live during ``step()``; detach() removes everything in
+        reverse order. ``watch`` (the step bookkeeping) takes every part with it; the recorder closes."""
+        if name == "recorder" and self._recorder is not None:
+            call_safely(self._recorder.close)
+        for part in self._parts:
+            if part.name == name or name == "watch":
+                call_safely(part.stop)
+
+    # ---- results: the summary, findings, report -------------------------------------------------------------------
+    @property
+    def formats(self) -> list[str]:
+        """The formats the run is measured in (``core.formats.run_formats``): chosen once, at the watched model's
+        first forward (its autocast), from the GradScaler and the parameters' dtypes; every view shows these."""
+        return self._formats or run_formats(self._scaled, self.param_dtypes, self._autocast)
+
+    def watch_summary(self) -> WatchSummary:
+        """Return the summary: the watch's own numbers, every part's section, and what the invariants verified."""
+        own = dict(steps=self.steps, sampled_steps=self.sampled_steps, every=self.every, stats=self.stats,
+                   sample=self.sample, host_syncs=self.host_syncs, log_path=self.log_path,
+                   seconds_inside=round(self.seconds_inside, 6), formats=tuple(self.formats))
+        sections: dict[str, Any] = {}
+        for part in self._parts:   # a part that is off keeps its results
+            sections.update(call_safely(part.sections, on_error=functools.partial(self._fail, part.name)) or {})
+        built_in = {key: sections.pop(key, None) for key in _SECTIONS}
+        summary = WatchSummary(**own, **{**built_in, "gradients": built_in["gradients"] or GradientSummary()},
+                               parts={k: v for k, v in sections.items() if v is not None},
+                               off=tuple(sorted(self._aside.off)))
+        return replace(summary, verified=verified(summary))
+
     def summary_data(self) -> dict[str, Any]:
-        """Return the JSON-ready summary (``Report.extra["watch"]``), with what the invariants verified."""
-        summary = self._measured()
-        summary["verified"] = verified(summary)
-        return summary
-
-    def _trained(self) -> list[bool]:
-        """Per watched tensor: whether it is part of what this run trains, for AMP617: it got a gradient, or it is
-        a parameter of a model whose forward ran while watched or one of whose tensors got a gradient. A tensor of a
-        replaced model (an optimizer built before the model was re-created) is not."""
-        arrived = self._grads.arrived
-        trained = self._ran | {self._owners[k] for k in arrived}
-        return [k in arrived or (owner is not None and owner in trained) for k, owner in enumerate(self._owners)]
-
-    def _measured(self) -> dict[str, Any]:
-        grads = self._grads.summary(self.param_modules, self._trained())
-        activations = self._activations.summary() if self._activations is not None else (
-            self._activation_result[0] if self._activation_result else None)
-        return {
-            "steps": self.steps, "sampled_steps": self.sampled_steps, "every": self.every, "stats": self.stats,
-            "sample": self.sample, "host_syncs": self.host_syncs, "log_path": self.log_path,
-            "seconds_inside": round(self.seconds_inside, 6), "formats": run_formats(self._scaler, self.param_dtypes,
-                                                                          self._autocast),
-            "scale": None if self._scale_monitor is None else self._scale_monitor.summary(),
-            "gradients": grads,
-            "lost_updates": None if self._lost is None or not self._lost.summary()["watched"] else
-            self._lost.summary(),
-            "activations": activations,
-            "updates": None if self._lost is None or not self._lost.names else self._lost.updates_summary(),
-            "loss": self._loss_summary(),
-            "averages": self._averages_summary(),
-            "off": sorted(self._parts.off),
-        }
-
-    def _loss_summary(self) -> dict[str, Any] | None:
-        if self._backward is None:
-            return None
-        summary = self._backward.summary()
-        if self._bad_loss_forwards:   # what the forward of steps with an inf/NaN loss looked like (AMP613)
-            summary["nonfinite_forward"] = [list(look) for look in self._bad_loss_forwards]
-        return summary
-
-    def _averages_summary(self) -> list[dict[str, Any]] | None:
-        if self._averages is None or "averages" in self._parts.off:
-            return None
-        return call_safely(self._averages.summary, on_error=lambda e: self._fail("averages", e)) or None
+        """Return the JSON-ready summary (``Report.extra["watch"]`` as the JSON report writes it)."""
+        return self.watch_summary().to_dict()
 
     @property
     def host_syncs(self) -> int:
@@ -648,59 +525,41 @@ class Watch:
         """The flight recorder's file, if any."""
         return None if self._recorder is None else str(self._recorder.path)
 
+    def part(self, name: str) -> Any:
+        """Return the part named ``name`` (``monitor.part.WatchPart``), None when the watch has none."""
+        return next((part for part in self._parts if part.name == name), None)
+
     @property
     def last_grads(self) -> dict[str, dict[str, float]]:
         """The per-parameter gradient statistics of the last sampled step, by parameter name."""
-        return self._grads.last
+        gradients = self.part("gradients")
+        return {} if gradients is None else gradients.reader.last
 
     @property
     def norm_history(self) -> list[tuple[int, float]]:
         """``(step, global gradient norm)`` of the sampled steps, up to 10_000."""
-        return self._grads.norm_history
+        gradients = self.part("gradients")
+        return [] if gradients is None else gradients.reader.norm_history
 
     def findings(self) -> list[Finding]:
-        """Return the findings so far: AMP603/604/605/607/608 (and AMP601/602/606 with ``activations=True``)."""
-        activation = self._activation_findings()
-        culprit = next((f.where for f in activation if f.code == "AMP601"), None)
-        out = list(self._parts.findings)
-        if self._scale_monitor is not None:
-            self._scale_monitor.name_culprit(culprit)
-            out += self._scale_monitor.findings()
-        if self._lost is not None:
-            out += self._lost.findings()
-        out += average_findings(self._averages_summary() or [])
-        invariants = call_safely(lambda: invariant_findings(self._measured()), on_error=lambda e: self._fail(
-            "invariants", e)) or []
-        if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
-            out = [f for f in out if f.code != "AMP604"]  # every step skipped: said once, as the error it is
-        if culprit is not None and self._loss_explained(activation):   # AMP601 says where the loss's starts: once
-            invariants = [f for f in invariants if f.code != "AMP613"]
-        return out + activation + invariants
+        """Return the findings so far: every part's, the invariants' (``monitor.verdicts``), AMP001."""
+        return self._findings(self.watch_summary())
 
-    def _loss_explained(self, activation: list[Finding]) -> bool:
-        """Whether AMP601 explains the inf/NaN loss: on the first sampled step whose loss was inf/NaN a module's
-        output already was (as the look at that forward, or AMP601's own step, shows), and every other step with an
-        inf/NaN loss whose forward was looked at had a module's output inf/NaN too (not the input, not none)."""
-        bad = (self._backward.summary().get("nonfinite") or []) if self._backward is not None else []
-        looks = dict(map(tuple, self._bad_loss_forwards))
-        if not bad or any(module is None or is_input(module) for module in looks.values()):
-            return False
-        # a look at the first bad step that began inside its forward (the watch attached there) is not in `looks`;
-        # an AMP601 of that step is the activation monitor's word that a module's output was inf/NaN on it
-        return bad[0] in looks or any(f.code == "AMP601" and f.step == bad[0] for f in activation)
-
-    def _activation_findings(self) -> list[Finding]:
-        live, kept = self._activations, self._activation_result
-        if live is not None:
-            return armed_findings(live) if self._armed else live.findings()
-        return kept[1] if kept else []
+    def _findings(self, summary: WatchSummary) -> list[Finding]:
+        found = [f for part in self._parts for f in call_safely(
+            part.findings, summary, on_error=functools.partial(self._fail, part.name)) or []]
+        invariants = call_safely(invariant_findings, summary, on_error=functools.partial(self._fail,
+                                                                                       "invariants")) or []
+        return watch_findings(summary, list(self._aside.findings) + found, invariants)
 
     def summary(self, findings: bool = True) -> WatchView:
         """Return the summary and (unless ``findings=False``) the findings, for ``rich.print``."""
-        return WatchView(self.summary_data(), self.findings() if findings else None)
+        summary = self.watch_summary()
+        return WatchView(summary, self._findings(summary) if findings else None)
 
     def report(self) -> Report:
-        """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": summary_data()}``."""
-        report = Report(extra={"watch": self.summary_data()})   # device facts are read when it is shown
-        list(map(report.add, self.findings()))
+        """Return an ``ampdoctor.core.report.Report`` with the findings and ``extra={"watch": the summary}``."""
+        summary = self.watch_summary()
+        report = Report(extra={"watch": summary})   # device facts are read when it is shown
+        list(map(report.add, self._findings(summary)))
         return report

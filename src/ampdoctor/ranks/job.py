@@ -98,7 +98,7 @@ def _other_rank(own: Report, end: JobEnd, exchange: RankExchange, say: Callable[
 def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | None, rank: RankInfo | None,
           say: Callable[[Any], None]) -> None:
     """Show the report this process speaks for, and the lines under it."""
-    if (own.extra.get("watch") or {}).get("steps"):   # a run that crashed before its first step has no numbers
+    if own.watch is not None and own.watch.steps:   # a run that crashed before its first step has no numbers
         say(ReportView(own, exception=False, watch=True, findings=False))   # this rank's numbers; the others' logs
     repaired = {f.get("code") for f in report.extra.get("fixed", []) if isinstance(f, dict)}
     left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]

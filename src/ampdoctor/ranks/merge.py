@@ -269,10 +269,10 @@ def disagreements(reports: dict[int, Report]) -> list[Any]:
     `rank_disagreements`); nothing when fewer than two ranks watched the scale."""
     per_rank = {}
     for rank, report in reports.items():
-        scale = ((report.extra.get("watch") or {}).get("scale") or {})
-        if isinstance(scale.get("steps"), int) and isinstance(scale.get("history"), list):
-            per_rank[rank] = {"steps": scale["steps"], "skipped_steps": scale.get("skipped_steps") or [],
-                              "scale_history": scale["history"]}
+        scale = report.watch.scale if report.watch is not None else None
+        if scale is not None:
+            per_rank[rank] = {"steps": scale.steps, "skipped_steps": list(scale.skipped_steps),
+                              "scale_history": list(scale.history)}
     return rank_disagreements(per_rank) if len(per_rank) > 1 else []
 
 

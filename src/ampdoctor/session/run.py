@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ampdoctor.core.options import RunOptions
+from ampdoctor.core.records import append_report
 from ampdoctor.core.report import Report
-from ampdoctor.monitor.recorder import append_report
 from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.job import JobEnd, end_job
@@ -59,7 +59,7 @@ def end_run(report: Report, options: RunOptions, *, exit_code: int, failed_at: f
 
 def _append_to_log(report: Report, say: Callable[[Any], None]) -> None:
     """Append the report to this process's flight recorder, as its last line; say so where that fails."""
-    log_path = (report.extra.get("watch") or {}).get("log_path")
+    log_path = report.watch.log_path if report.watch is not None else None
     if not log_path:
         return
     try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 import traceback
 import weakref
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,6 +31,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import StepAside, call_safely
 from ampdoctor.core.names import Names
 from ampdoctor.core.options import RunOptions
+from ampdoctor.core.records import Coverage
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
 from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
@@ -80,7 +82,7 @@ class Session:
         self._handles: list[Any] = []
         self._clip_norms = ClipNorms()
         self._max_norm: Any = None
-        self._coverage: dict[str, Any] | None = None   # which part of the models the watched optimizer steps
+        self._coverage: Coverage | None = None   # which part of the models the watched optimizer steps
         self.stages = stages if stages is not None else Stages()   # which objects the run trains now
         # What the run trained, by identity, for the report's `observed` counts (kept after the end).
         self.seen: dict[str, set[int]] = {"models": set(), "optimizers": set(), "scalers": set()}
@@ -346,11 +348,9 @@ class Session:
         if self.watch is not None:
             for finding in call_safely(self.watch.findings, on_error=self.internal_error) or []:
                 report.add(finding)
-            summary = call_safely(self.watch.summary_data, on_error=self.internal_error)
+            summary = call_safely(self.watch.watch_summary, on_error=self.internal_error)
             if summary is not None:
-                if self.stages.summaries:
-                    summary = {**summary, "stages": list(self.stages.summaries)}
-                report.extra["watch"] = summary
+                report.extra["watch"] = replace(summary, stages=tuple(self.stages.summaries))
         report.observed = {kind: len(ids) for kind, ids in self.seen.items()}
         return report
 
@@ -382,15 +382,12 @@ class Session:
         from ampdoctor.session.evidence import with_watch_evidence
 
         watched = self.watch.report()
-        if self._coverage is not None:
-            watched.extra["watch"]["coverage"] = self._coverage
         for finding in watched.findings:
             self.report.add(finding)
-        if self.stages.summaries:
-            watched.extra["watch"]["stages"] = list(self.stages.summaries)
-        self.report.extra.update(watched.extra)
+        summary = replace(watched.extra["watch"], coverage=self._coverage, stages=tuple(self.stages.summaries))
+        self.report.extra["watch"] = summary
         # a prediction gets what the watch measured (AMP208)
-        self.report.findings = [with_watch_evidence(f, watched.extra.get("watch")) for f in self.report.findings]
+        self.report.findings = [with_watch_evidence(f, summary) for f in self.report.findings]
 
     def _collect_guard(self) -> None:
         for finding in self.guard.findings():

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
+from ampdoctor.core.records import StageSummary, WatchSummary
 from ampdoctor.core.training import unwrap_optimizer
 
 __all__ = ["Stages", "STAGE_AFTER", "MAX_FROZEN"]
@@ -52,7 +53,7 @@ class Stages:
     def __init__(self, after: int = STAGE_AFTER, ended: weakref.WeakSet | None = None) -> None:
         self.after = after
         self.ended: weakref.WeakSet = ended if ended is not None else weakref.WeakSet()
-        self.summaries: list[dict[str, Any]] = []   # the watch summaries of the stages a later one replaced
+        self.summaries: list[StageSummary] = []   # the watch summaries of the stages a later one replaced
         self.diagnosed: weakref.WeakSet = weakref.WeakSet()   # real optimizers the pre-flight has looked at
         self.scalers: weakref.WeakSet = weakref.WeakSet()     # the GradScalers the looks handed over
         self._watched: set[int] = set()   # the optimizers there were when the watch's stage began, by id
@@ -100,7 +101,7 @@ class Stages:
         self._others_stepped = 0
         return True
 
-    def end(self, optimizers: Iterable[Any], summary: Any) -> None:
+    def end(self, optimizers: Iterable[Any], summary: WatchSummary | None) -> None:
         """End the watch's stage: of the run's ``optimizers``, the stage's that did not step since are left behind
         (the next stage's watch leaves them out); keep ``summary``, the ended watch's, for the report."""
         for real in map(unwrap_optimizer, optimizers):
@@ -109,8 +110,8 @@ class Stages:
         for real in self._recent:
             self._left.discard(real)
         self._recent.clear()
-        if isinstance(summary, dict):
-            self.summaries.append({key: summary.get(key) for key in ("steps", "sampled_steps", "verified")})
+        if summary is not None:
+            self.summaries.append(StageSummary(summary.steps, summary.sampled_steps, summary.verified))
 
     def left_behind(self, optimizer: Any) -> bool:
         """Whether ``optimizer`` belongs to a stage the watch left."""

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
+from ampdoctor.core.records import Coverage
 from ampdoctor.core.training import optimizer_tensors, owns_any, unwrap_optimizer
 
 __all__ = ["watched_size", "watch_coverage", "watched_pair"]
@@ -36,7 +37,7 @@ def watched_size(model: nn.Module) -> int:
 
 
 def watch_coverage(optimizer: Any, setup: Any, optimizers: Sequence[Any] | None = None,
-                   models: Sequence[nn.Module] | None = None) -> dict[str, Any] | None:
+                   models: Sequence[nn.Module] | None = None) -> Coverage | None:
     """Return which part of the trained models ``optimizer`` (the one a watch follows) steps, when other
     optimizers step the rest (two models, Muon next to AdamW, one optimizer per parameter); else None.
     ``optimizers`` and ``models``: the watch's stage's, when not all of ``setup``'s (a k-fold's later fold)."""
@@ -47,5 +48,5 @@ def watch_coverage(optimizer: Any, setup: Any, optimizers: Sequence[Any] | None 
               if o is not optimizer and any(id(p) in trainable for p in optimizer_tensors(o))]
     if not others:
         return None
-    return {"optimizer": setup.optimizer_label(optimizer), "other_optimizers": len(others),
-            "trainable": len(trainable), "tensors": sum(id(p) in trainable for p in optimizer_tensors(optimizer))}
+    return Coverage(setup.optimizer_label(optimizer), len(others), len(trainable),
+                    sum(id(p) in trainable for p in optimizer_tensors(optimizer)))

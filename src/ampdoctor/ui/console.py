@@ -236,10 +236,10 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
     ``show_exception=False`` where the traceback was just printed (``ampdoctor run``): its last line is the same.
     """
     parts: list[RenderableType] = []
-    if report.exception and show_exception:
-        rank = f"on rank {report.exception['rank']}: " if report.exception.get("rank") else ""
-        parts.append(Text(f"{rank}{report.exception.get('type')}: {report.exception.get('message')}",
-                          style="bold red"))
+    crash = report.crash
+    if crash is not None and show_exception:
+        rank = f"on rank {crash.rank}: " if crash.rank else ""
+        parts.append(Text(f"{rank}{crash.line}", style="bold red"))
     if getattr(report, "missing_ranks", None):
         parts.append(Sentence(f"ampdoctor: {missing_ranks_sentence(report.missing_ranks)}", style="bold yellow"))
     if report.changes:

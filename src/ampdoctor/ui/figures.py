@@ -95,7 +95,7 @@ def _plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
             yield f"cast_{fmt}", f"Gradient entries that would underflow to 0 / overflow to inf in {fmt}, per " \
                                  "module and sampled step (% of the finite non-zero entries examined)", \
                 lambda fig, fmt=fmt, kinds=kinds: _heatmaps(fig, data, [(f"{fmt} {k}", f"{fmt}_{k}") for k in kinds])
-    nonfinite = data.cast.get("nonfinite", {}).values()
+    nonfinite = data.cast["nonfinite"].values() if "nonfinite" in data.cast else []
     if len(data.cast_steps) > 1 and any(any(v for v in values if v) for values in nonfinite):
         yield "nonfinite_grads", "Gradient entries that are inf/NaN, per module and sampled step (% of entries)", \
             lambda fig: _heatmaps(fig, data, [("inf/NaN gradients", "nonfinite")])
@@ -105,7 +105,7 @@ def _plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
             lambda fig: _activations(fig, data)
     elif data.activation_modules:
         # one step looked at (a step after trouble, a run that stopped at once): per module, not a one-point line
-        steps = ", ".join(str(a["step"]) for a in data.activations)
+        steps = ", ".join(str(a.step) for a in data.activations)
         yield "activations", f"Activation headroom per module{f' at step {steps}' if steps else ''}: the largest " \
                              "activation over the largest value its dtype holds (1 = overflow); red: an inf/NaN " \
                              "output", lambda fig: _activations(fig, data)
@@ -214,26 +214,25 @@ def _activations(fig: Any, data: RunData) -> Any:
     ax = fig.add_subplot()
     over_steps = len(data.activations) > 1
     if over_steps:
-        points = [(a["step"], a["ratio"]) for a in data.activations if a["ratio"]]
+        points = [(a.step, a.ratio) for a in data.activations if a.ratio]
         if points:
             ax.plot(*zip(*points), color="#2e7d32", marker="." if len(points) < 60 else None,
                     label="largest activation / dtype max")
-        bad = [a for a in data.activations if a["nonfinite_module"]]
+        bad = [a for a in data.activations if a.nonfinite_module]
         if bad:
-            ax.plot([a["step"] for a in bad], [1.0] * len(bad), "x", color=_BAD, ms=8,
-                    label=f"inf/NaN forward, first in {_short(bad[0]['nonfinite_module'], 30)}")
-            ax.annotate(f"{_short(bad[0]['nonfinite_module'], 60)} overflows", (bad[0]["step"], 1.0), xytext=(8, -14),
+            ax.plot([a.step for a in bad], [1.0] * len(bad), "x", color=_BAD, ms=8,
+                    label=f"inf/NaN forward, first in {_short(bad[0].nonfinite_module, 30)}")
+            ax.annotate(f"{_short(bad[0].nonfinite_module, 60)} overflows", (bad[0].step, 1.0), xytext=(8, -14),
                         textcoords="offset points", color=_BAD)
         ax.set_xlabel("step")
     else:
         rows = sorted(((m, s) for m, s in data.activation_modules.items() if m != "(root)"),
-                      key=lambda ms: -(1.0 if ms[1].get("nonfinite_forward_steps") else
-                                       (ms[1].get("headroom_ratio") or 0.0)))[:20]
+                      key=lambda ms: -(1.0 if ms[1].nonfinite_forward_steps else (ms[1].headroom_ratio or 0.0)))[:20]
         if not rows:
             return False
-        ratios = [1.0 if s.get("nonfinite_forward_steps") else (s.get("headroom_ratio") or 0.0) for _, s in rows]
+        ratios = [1.0 if s.nonfinite_forward_steps else (s.headroom_ratio or 0.0) for _, s in rows]
         ax.barh([_short(m) for m, _ in rows], ratios,
-                color=[_BAD if s.get("nonfinite_forward_steps") else "#2e7d32" for _, s in rows])
+                color=[_BAD if s.nonfinite_forward_steps else "#2e7d32" for _, s in rows])
         ax.invert_yaxis()
         fig.set_size_inches(9, 1.2 + 0.22 * len(rows))
     ax.axhline(1.0, color=_BAD, lw=1, ls="--") if over_steps else ax.axvline(1.0, color=_BAD, lw=1, ls="--")
@@ -267,7 +266,7 @@ def write_pngs(loaded: Any, folder: str) -> list[str]:
     try:
         os.makedirs(folder, exist_ok=True)
         paths = []
-        for figure in draw_figures(read_run(loaded.run, loaded.report.extra)):
+        for figure in draw_figures(read_run(loaded.run, loaded.report.watch)):
             path = os.path.join(folder, f"{figure.key}.png")
             figure.png(path)
             paths.append(path)

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
+from ampdoctor.core.records import ActivationModule
 from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence
 from ampdoctor.core.report import verdict as closing_sentence
 from ampdoctor.core.words import counted, word_for
@@ -42,7 +43,8 @@ def _pct(value: Any) -> str:
 
 def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     """Return the verdict's class (``ok``, ``bad``, ``partial``) and its lines, as plain text: the report's closing
-    sentence is the console's (``core.report.verdict``), and an all-clear is only ``ok`` where it was earned.
+    sentence is the console's (``core.report.verdict``, the one verdict), an all-clear is only ``ok`` where it was
+    earned, and the page is ``bad`` where the report has an error finding, a crash, or saw nothing trained.
 
     >>> from ampdoctor.core.report import Report
     >>> from types import SimpleNamespace
@@ -53,19 +55,11 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     errors = sum(f.severity is Severity.ERROR for f in report.findings)
     warnings = sum(f.severity is Severity.WARNING for f in report.findings)
     lines, earned = _report_lines(loaded, errors, warnings)
-    collapsed = bool(data.scale) and data.scale[-1][1] < data.scale[0][1] / 16
-    if collapsed:
-        lines.append(f"the loss scale fell from {data.scale[0][1]:g} to {data.scale[-1][1]:g}; "
-                     f"{counted(len(data.skipped), 'skipped step')}")
-    if data.first_nonfinite:
-        first = data.first_nonfinite
-        label = f"{first.get('module')}" + (f" ({first.get('class')})" if first.get("class") else "")
-        lines.append(f"first inf/NaN in the forward pass: {label} at step {first.get('step')}")
     partial = data.closed is False and not _has_report(loaded)
     if partial:
         lines.append(f"the flight recorder ends at sampled step {data.last_step} without its end line: the run was "
                      "killed or is still running; findings are those recorded so far")
-    if errors or report.exception or report.saw_nothing or collapsed or data.first_nonfinite:
+    if errors or report.exception or report.saw_nothing:
         return "bad", lines
     return ("ok" if earned and not (partial or warnings) else "partial"), lines
 
@@ -85,7 +79,7 @@ def _report_lines(loaded: Any, errors: int, warnings: int) -> tuple[list[str], b
         lines.append("no findings in this log: a watch keeps its findings in its report, not in the flight recorder "
                      "(`ampdoctor run --log-dir` appends the report to it)")
     if report.exception:
-        lines.append(f"the script crashed: {report.exception.get('type')}: {report.exception.get('message')}")
+        lines.append(f"the script crashed: {report.crash.line}")
     if report.missing_ranks:
         lines.append(missing_ranks_sentence(report.missing_ranks))
     if closing is not None:
@@ -117,9 +111,8 @@ def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_h
              "<h1>ampdoctor report</h1>", f"<p class='src'>{esc(' · '.join(str(m) for m in meta))}</p>",
              f"<section id='verdict' class='verdict {kind}'>"
              + "".join(f"<p>{esc(line)}</p>" for line in lines) + "</section>"]
-    if report.exception and report.exception.get("traceback"):
-        parts.append(f"<details><summary>traceback</summary><pre>{esc(report.exception['traceback'])}</pre>"
-                     "</details>")
+    if report.crash is not None and report.crash.traceback:
+        parts.append(f"<details><summary>traceback</summary><pre>{esc(report.crash.traceback)}</pre></details>")
     parts.append(_findings(report.findings))
     if report.changes:
         parts.append("<h2>Changes made</h2><ul>" + "".join(f"<li>{esc(str(c))}</li>" for c in report.changes)
@@ -193,7 +186,18 @@ def _numerics(data: RunData, figures: list[Any] | None, install_hint: str) -> st
     out.append(_scale_table(data))
     out.append(_gradient_table(data))
     out.append(_activation_table(data))
+    out.append(_parts_table(data))
     return "\n".join(p for p in out if p)
+
+
+def _parts_table(data: RunData) -> str:
+    """The numbers of the watch's parts that have no drawing of their own (``WatchSummary.shown_parts``)."""
+    if not data.parts:
+        return ""
+    rows = "".join(f"<tr><td>{esc(key)}</td><td>{esc(label)}</td><td>{esc(value)}</td></tr>"
+                   for key, shown in data.parts for label, value in shown)
+    return f"<h3>Other parts of the watch</h3><table class='num' id='parts'><tr><th>part</th><th>number</th>" \
+           f"<th>value</th></tr>{rows}</table>"
 
 
 def _scale_table(data: RunData) -> str:
@@ -242,15 +246,15 @@ def _activation_table(data: RunData) -> str:
     if not modules:
         return ""
 
-    def order(item: tuple[str, dict[str, Any]]) -> float:
+    def order(item: tuple[str, ActivationModule]) -> float:
         s = item[1]
-        return -(2.0 if s.get("nonfinite_forward_steps") else s.get("headroom_ratio") or 0.0)
+        return -(2.0 if s.nonfinite_forward_steps else s.headroom_ratio or 0.0)
 
     rows = "".join(
-        f"<tr{' class=bad' if s.get('nonfinite_forward_steps') else ''}><td>{esc(m)}</td>"
-        f"<td>{esc(str(s.get('class') or ''))}</td><td>{_num(s.get('max_abs'))}</td><td>{_num(s.get('limit'))}</td>"
-        f"<td>{_pct(s.get('headroom_ratio'))}</td><td>{_num(s.get('nonfinite_forward_steps'))}</td>"
-        f"<td>{_num(s.get('nonfinite_backward_steps'))}</td></tr>"
+        f"<tr{' class=bad' if s.nonfinite_forward_steps else ''}><td>{esc(m)}</td>"
+        f"<td>{esc(s.cls or '')}</td><td>{_num(s.max_abs)}</td><td>{_num(s.limit)}</td>"
+        f"<td>{_pct(s.headroom_ratio)}</td><td>{_num(s.nonfinite_forward_steps)}</td>"
+        f"<td>{_num(s.nonfinite_backward_steps)}</td></tr>"
         for m, s in sorted(modules.items(), key=order)[:MAX_TABLE_ROWS])
     return ("<h3>Activation headroom</h3><table class='num' id='activations'><tr><th>module</th><th>class</th>"
             "<th>max |output|</th><th>dtype max</th><th>used</th><th>steps with inf/NaN output</th>"
@@ -262,35 +266,30 @@ def _first_nonfinite(data: RunData) -> str:
     if not first:
         back = data.first_nonfinite_backward
         if back:
-            return (f"<h2>First non-finite gradient</h2><p>{esc(str(back.get('kind')))} in the gradient of "
-                    f"<b>{esc(str(back.get('module')))}</b> ({esc(str(back.get('class')))}) at step "
-                    f"{esc(str(back.get('step')))}, with a finite forward pass.</p>")
+            return (f"<h2>First non-finite gradient</h2><p>{esc(str(back.kind))} in the gradient of "
+                    f"<b>{esc(str(back.module))}</b> ({esc(str(back.cls))}) at step "
+                    f"{esc(str(back.step))}, with a finite forward pass.</p>")
         return ""
-    out = [f"<h2>First non-finite forward</h2><p id='first-nonfinite'>{esc(str(first.get('kind')))} in the output of "
-           f"<b>{esc(str(first.get('module')))}</b>"
-           + (f" ({esc(str(first.get('class')))})" if first.get("class") else "")
-           + f" at step {esc(str(first.get('step')))}: the first module, in call order, whose output is not finite."
+    out = [f"<h2>First non-finite forward</h2><p id='first-nonfinite'>{esc(str(first.kind))} in the output of "
+           f"<b>{esc(str(first.module))}</b>" + (f" ({esc(first.cls)})" if first.cls else "")
+           + f" at step {esc(str(first.step))}: the first module, in call order, whose output is not finite."
            + "</p>"]
-    op = first.get("op") if isinstance(first.get("op"), dict) else None
+    op = first.op
     if op:
-        stack = " → ".join(str(m) for m in op.get("module_stack") or [])
-        tensors = (op.get("inputs") or []) + (op.get("outputs") or [])
-        out.append(f"<p>op <code>{esc(str(op.get('op')))}</code> made {esc(str(op.get('kind')))} from finite inputs; "
-                   f"call path {esc(stack)}</p><table class='num'><tr><th>tensor</th><th>dtype</th><th>shape</th>"
-                   "<th>abs max</th></tr>" + "".join(
-                       f"<tr><td>{esc(str(t.get('role')))}</td><td>{esc(str(t.get('dtype')))}</td>"
-                       f"<td>{esc(str(t.get('shape')))}</td><td>{_num(t.get('abs_max'))}</td></tr>"
-                       for t in tensors[:12] if isinstance(t, dict)) + "</table>")
-    frames = [f for f in first.get("frames") or [] if isinstance(f, dict)]
+        out.append(f"<p>op <code>{esc(op.op)}</code> made {esc(op.kind)} from finite inputs; "
+                   f"call path {esc(' → '.join(op.module_stack))}</p><table class='num'><tr><th>tensor</th>"
+                   "<th>dtype</th><th>shape</th><th>abs max</th></tr>" + "".join(
+                       f"<tr><td>{esc(t.role)}</td><td>{esc(t.dtype)}</td><td>{esc(str(list(t.shape)))}</td>"
+                       f"<td>{_num(t.abs_max)}</td></tr>" for t in op.tensors[:12]) + "</table>")
+    frames = first.frames
     if frames:
         rows = []
         for frame in frames[-8:]:
-            for r in (frame.get("rows") or [])[:12]:
-                r = r if isinstance(r, dict) else {}
-                bad = str(r.get("abs_max")) in ("inf", "nan")
-                rows.append(f"<tr{' class=bad' if bad else ''}><td>{esc(str(frame.get('module')))}</td>"
-                            f"<td>{esc(str(frame.get('class')))}</td><td>{esc(str(r.get('role')))}</td>"
-                            f"<td>{_num(r.get('abs_min'))}</td><td>{_num(r.get('abs_max'))}</td></tr>")
+            for role, lo, hi in frame.rows[:12]:
+                bad = hi is not None and not math.isfinite(hi)
+                rows.append(f"<tr{' class=bad' if bad else ''}><td>{esc(frame.module)}</td>"
+                            f"<td>{esc(frame.cls)}</td><td>{esc(role)}</td>"
+                            f"<td>{_num(lo)}</td><td>{_num(hi)}</td></tr>")
         out.append("<h3>Frames: the modules that ran last, in call order</h3><table class='num' id='frames'><tr>"
                    "<th>module</th><th>class</th><th>tensor</th><th>abs min (non-zero)</th><th>abs max</th></tr>"
                    + "".join(rows) + "</table>")

@@ -54,7 +54,7 @@ def load_any(path: str) -> Loaded:
         ValueError: the file is neither, with what was found.
         OSError: the file cannot be read.
     """
-    from ampdoctor.monitor.recorder import LOG_NAME
+    from ampdoctor.core.records import LOG_NAME
 
     if os.path.isdir(path):
         ranked = _rank_logs(path)
@@ -102,7 +102,7 @@ def _load_report(path: str, target: str) -> Loaded:
 
 
 def _load_log(path: str, target: str) -> Loaded:
-    from ampdoctor.monitor.recorder import read_runs
+    from ampdoctor.core.records import read_runs
 
     try:
         runs = read_runs(target)
@@ -127,7 +127,7 @@ def _load_log(path: str, target: str) -> Loaded:
 
 
 def _rank_logs(folder: str) -> dict[int, str]:
-    from ampdoctor.monitor.recorder import rank_of_log
+    from ampdoctor.core.records import rank_of_log
 
     found = {}
     for name in sorted(os.listdir(folder)):
@@ -190,7 +190,7 @@ def combine(log: Loaded, report: Loaded) -> Loaded:
 
 def run_data(loaded: Loaded) -> RunData:
     """Return the numbers the page and the figures show (``ampdoctor.ui.run_data.read_run``)."""
-    return read_run(loaded.run, loaded.report.extra) if loaded.is_log or loaded.report.extra else RunData()
+    return read_run(loaded.run, loaded.report.watch) if loaded.is_log or loaded.report.watch else RunData()
 
 
 # ---- series extracted from the step records --------------------------------------------------------------------
@@ -233,8 +233,10 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     if steps:
         parts.append(Text(f"last completed sampled step: {steps[-1]}"))
     if data.first_nonfinite:
-        parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.get('module')} at step "
-                          f"{data.first_nonfinite.get('step')}", style="red"))
+        parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.module} at step "
+                          f"{data.first_nonfinite.step}", style="red"))
+    for key, shown in data.parts:   # a part of the watch with no drawing of its own: its numbers
+        parts.append(Sentence(f"{key}: " + ", ".join(f"{label} {value}" for label, value in shown)))
     if not have_matplotlib():
         parts.append(Text(f"plots: {INSTALL_HINT}, then ampdoctor report {loaded.path} --html report.html",
                           style="dim"))

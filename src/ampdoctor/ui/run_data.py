@@ -9,15 +9,27 @@ activation roll-up), whose plain JSON values are trusted in nothing: a value of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ampdoctor.core.records import Header, Recording
-from ampdoctor.monitor.summary import run_formats
+from ampdoctor.core.formats import FORMATS, run_formats
+from ampdoctor.core.records import ActivationModule, FirstNonfinite, Header, Recording, ScaleSummary, WatchSummary
 
-__all__ = ["RunData", "read_run", "KINDS"]
+__all__ = ["RunData", "ActivationStep", "read_run", "KINDS"]
 
 KINDS = ("underflow", "overflow", "nonfinite")  # heatmap panels; nonfinite is a share of all entries
 Series = list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class ActivationStep:
+    """What the activation look saw at one sampled step: the largest finite |output|, the module closest to its
+    format's maximum and its ratio to it (largest activation over the largest value its dtype holds), and the first
+    module with an inf/NaN output."""
+
+    step: int
+    ratio: float | None
+    module: str | None
+    max_abs: float | None
+    nonfinite_module: str | None
 
 
 @dataclass
@@ -29,7 +41,7 @@ class RunData:
         sampled_steps: step records read.
         last_step: the last sampled step, or None.
         closed: the recorder wrote its end line (None: not a flight recorder).
-        formats: the formats the run trains in (``fp16``, ``bf16``, …), for the underflow/overflow panels.
+        formats: the formats the run is measured in (``fp16``, ``bf16``, …), for the underflow/overflow panels.
         scale: ``(step, loss scale used at that step)`` where it changed, and the scale after the last step.
         skipped: the steps the GradScaler skipped.
         global_norm: ``(step, unscaled global gradient L2 norm)``; non-finite values kept.
@@ -37,12 +49,12 @@ class RunData:
         cast_steps: the steps of the heatmap's columns.
         cast: ``{"fp16_underflow": {module: [share or None per cast step]}}``; ``"nonfinite"`` likewise. Shares
             of underflow/overflow are of the finite non-zero entries examined; non-finite is of all entries.
-        activations: per sampled step ``{"step", "ratio", "module", "nonfinite_module"}`` (ratio: largest
-            activation over the largest value its dtype holds).
+        activations: per sampled step, what the activation look saw (`ActivationStep`).
         activation_modules: the activation monitor's per-module roll-up.
         first_nonfinite: the first non-finite forward event (module, class, step, kind, frames, op), or None.
         first_nonfinite_backward: the first non-finite gradient event, or None.
         lost: ``(step, share of sampled updates lost to rounding)``, pooled over the parameters.
+        parts: the numbers of the watch's other parts (``core.records.WatchSummary.shown_parts``).
         notes: what the numbers come from or lack, in words (a report alone, an older log).
     """
 
@@ -57,31 +69,18 @@ class RunData:
     module_norms: dict[str, Series] = field(default_factory=dict)
     cast_steps: list[int] = field(default_factory=list)
     cast: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
-    activations: list[dict[str, Any]] = field(default_factory=list)
-    activation_modules: dict[str, dict[str, Any]] = field(default_factory=dict)
-    first_nonfinite: dict[str, Any] | None = None
-    first_nonfinite_backward: dict[str, Any] | None = None
+    activations: list[ActivationStep] = field(default_factory=list)
+    activation_modules: dict[str, ActivationModule] = field(default_factory=dict)
+    first_nonfinite: FirstNonfinite | None = None
+    first_nonfinite_backward: FirstNonfinite | None = None
     lost: Series = field(default_factory=list)
+    parts: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def read_run(recording: Recording | None, report_extra: dict[str, Any] | None = None) -> RunData:
-    """Return the plotted numbers of a flight recorder's run (``core.records.read_recording``) or a report's
-    ``extra``.
+def read_run(recording: Recording | None, watch: WatchSummary | None = None) -> RunData:
+    """Return the plotted numbers of a flight recorder's run (``core.records.read_recording``) or of a report's watch
+    summary (``Report.watch``).
 
     >>> from ampdoctor.core.records import read_recording
     >>> data = read_run(read_recording({"params": []}, [{"type": "step", "step": 0, "scale": {"steps": [0, 1],
@@ -91,29 +90,29 @@ def read_run(recording: Recording | None, report_extra: dict[str, Any] | None = 
     """
     data = RunData()
     end = None if recording is None else recording.end
-    summary = (end.summary if end is not None else {}) or _dict((report_extra or {}).get("watch"))
+    summary = (end.summary if end is not None else None) or watch
     if recording is not None and (recording.header is not None or recording.steps):
         data.source, data.closed = "log", end is not None
         _read_steps(data, recording)
         data.notes += recording.notes
-    elif summary:
+    elif summary is not None:
         data.source = "report"
         data.notes.append("from the JSON report's watch summary: the scale history, the last sampled step's "
                           "gradients and the activation roll-up; a flight recorder (--log-dir) has every sampled "
                           "step")
-    if summary:
+    if summary is not None:
         _read_summary(data, summary)
     data.formats = _formats(None if recording is None else recording.header, summary)
     return data
 
 
-def _formats(header: Header | None, summary: dict[str, Any]) -> list[str]:
-    named = [str(f) for f in _list(summary.get("formats")) if isinstance(f, str)]
-    if named:
-        return named
+def _formats(header: Header | None, summary: WatchSummary | None) -> list[str]:
+    """The formats the run chose (the summary's); without a summary, those its header says (no autocast known)."""
+    if summary is not None and summary.formats:
+        return list(summary.formats)
     if header is None:
-        return ["fp16", "bf16"]
-    return run_formats(header.scaler or None, list(header.dtypes))
+        return [f.name for f in FORMATS if f.name in ("fp16", "bf16")]
+    return run_formats(bool(header.scaler), list(header.dtypes))
 
 
 def _read_steps(data: RunData, recording: Recording) -> None:
@@ -137,11 +136,10 @@ def _read_steps(data: RunData, recording: Recording) -> None:
             data.lost.append((step, record.lost.fraction))
         act = record.activations
         if act is not None and act.sampled:
-            data.activations.append({"step": step, "ratio": act.ratio, "module": act.module, "max_abs": act.max_abs,
-                                     "nonfinite_module": act.nonfinite_module})
+            data.activations.append(ActivationStep(step, act.ratio, act.module, act.max_abs, act.nonfinite_module))
             if act.nonfinite_module is not None and data.first_nonfinite is None:
-                data.first_nonfinite = {"module": act.nonfinite_module, "step": step, "kind": "inf/NaN",
-                                        "frames": None}
+                data.first_nonfinite = FirstNonfinite({"module": act.nonfinite_module, "step": step,
+                                                       "kind": "inf/NaN", "frames": None})
     if last_scale is not None and (not data.scale or data.scale[-1][0] < last_scale[0]):
         data.scale.append(last_scale)
 
@@ -161,46 +159,42 @@ def _add_modules(data: RunData, step: int, modules: dict[str, dict[str, float]])
             column.append(share)
 
 
-def _read_summary(data: RunData, summary: dict[str, Any]) -> None:
+def _read_summary(data: RunData, summary: WatchSummary) -> None:
     """Fill what step records lack (or all, for a report alone) from a watch summary."""
-    if not data.scale:
-        _read_summary_scale(data, _dict(summary.get("scale")))
-    grads = _dict(summary.get("gradients"))
-    if data.source == "report" and isinstance(grads.get("step"), int):
-        _read_summary_gradients(data, grads)
-    acts = _dict(summary.get("activations"))
-    data.activation_modules = {str(k): _dict(v) for k, v in _dict(acts.get("modules")).items()}
-    first = _dict(acts.get("first_nonfinite_forward"))
-    if first.get("module") is not None:
-        data.first_nonfinite = first
-    backward = _dict(acts.get("first_nonfinite_backward"))
-    if backward.get("module") is not None:
-        data.first_nonfinite_backward = backward
-    if summary.get("sampled_steps") and not data.sampled_steps:
-        data.sampled_steps = int(_num(summary.get("sampled_steps")) or 0)
+    if not data.scale and summary.scale is not None:
+        _read_summary_scale(data, summary.scale)
+    grads = summary.gradients
+    if data.source == "report" and grads.step is not None:
+        _read_summary_gradients(data, summary)
+    acts = summary.activations
+    if acts is not None:
+        data.activation_modules = dict(acts.modules)
+        if acts.first_nonfinite_forward is not None and acts.first_nonfinite_forward.module is not None:
+            data.first_nonfinite = acts.first_nonfinite_forward
+        if acts.first_nonfinite_backward is not None and acts.first_nonfinite_backward.module is not None:
+            data.first_nonfinite_backward = acts.first_nonfinite_backward
+    if summary.sampled_steps and not data.sampled_steps:
+        data.sampled_steps = summary.sampled_steps
+    data.parts = list(summary.shown_parts())
 
 
-def _read_summary_scale(data: RunData, scale: dict[str, Any]) -> None:
+def _read_summary_scale(data: RunData, scale: ScaleSummary) -> None:
     """Take the loss-scale history, up to the scale after the last step, and the skipped steps of a summary."""
-    data.scale = [(h[0], float(h[1])) for h in _list(scale.get("history"))
-                  if isinstance(h, list) and len(h) == 2 and isinstance(h[0], int) and _num(h[1]) is not None]
-    current = _num(scale.get("current"))
-    if current is not None and isinstance(scale.get("steps"), int) and data.scale \
-            and scale["steps"] > data.scale[-1][0]:
-        data.scale.append((scale["steps"], current))
-    data.skipped = [s for s in _list(scale.get("skipped_steps")) if isinstance(s, int)]
+    data.scale = list(scale.history)
+    if scale.current is not None and data.scale and scale.steps > data.scale[-1][0]:
+        data.scale.append((scale.steps, scale.current))
+    data.skipped = list(scale.skipped_steps)
 
 
-def _read_summary_gradients(data: RunData, grads: dict[str, Any]) -> None:
+def _read_summary_gradients(data: RunData, summary: WatchSummary) -> None:
     """Take the gradients of a summary's one step: the global norm, and each module's L2 and cast shares."""
-    step = grads["step"]
-    if _num(grads.get("global_norm")) is not None:
-        data.global_norm.append((step, float(grads["global_norm"])))
+    grads = summary.gradients
+    step = grads.step
+    if grads.global_norm is not None:
+        data.global_norm.append((step, grads.global_norm))
     data.cast_steps = [step]
-    for module, stats in _dict(grads.get("modules")).items():
-        stats = _dict(stats)
-        if _num(stats.get("l2")) is not None:
-            data.module_norms[str(module)] = [(step, float(stats["l2"]))]
-        for name, value in stats.items():
-            if name.endswith(("_underflow", "_overflow")) and _num(value) is not None:
-                data.cast.setdefault(name, {})[str(module)] = [float(value)]
+    for module, stats in grads.modules.items():
+        data.module_norms[module] = [(step, stats.l2)]
+        for name, value in stats.shares.items():
+            if name.endswith(("_underflow", "_overflow")):
+                data.cast.setdefault(name, {})[module] = [value]

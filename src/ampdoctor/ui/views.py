@@ -23,8 +23,8 @@ __all__ = ["draw", "display_page", "printer", "render_view"]
 def render_view(view: ReportView) -> RenderableType:
     """Return the parts of a report that ``view`` asks for: the watch's summary, then the findings or verdict."""
     parts: list[RenderableType] = []
-    watch = view.report.extra.get("watch") or {}
-    if view.watch and watch.get("steps"):
+    watch = view.report.watch
+    if view.watch and watch is not None and watch.steps:
         parts.append(render_watch(watch, None))   # its findings are in the report's one table
     if view.findings:
         parts.append(render_report(view.report, show_exception=view.exception))

@@ -7,145 +7,129 @@ name too long for its column gets the numbers on the next line. Off a terminal t
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.formats import FORMATS
+from ampdoctor.core.records import Coverage, GradientSummary, ScaleSummary, WatchSummary
+from ampdoctor.core.report import Report, verdict
 from ampdoctor.core.words import counted
-from ampdoctor.monitor.formats import FORMATS
 from ampdoctor.ui.console import findings_table
 from ampdoctor.ui.plain import Sentence
 
 __all__ = ["render_watch", "ColumnTable"]
 
 
-def render_watch(data: dict[str, Any], findings: list[Finding] | None) -> Any:
-    """Return a rich renderable of ``Watch.summary_data()`` and the findings (None: shown elsewhere, say nothing).
+def render_watch(summary: WatchSummary | Mapping[str, Any], findings: list[Finding] | None) -> Any:
+    """Return a rich renderable of a watch's summary (or its JSON form, ``Watch.summary_data()``) and the findings
+    (None: shown elsewhere, say nothing; ``[]``: the verdict, ``core.report.verdict``).
 
     The tables fit the console's width with every name whole: numeric columns are left out first (and named), then
     a name too long for its column gets the numbers on the next line. Off a terminal they are plain lines.
     """
     from rich.console import Group
 
+    if not isinstance(summary, WatchSummary):
+        summary = WatchSummary.from_dict(summary)
+
     parts: list[Any] = [Sentence(
-        f"ampdoctor watch: {counted(data['steps'], 'step')}, {data['sampled_steps']} sampled (every {data['every']}), "
-        f"stats={data['stats']}, {counted(data['host_syncs'], 'host sync')}", style="bold")]
-    if data.get("coverage"):   # ampdoctor run: the model is stepped by several optimizers, the watch follows one
-        parts.append(_coverage_sentence(data["coverage"]))
-    scale_line = _scale_line(data.get("scale"))
+        f"ampdoctor watch: {counted(summary.steps, 'step')}, {summary.sampled_steps} sampled (every "
+        f"{summary.every}), stats={summary.stats}, {counted(summary.host_syncs, 'host sync')}", style="bold")]
+    if summary.coverage is not None:   # ampdoctor run: several optimizers step the model, the watch follows one
+        parts.append(_coverage_sentence(summary.coverage))
+    scale_line = _scale_line(summary.scale)
     if scale_line:
         parts.append(Sentence(scale_line))
-    grads = data.get("gradients") or {}
-    if grads.get("modules"):
-        formats = [f for f in FORMATS if f.name in data.get("formats", [f.name for f in FORMATS])]
-        parts.append(_gradient_table(grads, formats))
+    grads = summary.gradients
+    if grads.modules:
+        shown = summary.formats or tuple(f.name for f in FORMATS)   # a report of an older ampdoctor: all of them
+        parts.append(_gradient_table(grads, [f for f in FORMATS if f.name in shown]))
     parts += _gradient_notes(grads)
-    lost = data.get("lost_updates")
-    if lost and lost.get("params"):
-        rows = [(name, [s["dtype"], f"{s['lost_fraction']:.0%}"])
-                for name, s in sorted(lost["params"].items(), key=lambda kv: -kv[1]["lost_fraction"])[:20]]
+    lost = summary.lost_updates
+    if lost is not None and lost.params:
+        rows = [(name, [dtype, f"{share:.0%}"])
+                for name, (dtype, share) in sorted(lost.params.items(), key=lambda kv: -kv[1][1])[:20]]
         parts.append(ColumnTable("updates lost to rounding (sampled entries with a non-zero gradient left "
                                  "unchanged)", "parameter", [("dtype", 0), ("lost", 0)], rows, keep=2))
-    if data.get("log_path"):
-        parts.append(Sentence(f"flight recorder: {data['log_path']}", style="dim"))
+    for key, shown in summary.shown_parts():   # a part of the watch with no drawing of its own: its numbers
+        parts.append(Sentence(f"{key}: " + ", ".join(f"{label} {value}" for label, value in shown)))
+    if summary.log_path:
+        parts.append(Sentence(f"flight recorder: {summary.log_path}", style="dim"))
     if findings:
         parts.append(findings_table(sorted(findings, key=lambda f: f.severity.rank), title="watch findings"))
-    elif findings is not None:
-        verdict, style = _verdict(data)
-        parts.append(Sentence(verdict, style=style))
+    elif findings is not None:   # the one verdict, as the console's report closes with it
+        closing = verdict(Report(extra={"watch": summary}))
+        parts.append(Sentence(closing.text, style="green" if closing.kind == "ok" else "yellow"))
     return Group(*parts)
 
 
-def _coverage_sentence(coverage: dict[str, Any]) -> Sentence:
+def _coverage_sentence(coverage: Coverage) -> Sentence:
     """Return which of the trainable tensors the watch followed, and how many optimizers it did not."""
-    others = coverage["other_optimizers"]
-    return Sentence(f"watched: the {coverage['tensors']} of {coverage['trainable']} trainable tensors that "
-                    f"{coverage['optimizer']} steps; {counted(others, 'other optimizer')} "
+    others = coverage.other_optimizers
+    return Sentence(f"watched: the {coverage.tensors} of {coverage.trainable} trainable tensors that "
+                    f"{coverage.optimizer} steps; {counted(others, 'other optimizer')} "
                     f"{'is' if others == 1 else 'are'} not watched", style="yellow")
 
 
-def _gradient_table(grads: dict[str, Any], formats: list[Any]) -> ColumnTable:
+def _gradient_table(grads: GradientSummary, formats: list[Any]) -> ColumnTable:
     """Return the table of the modules' gradient statistics: the 20 with the largest L2."""
     # shown left to right; left out first when the width is short: zeros, min|g|>0, the last format's u/o, ...
     columns = [("L2", 0), ("max|g|", 1), ("min|g|>0", 4 + len(formats)), ("zeros", 5 + len(formats)),
                ("inf/nan", 2), *((f"{f.name} u/o", 3 + i) for i, f in enumerate(formats))]
     rows = []
-    for module, s in sorted(grads["modules"].items(), key=lambda kv: -_sortable(kv[1]["l2"]))[:20]:
-        if "zero_frac" not in s:  # stats="norms"
-            rows.append((module, [_num(s["l2"]), _num(s["absmax"]), *["-"] * (3 + len(formats))]))
+    for module, s in sorted(grads.modules.items(), key=lambda kv: -_sortable(kv[1].l2))[:20]:
+        if not s.counted:  # stats="norms"
+            rows.append((module, [_num(s.l2), _num(s.absmax), *["-"] * (3 + len(formats))]))
             continue
-        rows.append((module, [_num(s["l2"]), _num(s["absmax"]), _num(s["min_nonzero"], inf="-"),
-                              f"{s['zero_frac']:.0%}", str(s["nonfinite"]),
-                              *(f"{_pct(s[f.name + '_underflow'])}/{_pct(s[f.name + '_overflow'])}"
-                                for f in formats)]))
-    top = (f", the {len(rows)} of {len(grads['modules'])} modules with the largest L2"
-           if len(grads["modules"]) > len(rows) else "")
-    state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.get("clipped_scaled") \
-        else "unscaled"
-    norm = f"global norm {_num(grads.get('global_norm'))}"
-    before, after = grads.get("pre_clip_norm"), grads.get("global_norm")
+        rows.append((module, [_num(s.l2), _num(s.absmax), _num(s.min_nonzero, inf="-"), f"{s.zero_frac:.0%}",
+                              str(s.nonfinite), *(f"{_pct(s.share(f.name, 'underflow'))}/"
+                                                  f"{_pct(s.share(f.name, 'overflow'))}" for f in formats)]))
+    top = (f", the {len(rows)} of {len(grads.modules)} modules with the largest L2"
+           if len(grads.modules) > len(rows) else "")
+    state = "unscaled after a clip of the still-scaled gradients: AMP408" if grads.clipped_scaled else "unscaled"
+    norm = f"global norm {_num(grads.global_norm)}"
+    before, after = grads.pre_clip_norm, grads.global_norm
     # read at the optimizer's step: after clip_grad_norm_ of that step, if it shrank them (a clip over nothing
     # returns 0 and shrinks nothing: AMP618)
-    if isinstance(before, (int, float)) and isinstance(after, (int, float)) and before > after * (1 + 1e-3):
-        norm += f" after clipping; {_num(grads['pre_clip_norm'])} before" + (
-            ", still scaled" if grads.get("clipped_scaled") else "")
+    if before is not None and after is not None and before > after * (1 + 1e-3):
+        norm += f" after clipping; {_num(before)} before" + (", still scaled" if grads.clipped_scaled else "")
     return ColumnTable(
-        f"gradients at step {grads.get('step')} ({state}; {norm}){top}",
+        f"gradients at step {grads.step} ({state}; {norm}){top}",
         "module", columns, rows, keep=2, whole=4,
         notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"})
 
 
-def _gradient_notes(grads: dict[str, Any]) -> list[Sentence]:
+def _gradient_notes(grads: GradientSummary) -> list[Sentence]:
     """Return what the gradient table leaves out, and how many sharded parameters it merged over the ranks."""
     notes = []
-    if grads.get("unsummarised"):  # an empty or partial table says why, never nothing
-        left = grads["unsummarised"]
+    if grads.unsummarised:  # an empty or partial table says why, never nothing
+        left = grads.unsummarised
         more = f"; and {len(left) - 5} more" if len(left) > 5 else ""
         notes.append(Sentence(f"left out of the gradient statistics ({len(left)}): " + "; ".join(
             f"{name}: {why}" for name, why in list(left.items())[:5]) + more, style="yellow"))
-    if grads.get("merged_over_ranks"):
-        merged = grads["merged_over_ranks"]
-        notes.append(Sentence(f"{counted(merged['params'], 'sharded parameter')} merged over their ranks "
-                              f"({merged['collectives']} all-reduces so far)", style="dim"))
+    if grads.merged_over_ranks is not None:
+        merged, collectives = grads.merged_over_ranks
+        notes.append(Sentence(f"{counted(merged, 'sharded parameter')} merged over their ranks "
+                              f"({collectives} all-reduces so far)", style="dim"))
     return notes
 
 
-def _scale_line(scale: dict[str, Any] | None) -> str | None:
+def _scale_line(scale: ScaleSummary | None) -> str | None:
     """Return the loss-scale line; None when no scaler step was seen (a run that stopped first has no scale).
 
-    >>> _scale_line({"steps": 0, "current": None, "peak": None, "lowest": None}) is None
+    >>> _scale_line(ScaleSummary()) is None
     True
     """
-    if not scale or not scale.get("steps") or scale.get("current") is None:
+    if scale is None or not scale.steps or scale.current is None:
         return None
-    peak, lowest, run = scale.get("peak"), scale.get("lowest"), scale["longest_skip_run"]
     extremes = []
-    if peak:
-        extremes.append(f"peak {_num(peak['scale'])} at step {peak['step']}")
-    if lowest:
-        extremes.append(f"lowest {_num(lowest['scale'])}")
-    return (f"loss scale {_num(scale['current'])}" + (f" ({', '.join(extremes)})" if extremes else "") +
-            f"; skipped {scale['skipped']} of {scale['steps']} steps ({scale['skipped_fraction']:.1%}), "
-            f"longest run {run['length']}")
-
-
-def _verdict(data: dict[str, Any]) -> tuple[str, str]:
-    """Return what a watch without findings may claim: nothing, unless it sampled steps and the run finished."""
-    exception = data.get("exception")
-    if exception:
-        return (f"the run stopped with {exception.get('type')}: no verdict on its numerics", "yellow")
-    if not data.get("sampled_steps"):
-        return (f"no step was sampled ({counted(data['steps'], 'step')}, every {data['every']}): nothing was checked",
-                "yellow")
-    off = data.get("off") or []
-    left_out = f" (off after an internal error: {', '.join(off)})" if off else ""
-    outside = ((data.get("gradients") or {}).get("arrival") or {}).get("outside")
-    if outside:   # the optimizer steps tensors of no model that ran: nothing says they train
-        return (f"no numerical problems seen in {counted(data['sampled_steps'], 'sampled step')}{left_out}, but "
-                f"{counted(outside, 'tensor')} the optimizer steps {'belongs' if outside == 1 else 'belong'} to no "
-                "model that ran and never had a gradient: this is no all-clear", "yellow")
-    return (f"no numerical problems seen in {counted(data['sampled_steps'], 'sampled step')}{left_out}", "green")
-
-
+    if scale.peak is not None:
+        extremes.append(f"peak {_num(scale.peak[1])} at step {scale.peak[0]}")
+    if scale.lowest is not None:
+        extremes.append(f"lowest {_num(scale.lowest[1])}")
+    return (f"loss scale {_num(scale.current)}" + (f" ({', '.join(extremes)})" if extremes else "") +
+            f"; skipped {scale.skipped} of {scale.steps} steps ({scale.skipped_fraction:.1%}), "
+            f"longest run {scale.longest_skip_run[0]}")
 
 
 class ColumnTable:

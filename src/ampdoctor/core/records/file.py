@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ampdoctor.core.records import WATCH_SCHEMA, end_line, header_line, header_problem, report_line
+from ampdoctor.core.records.lines import WATCH_SCHEMA, end_line, header_line, header_problem, report_line
 
 __all__ = ["SCHEMA", "LOG_NAME", "FlightRecorder", "LogRun", "log_name", "rank_of_log", "read_log", "read_runs"]
 
@@ -58,9 +58,11 @@ class FlightRecorder:
         path: the file, or a directory to put the log in (created if missing): ``ampdoctor.jsonl``, or
             ``ampdoctor.rank{r}.jsonl`` in a distributed job of several processes. An existing file is appended
             to: this run starts with its own header line after the earlier runs.
-        header: JSON-ready fields of the header line (``monitor.summary.log_header``); ``type``, ``schema``,
+        header: JSON-ready fields of the header line (``monitor.header.log_header``); ``type``, ``schema``,
             ``started`` (seconds since the epoch), ``pid``, and in a distributed job ``rank`` and ``world_size``
             are added (``core.records.header_line``).
+        rank, world_size: this process's rank and the job's size in a distributed job of several processes (read
+            by the caller: ``ranks.info``), else None.
         fsync: also ``os.fsync`` after every line (survives power loss; costs a disk round trip per line).
 
     >>> import tempfile
@@ -70,14 +72,12 @@ class FlightRecorder:
     [{'type': 'step', 'step': 0}]
     """
 
-    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, fsync: bool = False) -> None:
-        from ampdoctor.ranks.info import from_environment, from_process_group
-
-        ranked = from_process_group() or from_environment()
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], *, rank: int | None = None,
+                 world_size: int | None = None, fsync: bool = False) -> None:
         target = Path(path)
         if target.suffix != ".jsonl":
             target.mkdir(parents=True, exist_ok=True)
-            target = target / log_name(ranked.rank if ranked else None)
+            target = target / log_name(rank)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
         self.path = target
@@ -86,8 +86,8 @@ class FlightRecorder:
         self._file: IO[str] | None = open(target, "a", encoding="utf-8")
         if self._file.tell() > 0 and not _ends_with_newline(target):
             self._file.write("\n")  # an earlier run killed mid-line: its torn line stays a line of its own
-        self.write(header_line(header, started=round(time.time(), 3), pid=os.getpid(),
-                               rank=ranked.rank if ranked else None, world_size=ranked.world_size if ranked else None))
+        self.write(header_line(header, started=round(time.time(), 3), pid=os.getpid(), rank=rank,
+                               world_size=world_size))
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` as one line and flush it; raise ``ValueError`` once closed."""

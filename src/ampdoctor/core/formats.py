@@ -1,12 +1,14 @@
-"""The low-precision formats a gradient is simulated in, described by where round-to-nearest-even loses a value."""
+"""The low-precision formats a run is measured in: each described by where round-to-nearest-even loses a value, and
+which of them describe a run (`run_formats`, chosen once per run and read by every view)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-__all__ = ["FloatFormat", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "LOSS_SCALED"]
+__all__ = ["FloatFormat", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "LOSS_SCALED", "run_formats"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,33 @@ E5M2 = FloatFormat("e5m2", 57344.0, 2.0**-16, _float32_below(61440.0), 2.0**-14)
 
 FORMATS: tuple[FloatFormat, ...] = (FP16, BF16, E4M3, E5M2)
 LOSS_SCALED: tuple[FloatFormat, ...] = (FP16, BF16)  # simulated at the loss scale; the others at their own amax
+
+
+def run_formats(scaler: bool, param_dtypes: Sequence[str], autocast: str | None = None) -> list[str]:
+    """Return the formats that describe a run, in ``FORMATS``' order: the one it computes in, plus fp16 where an fp16
+    GradScaler is enabled (its loss scale is about fp16's range, whatever the run computes in).
+
+    The run computes in its autocast dtype (``autocast``: the dtype name the model's forward ran under), else in its
+    parameters' half dtype; fp32 parameters with neither known could be either, so both are shown. fp8 parameters
+    (per-tensor amax scaling: TransformerEngine's and torchao's tensorwise recipe) add the fp8 formats. The watch
+    makes this choice once per run (``Watch.formats``); the summary, the console, the JSON, ``ampdoctor report`` and
+    the HTML page all read it from there.
+
+    >>> run_formats(False, ["float32"]), run_formats(False, ["bfloat16"]), run_formats(True, ["float32"], "bfloat16")
+    (['fp16', 'bf16'], ['bf16'], ['fp16', 'bf16'])
+    >>> run_formats(True, ["float32"], "float16"), run_formats(False, ["float8_e4m3fn"])
+    (['fp16'], ['fp16', 'bf16', 'e4m3', 'e5m2'])
+    """
+    if autocast in ("bfloat16", "float16"):
+        chosen = {"bf16" if autocast == "bfloat16" else "fp16"}
+    elif "bfloat16" in param_dtypes:
+        chosen = {"bf16"}
+    elif "float16" in param_dtypes:
+        chosen = {"fp16"}
+    else:
+        chosen = {"fp16", "bf16"}
+    if scaler:
+        chosen.add("fp16")
+    if any(d.startswith("float8") for d in param_dtypes):
+        chosen |= {"fp16", "bf16", "e4m3", "e5m2"}
+    return [f.name for f in FORMATS if f.name in chosen]

@@ -1,6 +1,6 @@
-"""The record format of a run, defined once: the flight recorder's lines and the JSON report, built and read here.
+"""The flight recorder's lines, defined once: built by the watch's parts, read by every view through typed views.
 
-A flight recorder (``ampdoctor.monitor.recorder`` writes and parses the file) is JSON lines: a ``header`` line, one
+A flight recorder (``core.records.file`` writes and parses the file) is JSON lines: a ``header`` line, one
 ``step`` line per sampled step, an ``end`` line when the watch closes, and the run's ``report`` line when
 ``ampdoctor run`` appends it. The monitors build their parts of a line with the builders here; every view (the
 watch summary, ``ampdoctor report`` on the console, the HTML page, the PNG figures, TensorBoard, ``advise``) reads
@@ -23,19 +23,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.records._values import integer as _int
+from ampdoctor.core.records._values import items as _list
+from ampdoctor.core.records._values import mapping as _dict
+from ampdoctor.core.records._values import num as _num
+from ampdoctor.core.records._values import text as _str
+from ampdoctor.core.records.report_json import read_finding
+from ampdoctor.core.records.summary import WatchSummary
 
-__all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "REPORT_SCHEMA", "header_line", "step_line", "end_line",
-           "report_line", "header_problem", "gradient_rows", "gradients_entry", "scale_entry", "lost_updates_entry",
-           "updates_entry", "loss_entry",
-           "param_stats", "rollup", "Layout", "Header", "Gradients", "Scale", "ParamLost", "LostUpdates",
-           "Updates", "Loss",
-           "Activations", "Step", "End", "Recording", "read_step", "read_recording", "report_to_dict",
-           "report_fields"]
+__all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "header_line", "step_line", "end_line", "report_line", "header_problem",
+           "gradient_rows", "gradients_entry", "scale_entry", "lost_updates_entry", "updates_entry", "loss_entry",
+           "param_stats", "rollup", "Layout", "Header", "Gradients", "Scale", "ParamLost", "LostUpdates", "Updates",
+           "Loss", "Activations", "Step", "End", "Recording", "read_step", "read_recording"]
 
 WATCH_SCHEMA = "ampdoctor.watch/2"
 OLD_WATCH_SCHEMAS = {  # readable older schemas: what their logs lack
@@ -43,11 +46,8 @@ OLD_WATCH_SCHEMAS = {  # readable older schemas: what their logs lack
                          "lost updates (the lost-update series and figure) cannot be computed; the per-parameter "
                          "fractions are kept. A run recorded by this ampdoctor has them",
 }
-REPORT_SCHEMA = "ampdoctor.core.report/1"
 SHARES = ("_underflow", "_overflow", "_subnormal")  # columns counted among the signal entries (sampled_nonzero)
 _COUNTS = ("min_nonzero", "nonfinite", "zeros", "negligible", "sampled", "sampled_nonzero")
-_KNOWN_REPORT_KEYS = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok",
-                      "exit_status"}
 
 
 # ---- writing: the lines and their entries ----------------------------------------------------------------------
@@ -91,7 +91,7 @@ def end_line(*, steps: int, summary: Any = None, environment: Any = None,
 def report_line(report: Mapping[str, Any]) -> dict[str, Any]:
     """Return the line that holds the run's whole report (``Report.to_dict()``).
 
-    >>> report_line({"schema": REPORT_SCHEMA})["type"]
+    >>> report_line({"schema": "ampdoctor.core.report/1"})["type"]
     'report'
     """
     return {"type": "report", "report": dict(report)}
@@ -258,32 +258,6 @@ def _count(value: float) -> float:
 
 
 # ---- reading: typed views over the lines of one run ------------------------------------------------------------
-def _num(value: Any) -> float | None:
-    """Return a JSON number as a float (NaN and inf included), None for anything else (bools, text, 10**400)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 @dataclass(frozen=True)
 class Layout:
     """What a step's gradient rows mean: the names of their columns and, per row, its parameter and module."""
@@ -428,10 +402,11 @@ class Step:
 
 @dataclass(frozen=True)
 class End:
-    """The ``end`` line of a watch that closed: its step count, summary (``Watch.summary_data()``), environment."""
+    """The ``end`` line of a watch that closed: its step count, summary (``core.records.WatchSummary``; None in a line
+    without one) and environment."""
 
     steps: int | None
-    summary: dict[str, Any]
+    summary: WatchSummary | None
     environment: dict[str, Any]
 
 
@@ -573,7 +548,7 @@ def _loss(raw: dict[str, Any]) -> Loss:
 
 
 def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str, Any]]) -> Recording:
-    """Return the views of one run's lines (``ampdoctor.monitor.recorder.read_runs`` parses the file).
+    """Return the views of one run's lines (``ampdoctor.core.records.file.read_runs`` parses the file).
 
     >>> rec = read_recording({"type": "header", "schema": "ampdoctor.watch/1", "params": [{"name": "w"}]},
     ...                      [{"type": "step", "step": 0, "lost_updates": {"w": 0.75}}, {"type": "end"}])
@@ -588,7 +563,9 @@ def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str
         if kind == "step" and (step := read_step(line, layout, old)) is not None:
             recording.steps.append(step)
         elif kind == "end":
-            recording.end = End(_int(line.get("steps")), _dict(line.get("summary")), _dict(line.get("environment")))
+            summary = line.get("summary")
+            recording.end = End(_int(line.get("steps")), WatchSummary.from_dict(summary) if isinstance(summary, dict)
+                                else None, _dict(line.get("environment")))
         elif kind == "report" and isinstance(line.get("report"), dict):
             recording.report = line["report"]
         for item in _list(line.get("findings")):
@@ -599,75 +576,3 @@ def read_recording(header: Mapping[str, Any] | None, lines: Iterable[Mapping[str
     if view is not None and view.lacks and any(s.lost is not None for s in recording.steps):
         recording.notes.append(f"written by an older ampdoctor ({view.schema}): {view.lacks}")
     return recording
-
-
-# ---- the JSON report -------------------------------------------------------------------------------------------
-def report_to_dict(report: Any, why_not_ok: str | None) -> dict[str, Any]:
-    """Return the JSON shape of a ``Report``: each finding with its rule's title and fix, and ``why_not_ok``.
-
-    >>> from ampdoctor.core.report import Report
-    >>> report_to_dict(Report(environment={}), None)["ok"]
-    True
-    """
-    findings = []
-    for f in report.findings:
-        data = f.to_dict()
-        try:
-            rule = get_rule(f.code)
-            data.update(title=rule.title, fix=f.fix or rule.fix)   # the fix that fits this finding, if it has one
-        except KeyError:
-            data.update(title="", fix="")
-        findings.append(data)
-    return {
-        "schema": REPORT_SCHEMA, "ok": report.ok, "findings": findings, "exception": report.exception,
-        "environment": dict(report.environment), "changes": report.changes,
-        **({} if report.observed is None else {"observed": report.observed}),
-        **({"exit_status": report.exit_status} if report.exit_status else {}),
-        **({"why_not_ok": why_not_ok} if why_not_ok else {}),
-        **report.extra,
-    }
-
-
-def report_fields(data: Any) -> dict[str, Any]:
-    """Return the ``Report`` fields of `report_to_dict` output; raise ``ValueError`` on anything else.
-
-    >>> report_fields({"schema": REPORT_SCHEMA, "findings": [], "watch": {"steps": 3}})["extra"]
-    {'watch': {'steps': 3}}
-    """
-    if not isinstance(data, dict) or data.get("schema") != REPORT_SCHEMA:
-        raise ValueError(f"not an ampdoctor report: expected schema {REPORT_SCHEMA!r}, got "
-                         f"{(data.get('schema') if isinstance(data, dict) else type(data).__name__)!r:.80}")
-    exception = _typed(data, "exception", dict, None)
-    observed = _typed(data, "observed", dict, None)
-    return {
-        "findings": [read_finding(item) for item in _typed(data, "findings", list, [])],
-        "exception": None if exception is None else {str(k): str(v) for k, v in exception.items()},
-        "environment": _typed(data, "environment", dict, {}),
-        "changes": [str(c) for c in _typed(data, "changes", list, [])],
-        "extra": {k: v for k, v in data.items() if k not in _KNOWN_REPORT_KEYS},
-        "observed": None if observed is None else {str(k): int(v) for k, v in observed.items() if _int(v) is not None},
-        "exit_status": _typed(data, "exit_status", int, None),
-    }
-
-
-def _typed(data: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    value = data.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, kind):
-        raise ValueError(f"not an ampdoctor report: {key!r} should be a JSON {kind.__name__}, got "
-                         f"{type(value).__name__}: {value!r:.80}")
-    return value
-
-
-def read_finding(data: Any) -> Finding:
-    """``Finding.from_dict``, with a ``fix`` equal to its rule's read as the rule's (None): a report writes the
-    rule's fix for every finding without one of its own (`report_to_dict`)."""
-    finding = Finding.from_dict(data)
-    if finding.fix is None:
-        return finding
-    try:
-        own = finding.fix != get_rule(finding.code).fix
-    except KeyError:
-        own = True
-    return finding if own else replace(finding, fix=None)
