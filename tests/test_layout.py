@@ -8,6 +8,7 @@ in `tests/_torch/test_probes.py`.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -116,6 +117,30 @@ def test_the_rooms_of_private_internals_import_only_what_their_contracts_allow(t
 
 def _modules() -> list[Path]:
     return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def rich_imports(source: str) -> list[int]:
+    """Return the lines of ``source`` that import rich, at any depth (inside a function too)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "rich" for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "rich":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_drawing_is_only_in_ui():
+    # Runner and integrations print through one printer (core.views.printer, served by ui/plain.py): three of
+    # them built their own rich console
+    outside = {str(p.relative_to(SRC)): rich_imports(p.read_text()) for p in _modules() if "ui" not in
+               p.relative_to(SRC).parts[:1]}
+    assert {path: lines for path, lines in outside.items() if lines} == {}
+
+
+def test_the_drawing_check_finds_a_rich_import_in_a_function():
+    assert rich_imports("def show():\n    from rich.console import Console\n") == [2]
+    assert rich_imports("import rich.text\nimport richer\n") == [1]
 
 
 def test_ruff_keeps_functions_readable_and_lines_within_120_columns():

@@ -95,6 +95,21 @@ def test_every_preflight_rule_has_exactly_one_check_and_every_check_a_rule():
     assert preflight == set(CHECKS)
 
 
+def test_every_watch_rule_has_exactly_one_emitter_and_every_emitter_only_watch_rules():
+    """As the pre-flight's checks: each watch-phase code is emitted by one part of the watch (``monitor.part``,
+    its ``codes``), by the invariants (``monitor.verdicts``), or by the clip norms the session records."""
+    from ampdoctor.monitor import verdicts
+    from ampdoctor.monitor.parts import parts
+    from ampdoctor.session import clip_norms
+
+    emitters = {cls.name: cls.codes for cls in parts()} | {"invariants": verdicts.CODES,
+                                                           "clip norms": clip_norms.CODES}
+    emitted = [code for codes in emitters.values() for code in codes]
+    watch = [r.code for r in RULES if r.phase == "watch"]
+    assert sorted(emitted) == sorted(watch), {c: [n for n, codes in emitters.items() if c in codes]
+                                              for c in set(emitted) | set(watch) if emitted.count(c) != 1}
+
+
 @pytest.mark.parametrize("text,codes", SECTION_0, ids=[t[:40] for t, _ in SECTION_0])
 def test_every_section_0_error_text_is_explained(text, codes):
     assert {r.code for r in rules_for_error(text)} == codes

@@ -103,7 +103,7 @@ def test_clean_bf16_run_has_no_warning_or_error(tmp_path):
     report = callback.report
     assert [f for f in report.findings if f.severity.value != "info"] == []
     assert report.ok and report.exception is None
-    assert report.extra["watch"]["steps"] == STEPS
+    assert report.watch.steps == STEPS
     assert report.extra["framework"]["precision"] == "bf16-mixed"
     lines = (tmp_path / "logs" / "ampdoctor.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["type"] == "report"   # the flight recorder ends with the run's report

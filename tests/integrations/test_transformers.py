@@ -83,7 +83,7 @@ def test_clean_bf16_run_has_no_warning_or_error(tmp_path):
     report = callback.report
     assert [f for f in report.findings if f.severity.value != "info"] == []
     assert report.ok and report.observed == {"models": 1, "optimizers": 1, "scalers": 0}
-    assert report.extra["watch"]["steps"] == STEPS
+    assert report.watch.steps == STEPS
     assert report.extra["framework"]["autocast"] == "bfloat16"
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["ok"] is True
@@ -115,7 +115,7 @@ def test_fp32_model_with_fp16_flag_is_not_flagged_as_half(tmp_path):
     callback = AmpDoctorCallback()
     _train(_bert(), _args(tmp_path, fp16=True), Tokens(), [callback], scaler=True)
     assert "AMP209" not in callback.report.codes() and "AMP101" not in callback.report.codes()
-    assert callback.report.observed["scalers"] == 1 and callback.report.extra["watch"]["steps"] == STEPS
+    assert callback.report.observed["scalers"] == 1 and callback.report.watch.steps == STEPS
 
 
 def test_half_model_under_the_scaler_crashes_and_the_json_explains_it(tmp_path):

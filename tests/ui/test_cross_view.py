@@ -301,6 +301,20 @@ def test_a_run_whose_first_steps_are_skipped(run_case):
     assert_same_numbers(v, "body", "fp16")
 
 
+def test_a_bf16_autocast_run_with_a_gradscaler_shows_one_set_of_formats_everywhere(run_case):
+    """The run computes in bf16 and its GradScaler's loss scale is about fp16: both formats, in every view. The
+    console's table showed bf16 alone (the formats were read again after the watch let go of the scaler) while the
+    flight recorder, the page and AMP605 said fp16."""
+    v = run_case("bf16_scaler")
+    console_columns = next(line for line in v.summary.splitlines() if line.startswith("module "))
+    report_columns = next(line for line in v.console.splitlines() if line.startswith("step "))
+    assert v.report["watch"]["formats"] == list(v.recording.end.summary.formats) == ["fp16", "bf16"] == v.data.formats
+    assert "fp16 u/o" in console_columns and "bf16 u/o" in console_columns
+    assert "worst fp16 underflow" in report_columns and "worst bf16 underflow" in report_columns
+    for fmt in ("fp16", "bf16"):
+        assert_same_numbers(v, "tiny", fmt)
+
+
 def test_a_two_rank_torchrun_job(ddp_views):
     v = ddp_views
     assert v.report["ranks"]["reported"] == [0, 1] and v.recording.header.rank == 0

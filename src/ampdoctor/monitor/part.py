@@ -30,7 +30,7 @@ from ampdoctor.core.isolation import StepAside, call_safely
 from ampdoctor.core.names import Names
 from ampdoctor.core.records import Step, WatchSummary
 
-__all__ = ["WatchContext", "Reading", "WatchPart", "PartsAside", "register_part", "unregister_part", "parts"]
+__all__ = ["WatchContext", "Reading", "WatchPart", "PartsAside", "register_part", "unregister_part", "registered"]
 
 
 @dataclass
@@ -225,10 +225,9 @@ def unregister_part(cls: type[WatchPart]) -> None:
         _PARTS.remove(cls)
 
 
-def parts() -> list[type[WatchPart]]:
-    """Return the registered parts, in the order a watch calls them (the built-in ones are loaded first)."""
-    import ampdoctor.monitor.parts  # noqa: F401  (registers the built-in parts)
-
+def registered() -> list[type[WatchPart]]:
+    """Return the parts registered so far, in the order a watch calls them (``monitor.parts.parts`` loads the
+    built-in ones first)."""
     return sorted(_PARTS, key=lambda cls: cls.order)
 
 

@@ -52,7 +52,8 @@ from ampdoctor.core.views import Drawn
 from ampdoctor.monitor.gradients import SUBNORMAL_FRACTION, UNDERFLOW_FRACTION
 from ampdoctor.monitor.header import log_header
 from ampdoctor.monitor.host_sync import HostCopy
-from ampdoctor.monitor.part import PartsAside, Reading, WatchContext, WatchPart, parts
+from ampdoctor.monitor.part import PartsAside, Reading, WatchContext, WatchPart
+from ampdoctor.monitor.parts import parts
 from ampdoctor.monitor.sampling import DENSE_STEPS, Sampling
 from ampdoctor.monitor.verdicts import invariant_findings, verified, watch_findings
 from ampdoctor.monitor.watched import (

@@ -17,6 +17,8 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.monitor.grad_stats import local_tensor
 
+CODES = ("AMP611",)   # the watch-phase rule this emits: the session records the clips, with or without a watch
+
 
 class ClipNorms:
     """Accumulate what ``clip_grad_norm_(parameters, max_norm)`` calls returned.

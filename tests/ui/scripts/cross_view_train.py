@@ -9,6 +9,8 @@ MODE:
                     scale, and its two parameters have very different shares of zero entries
     skips           fp16 autocast and a GradScaler starting at 2**22: the scaled backward overflows fp16 until the
                     scale has halved enough, so the first steps are skipped
+    bf16_scaler     ``fp16_underflow`` under bf16 autocast, with the GradScaler left on: the run computes in bf16, and
+                    its loss scale is about fp16's range
     ddp             ``fp16_underflow`` under DistributedDataParallel on gloo (run it with torchrun)
 """
 
@@ -58,7 +60,7 @@ scaler = torch.amp.GradScaler("cpu", init_scale=2.0**22 if mode == "skips" else 
 factor = 1.0 if mode == "skips" else 1e-9   # 1e-9: the largest scaled gradient stays far below 1 (no flush floor)
 for _ in range(steps):
     x = torch.randn(4, 8)
-    with torch.autocast("cpu", dtype=torch.float16):
+    with torch.autocast("cpu", dtype=torch.bfloat16 if mode == "bf16_scaler" else torch.float16):
         loss = model(x).float().pow(2).mean() * factor
     scaler.scale(loss).backward()
     scaler.step(opt)

@@ -62,19 +62,20 @@ def header_line(fields: Mapping[str, Any], *, started: float, pid: int, rank: in
     return {"type": "header", "schema": WATCH_SCHEMA, "started": started, "pid": pid, **where, **fields}
 
 
-def step_line(step: int, t: float, *, gradients: dict[str, Any] | None = None, scale: dict[str, Any] | None = None,
-              lost_updates: dict[str, Any] | None = None, activations: dict[str, Any] | None = None,
-              updates: dict[str, Any] | None = None, loss: dict[str, Any] | None = None,
-              partial: bool = False) -> dict[str, Any]:
-    """Return a sampled step's line; ``partial``: written at detach, for the steps since the last sampled one.
+_ENTRIES = ("gradients", "scale", "lost_updates", "activations", "updates", "loss")   # the built-in parts' entries
+
+
+def step_line(step: int, t: float, *, partial: bool = False, **entries: Any) -> dict[str, Any]:
+    """Return a sampled step's line: the parts' entries by key (the built-in ones first, in this order: gradients,
+    scale, lost_updates, activations, updates, loss; None: left out); ``partial``: written at detach, for the steps
+    since the last sampled one.
 
     >>> step_line(3, 0.5, scale={"skipped": []}, partial=True)
     {'type': 'step', 'step': 3, 't': 0.5, 'scale': {'skipped': []}, 'partial': True}
     """
-    entries = {"gradients": gradients, "scale": scale, "lost_updates": lost_updates, "activations": activations,
-               "updates": updates, "loss": loss}
-    return {"type": "step", "step": step, "t": t, **{k: v for k, v in entries.items() if v is not None},
-            **({"partial": True} if partial else {})}
+    ordered = {key: entries[key] for key in _ENTRIES if entries.get(key) is not None}
+    ordered.update((key, entry) for key, entry in entries.items() if key not in _ENTRIES and entry is not None)
+    return {"type": "step", "step": step, "t": t, **ordered, **({"partial": True} if partial else {})}
 
 
 def end_line(*, steps: int, summary: Any = None, environment: Any = None,
