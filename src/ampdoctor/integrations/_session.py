@@ -128,7 +128,7 @@ class CallbackSession:
         # Before the watch starts: each rank's flight recorder needs its own file.
         self.ranks = InProcessRanks.detect(self._termination.stopped)
         if self.ranks is not None:
-            self.session.log_dir = self.ranks.log_dir(self.session.log_dir)
+            self.session.options = self.options.replace(log_dir=self.ranks.log_dir(self.options.log_dir))
             self.show = self.show and self.ranks.rank == 0
         elif not self.main:   # the session's options too: it writes no flight recorder either
             self.options = self.session.options = self.options.replace(json_path=None, log_dir=None)

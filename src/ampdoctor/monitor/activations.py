@@ -490,7 +490,7 @@ class ActivationMonitor:
             modules[name] = ActivationModule(self._classes[i], seen, limit,
                                              None if seen is None or limit is None else seen / limit,
                                              self._nonfinite[i][0], self._nonfinite[i][1])
-        first = {k: None if v is None else FirstNonfinite(dict(v)) for k, v in self._first.items()}
+        first = {k: None if v is None else FirstNonfinite.from_dict(v) for k, v in self._first.items()}
         return ActivationSummary(self.enabled, self.every, self.headroom, self._sampled, self.first_nonfinite_module,
                                  first["forward"], first["backward"], modules, self._error, culprit)
 

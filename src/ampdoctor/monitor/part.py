@@ -129,6 +129,14 @@ class WatchPart:
     seconds: float = 0.0
     collective: bool = False
 
+    def __init_subclass__(cls, *, name: str | None = None, codes: tuple[str, ...] | None = None,
+                          order: int | None = None, immediate: bool | None = None, **kwargs: Any) -> None:
+        """Declare a part in its class line: ``class ScalePart(WatchPart, name="scale", codes=("AMP603",))``."""
+        super().__init_subclass__(**kwargs)
+        for key, value in (("name", name), ("codes", codes), ("order", order), ("immediate", immediate)):
+            if value is not None:
+                setattr(cls, key, value)
+
     @classmethod
     def create(cls, ctx: WatchContext) -> "WatchPart | None":
         """Return the part for the watch of ``ctx``, or None when it has nothing to watch there (no GradScaler)."""

@@ -99,11 +99,11 @@ class Doctor:
 
     @property
     def log_dir(self) -> str | None:
-        return self.session.log_dir
+        return self.session.options.log_dir
 
     @log_dir.setter
     def log_dir(self, value: str | None) -> None:   # a child that turns out to be a rank: before the watch starts
-        self.session.log_dir = value
+        self.session.options = self.session.options.replace(log_dir=value)
 
     @property
     def failed_at(self) -> float | None:

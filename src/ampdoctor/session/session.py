@@ -89,20 +89,6 @@ class Session:
         self._unconfirmed: weakref.WeakSet = weakref.WeakSet()   # AMP301/302 said before a backward: wiring.py
 
     @property
-    def fix(self) -> bool:
-        """Whether the run repairs what it can (``--fix``)."""
-        return self.options.fix
-
-    @property
-    def log_dir(self) -> str | None:
-        """Where the watch writes its flight recorder (a rank's own file, once its rank is known)."""
-        return self.options.log_dir
-
-    @log_dir.setter
-    def log_dir(self, value: str | None) -> None:   # before the watch starts: a rank's own file
-        self.options = self.options.replace(log_dir=value)
-
-    @property
     def broken(self) -> bool:
         """Whether an internal error made the session step aside."""
         return "run" in self.parts.off
@@ -155,7 +141,7 @@ class Session:
             return run_preflight(setup) + (checks(setup) if checks is not None else [])
 
         found = look()
-        if self.fix:
+        if self.options.fix:
             dtypes = autocast if autocast is not None else {id(m): setup.autocast_dtype for m in parts}
             found = self.repairs.repair(setup, parts, dtypes, found, look,
                                         on_error=lambda exc: self.parts.fail("fix", exc))
@@ -259,7 +245,7 @@ class Session:
 
     def reapply(self, setup: TrainingSetup, module: nn.Module, autocast: torch.dtype | None) -> None:
         """Under ``fix``: upcast again before this forward if the loop cast the model back to half."""
-        if self.fix and "fix" not in self.parts.off:
+        if self.options.fix and "fix" not in self.parts.off:
             self.parts.guard("fix", self.repairs.reapply, setup, module, autocast)
 
     # ---- 3. the events of the loop (session.events.RunEvents) --------------------------------------------------

@@ -54,13 +54,13 @@ def render_advice(advice: Any) -> Any:
         for line in advice.evidence["lines"]:
             parts.append(Text(f"log: {line}"))
     rec = advice.recommendation or {}
-    if rec.get("strategy"):
+    if "strategy" in rec:
         parts.append(Text(f"recommended: {rec['strategy']} ({rec['title']}), {gib(rec['total'])} GiB: {rec['why']}",
                           style="bold green"))
         for framework, code in rec["recipes"].items():
             parts.append(Text(f"  {framework}: " + code.replace("\n", "\n    ")))
     else:
-        parts.append(Text(f"no recommendation: {rec.get('why')}", style="bold yellow"))
+        parts.append(Text(f"no recommendation: {rec['why'] if 'why' in rec else 'none fits'}", style="bold yellow"))
     for line in advice.notes:
         parts.append(Text(line, style="dim"))
     return Group(*parts)

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ampdoctor.core.io import write_atomic
-from ampdoctor.core.records import Recording, read_recording
+from ampdoctor.core.records import Recording, is_header, read_recording
 from ampdoctor.core.report import Report
 from ampdoctor.core.words import counted
 from ampdoctor.ui.plain import PlainLines, Sentence, wrap
@@ -96,7 +96,7 @@ def _load_report(path: str, target: str) -> Loaded:
         if loaded.run is None:
             raise ValueError(f"{path!r} is neither a JSON report nor a flight recorder ({exc})") from None
         return loaded
-    if isinstance(data, dict) and data.get("type") == "header":
+    if is_header(data):
         return _load_log(path, target)
     return Loaded(path, Report.from_dict(data))
 

@@ -138,8 +138,8 @@ def _read_steps(data: RunData, recording: Recording) -> None:
         if act is not None and act.sampled:
             data.activations.append(ActivationStep(step, act.ratio, act.module, act.max_abs, act.nonfinite_module))
             if act.nonfinite_module is not None and data.first_nonfinite is None:
-                data.first_nonfinite = FirstNonfinite({"module": act.nonfinite_module, "step": step,
-                                                       "kind": "inf/NaN", "frames": None})
+                data.first_nonfinite = FirstNonfinite.from_dict({"module": act.nonfinite_module, "step": step,
+                                                                 "kind": "inf/NaN", "frames": None})
     if last_scale is not None and (not data.scale or data.scale[-1][0] < last_scale[0]):
         data.scale.append(last_scale)
 

@@ -35,7 +35,8 @@ from ampdoctor.core.records._values import text as _str
 from ampdoctor.core.records.report_json import read_finding
 from ampdoctor.core.records.summary import WatchSummary
 
-__all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "header_line", "step_line", "end_line", "report_line", "header_problem",
+__all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "header_line", "step_line", "end_line", "report_line", "is_header",
+           "header_problem",
            "gradient_rows", "gradients_entry", "scale_entry", "lost_updates_entry", "updates_entry", "loss_entry",
            "param_stats", "rollup", "Layout", "Header", "Gradients", "Scale", "ParamLost", "LostUpdates", "Updates",
            "Loss", "Activations", "Step", "End", "Recording", "read_step", "read_recording"]
@@ -96,6 +97,15 @@ def report_line(report: Mapping[str, Any]) -> dict[str, Any]:
     'report'
     """
     return {"type": "report", "report": dict(report)}
+
+
+def is_header(line: Any) -> bool:
+    """Whether ``line`` (parsed JSON) is a flight recorder's header line.
+
+    >>> is_header({"type": "header", "schema": WATCH_SCHEMA}), is_header({"schema": "ampdoctor.core.report/1"})
+    (True, False)
+    """
+    return isinstance(line, Mapping) and line.get("type") == "header"
 
 
 def header_problem(header: Mapping[str, Any]) -> str | None:

@@ -475,42 +475,25 @@ class FrameSeen:
 
 @dataclass(frozen=True)
 class FirstNonfinite:
-    """The first inf/NaN in the forward (or the backward) pass: the module, its class, the step and what a re-run of
-    that forward showed (its frames and the op), as the activation monitor recorded it."""
+    """The first inf/NaN in the forward (or the backward) pass: the module, its class, the step, and what a re-run of
+    that forward showed (its frames and the op), as the activation monitor recorded it (``data``, which `to_dict`
+    writes back as it was)."""
 
-    data: Mapping[str, Any]
+    module: str | None
+    cls: str | None
+    step: int | None
+    kind: str | None
+    frames: tuple[FrameSeen, ...] = ()   # the re-run's frames (``monitor.replay.Frame``), none without a re-run
+    op: OpSeen | None = None            # the op that made it inf/NaN (``monitor.op_replay.NonfiniteOp``), if found
+    data: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def module(self) -> str | None:
-        return text(self.data.get("module"))
-
-    @property
-    def cls(self) -> str | None:
-        """The module's class name."""
-        return text(self.data.get("class"))
-
-    @property
-    def step(self) -> int | None:
-        return integer(self.data.get("step"))
-
-    @property
-    def kind(self) -> str | None:
-        return text(self.data.get("kind"))
-
-    @property
-    def frames(self) -> list[FrameSeen]:
-        """The re-run's frames (``monitor.replay.Frame``), none without a re-run."""
-        return [FrameSeen.from_dict(f) for f in items(self.data.get("frames")) if isinstance(f, dict)]
-
-    @property
-    def op(self) -> OpSeen | None:
-        """The op that made it inf/NaN (``monitor.op_replay.NonfiniteOp``), None when not found."""
-        op = self.data.get("op")
-        return OpSeen.from_dict(op) if isinstance(op, dict) else None
-
-    @property
-    def rank(self) -> int | None:
-        return integer(self.data.get("rank"))
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "FirstNonfinite":
+        op = data.get("op")
+        return cls(text(data.get("module")), text(data.get("class")), integer(data.get("step")),
+                   text(data.get("kind")), tuple(FrameSeen.from_dict(f) for f in items(data.get("frames"))
+                                                 if isinstance(f, dict)),
+                   OpSeen.from_dict(op) if isinstance(op, dict) else None, dict(data))
 
     @property
     def label(self) -> str:
@@ -576,7 +559,7 @@ class ActivationSummary(Section):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ActivationSummary":
         def first(value: Any) -> FirstNonfinite | None:
-            return FirstNonfinite(dict(value)) if isinstance(value, dict) else None
+            return FirstNonfinite.from_dict(value) if isinstance(value, dict) else None
 
         return cls(data.get("enabled") is True, integer(data.get("every")) or 1,
                    num(data.get("headroom_factor")) or 8.0, integer(data.get("sampled_steps")) or 0,

@@ -37,13 +37,9 @@ def armed_findings(monitor: Any) -> list[Finding]:
 
 
 @register_part
-class ActivationsPart(WatchPart):
+class ActivationsPart(WatchPart, name="activations", codes=("AMP601", "AMP602", "AMP606", "AMP609"),
+                      order=60, immediate=True):
     """The activation look of a watch: on every sampled step, or armed for the dense start and after trouble."""
-
-    name = "activations"
-    codes = ("AMP601", "AMP602", "AMP606", "AMP609")
-    order = 60
-    immediate = True
 
     def __init__(self, ctx: WatchContext) -> None:
         self._ctx: WatchContext | None = ctx

@@ -18,12 +18,8 @@ __all__ = ["AveragesPart"]
 
 
 @register_part
-class AveragesPart(WatchPart):
+class AveragesPart(WatchPart, name="averages", codes=("AMP619",), order=50):
     """The averaged copies of the run's weights whose updates round away in fp16/bf16."""
-
-    name = "averages"
-    codes = ("AMP619",)
-    order = 50
 
     def __init__(self, monitor: AverageMonitor) -> None:
         self.monitor = monitor

@@ -25,12 +25,8 @@ __all__ = ["GradientsPart"]
 
 
 @register_part
-class GradientsPart(WatchPart):
+class GradientsPart(WatchPart, name="gradients", codes=("AMP605", "AMP608"), order=10):
     """The gradient statistics of the watched tensors on sampled steps, and their alarms."""
-
-    name = "gradients"
-    codes = ("AMP605", "AMP608")
-    order = 10
 
     def __init__(self, ctx: WatchContext) -> None:
         self.reader = GradientReader(ctx.params, ctx.names, stats=ctx.stats, sample=ctx.sample,

@@ -25,12 +25,9 @@ _LOOKS = 20   # the forwards of steps with an inf/NaN loss kept
 
 
 @register_part
-class LossPart(WatchPart):
-    """The loss and the backward calls of the run, with what the forward of a step with an inf/NaN loss showed."""
-
-    name = "loss"
-    codes = ()   # the invariants read its section (AMP612-AMP615, AMP610: monitor.verdicts)
-    order = 40
+class LossPart(WatchPart, name="loss", codes=(), order=40):
+    """The loss and the backward calls of the run, with what the forward of a step with an inf/NaN loss showed; it
+    emits no finding itself: the invariants read its section (AMP610, AMP612 to AMP615: ``monitor.verdicts``)."""
 
     def __init__(self, monitor: BackwardMonitor) -> None:
         self.monitor = monitor

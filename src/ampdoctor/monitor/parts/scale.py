@@ -21,12 +21,8 @@ __all__ = ["ScalePart"]
 
 
 @register_part
-class ScalePart(WatchPart):
+class ScalePart(WatchPart, name="scale", codes=("AMP603", "AMP604"), order=20):
     """The loss scale and skipped steps of the watch's enabled GradScaler (none without one)."""
-
-    name = "scale"
-    codes = ("AMP603", "AMP604")
-    order = 20
 
     def __init__(self, monitor: ScaleMonitor) -> None:
         self.monitor = monitor

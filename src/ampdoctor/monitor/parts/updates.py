@@ -21,12 +21,8 @@ __all__ = ["UpdatesPart"]
 
 
 @register_part
-class UpdatesPart(WatchPart):
+class UpdatesPart(WatchPart, name="lost_updates", codes=("AMP607",), order=30):
     """What each sampled optimizer step did to the watched tensors: lost, moved, still finite."""
-
-    name = "lost_updates"
-    codes = ("AMP607",)
-    order = 30
 
     def __init__(self, monitor: UpdateMonitor, optimizer: torch.optim.Optimizer) -> None:
         self.monitor, self._optimizer = monitor, optimizer   # the optimizer until detach
