@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
+from reports import REPORTS  # docs/_ext/reports.py (conf.py puts _ext on the path)
 from sphinx.application import Sphinx
 from sphinx.util import logging
 
@@ -77,7 +78,8 @@ def rule_page(rule: Rule, examples: Path, record: ModuleType) -> str:
     parts = [
         f"# {rule.code} {text(rule.name)}\n",
         f"## What it means\n\n{text(rule.title)}\n",
-        f"Severity: **{rule.severity.value}** ([severities](../cli.md#severity)). "
+        f"Severity: **{rule.severity.value}**{''.join(f'; **{s.value}** when {text(w)}' for s, w in rule.escalates)} "
+        "([severities](../cli.md#severity)). "
         f"Phase `{rule.phase}`: checked by {text(CHECKED_BY[rule.phase])}.\n",
         f"## Why it breaks training\n\n{text(rule.why)}\n",
         "## Example\n\n" + example(rule, examples, record),
@@ -90,10 +92,14 @@ def rule_page(rule: Rule, examples: Path, record: ModuleType) -> str:
 
 
 def sources(cases: tuple[int, ...]) -> str:
-    """Return the failures.md cases a rule comes from, as a sentence."""
+    """Return the public reports a rule comes from (``reports.REPORTS``), one line per case, each a link."""
     if not cases:
-        return "None recorded.\n"
-    return f"failures.md case{'s' if len(cases) > 1 else ''} {', '.join(map(str, cases))}.\n"
+        return "None recorded: the rule comes from torch's own code, not from a public report.\n"
+    lines = ["Public issue and pull-request threads that show it:\n"]
+    for case in cases:
+        links = ", ".join(f"[{text(label)}]({url})" for label, url in REPORTS[case])
+        lines.append(f"- {links}")
+    return "\n".join(lines) + "\n"
 
 
 def example(rule: Rule, examples: Path, record: ModuleType) -> str:
@@ -121,7 +127,8 @@ def example(rule: Rule, examples: Path, record: ModuleType) -> str:
 
 def rules_index() -> str:
     """Return the rules' index: a table of every rule, linking its page."""
-    rows = [f"| [{r.code}]({r.code}.md) | {r.severity.value} | {r.phase} | {text(r.title)} |" for r in RULES]
+    rows = [f"| [{r.code}]({r.code}.md) | {'/'.join(s.value for s in r.severities)} | {r.phase} | {text(r.title)} |"
+            for r in RULES]
     phases = "\n".join(f"- `{phase}`: {text(by)}" for phase, by in CHECKED_BY.items())
     toctree = "\n".join(r.code for r in RULES)
     return "\n".join([

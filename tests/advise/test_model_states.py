@@ -38,7 +38,10 @@ def advice_adamw():
 def test_fp32_parameter_strategies_match_real_tensors(advice_adamw, key, autocast):
     model = real_llama()
     if key == "amp_bf16_checkpoint":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):   # transformers 5 deprecates the old name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     grads = _train_step(model, opt, autocast=autocast)
     assert _expected(advice_adamw, key) == (nbytes(model.parameters()), grads, state_bytes(opt), 0)

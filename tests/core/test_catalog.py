@@ -136,3 +136,51 @@ def test_every_rule_prints_in_80_columns_under_its_indent(rule):
     lines = [line.plain for line in RuleView(rule).lines(80)]
     assert lines[0].startswith(f"{rule.code} {rule.name}")
     assert [line for line in lines if len(line) > 80] == []
+
+
+def test_a_finding_takes_only_a_severity_its_rule_declares():
+    rule = get_rule("AMP612")
+    assert rule.finding("loop", "x").severity.value == "warning"
+    assert rule.finding("loop", "x", severity=rule.escalates[0][0]).severity.value == "error"
+    with pytest.raises(ValueError, match="AMP101 findings are error in the catalog, not warning"):
+        get_rule("AMP101").finding("fc", "x", severity=get_rule("AMP103").severity)
+
+
+COLLAPSE = """\
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu")
+x = torch.randn(32, 8)
+for step in range(12):
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x)
+        loss = torch.sqrt((out - out.detach()).pow(2).mean())   # sqrt(0): a NaN gradient, in any dtype
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_the_severity_a_run_prints_is_the_one_rules_explain_and_the_docs_state(tmp_path, capsys):
+    from ampdoctor.ui.cli import main
+
+    script, report = tmp_path / "train.py", tmp_path / "r.json"
+    script.write_text(COLLAPSE)
+    assert main(["run", "--json", str(report), str(script)]) == 0
+    capsys.readouterr()
+    import json
+
+    amp612 = [f for f in json.loads(report.read_text())["findings"] if f["code"] == "AMP612"]
+    assert [f["severity"] for f in amp612] == ["error"]   # every step skipped: no weight was updated
+    assert main(["explain", "AMP612"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "severity: warning; error when no optimizer step updated a weight" in said
+    assert main(["rules", "--select", "AMP612"]) == 0
+    assert "AMP612 warning/error watch no-progress" in capsys.readouterr().out
+    assert main(["rules", "--markdown", "--select", "AMP612"]) == 0
+    assert "| warning; error when no optimizer step updated a weight" in capsys.readouterr().out
+    # the rule pages state the same: tests/docs/test_rule_pages.py reads the built AMP612 page

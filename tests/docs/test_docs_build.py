@@ -32,3 +32,4 @@ def test_cli_page_shows_each_command_help_the_exit_status_and_the_severities(sit
     assert page.code("exit-status") == [EXIT_STATUS.removesuffix("\n")]
     severity = "".join(text for _, text in page.blocks["severity"])
     assert all(s.value in severity for s in Severity)
+

@@ -35,3 +35,9 @@ def test_example_prints_what_its_page_shows(rule):
     recorded = script.with_suffix(".out").read_text(encoding="utf-8")
     assert re.search(rf"\b{rule.code}\b", recorded), f"{script.with_suffix('.out').name} does not name {rule.code}"
     assert load_record().run(script) == recorded, f"rerecord: python docs/rules/examples/record.py {rule.code}"
+
+
+@pytest.mark.slow
+def test_a_rule_page_states_every_severity_its_findings_take(site):
+    said = " ".join(Page(site / "rules" / "AMP612.html").paragraphs("what-it-means"))
+    assert "Severity: warning; error when no optimizer step updated a weight" in " ".join(said.split())

@@ -24,7 +24,9 @@ def test_an_unmatched_text_of_a_family_names_the_family(text, prefix):
     answer = unknown_answer(text)
     assert answer.startswith("unknown error")
     assert f"closest family: {family.title} ({prefix}xx)" in answer
-    assert all(code in answer for code in family.codes)
+    # the family is named, not listed: its size and the command that lists it
+    assert f"lists the family's {len(family.codes)} rules" in answer
+    assert sum(code in answer for code in family.codes) <= 3
 
 
 @pytest.mark.parametrize("text", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -11,7 +12,9 @@ nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+# The kernel imports the ampdoctor this test process imports (``PYTHONPATH=src``: this checkout's; another
+# PYTHONPATH runs the same notebooks against other code, such as the code before a change).
+SRC = str(Path(importlib.util.find_spec("ampdoctor").origin).parents[1])
 
 MODEL = """\
 import collections, hashlib, torch

@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from ampdoctor.core.words import scale_text
+from ampdoctor.explanations.fixes import scale_collapse_fix
 from ampdoctor.monitor.loss_scale import ScaleMonitor
 
 KINDS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
@@ -200,7 +202,7 @@ def test_a_long_calibration_from_a_large_init_scale_is_info_and_a_later_run_stil
     assert calibration.code == "AMP604" and calibration.severity.value == "info" and length >= 8
     assert monitor.skipped_steps == list(range(length))
     assert f"the first {length} optimizer steps were skipped" in calibration.detail
-    assert f"from {2.0**40:g} down to {monitor.scale_at(length):g}" in calibration.detail
+    assert f"from {scale_text(2.0**40)} down to {scale_text(monitor.scale_at(length))}" in calibration.detail
     assert "AMP603" not in [f.code for f in monitor.findings()]
     # the same calibration, then 3 skips in a row at steps 32-34: a warning about those, not about the start
     later, _, _ = train("foreach", 40, {32, 33, 34}, monitor_every=7, init_scale=2.0**40)
@@ -221,3 +223,40 @@ def test_every_step_skipped_from_the_start_warns_while_it_lasts() -> None:
     codes = [(f.code, f.severity.value) for f in monitor.findings()]
     assert ("AMP604", "warning") in codes
     assert "every optimizer step skipped since step 0, 9 so far" in monitor.findings()[0].detail
+
+
+SQRT_OF_ZERO = """\
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu")
+x = torch.randn(32, 8)
+for step in range(60):
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x)
+        loss = torch.sqrt((out - out.detach()).pow(2).mean())   # d/dx sqrt(x) at 0: inf, in fp32 too
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_a_collapse_that_no_scale_explains_is_not_told_to_train_in_bf16(tmp_path):
+    import json
+
+    from ampdoctor.ui.cli import main
+
+    script, out = tmp_path / "train.py", tmp_path / "r.json"
+    script.write_text(SQRT_OF_ZERO)
+    assert main(["run", "--json", str(out), str(script)]) == 0
+    [amp603] = [f for f in json.loads(out.read_text())["findings"] if f["code"] == "AMP603"]
+    detail = " ".join(amp603["detail"].split())
+    assert "stayed down to a loss scale of 1.14e-13" in detail and "the scale is not the cause" in detail
+    code = [line for line in amp603["fix"].splitlines() if not line.startswith("#")]
+    assert code[0] == "ampdoctor.watch(model, opt, scaler, activations=True)"   # find the op first
+    assert "bfloat16" not in amp603["fix"].split("\n# an fp16 op")[0]   # not before the sqrt(0) case
+    # the same fall, with the fp16 overflow at a scale that still could: the bf16 fix stays (the rule's case)
+    assert scale_collapse_fix("backward").splitlines()[1].endswith("train in bf16 (fp32's range):")

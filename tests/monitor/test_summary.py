@@ -89,8 +89,8 @@ def assert_fits(text: str, width: int, names) -> None:
 
 WATCH_80 = """\
 ampdoctor watch: 200 steps, 9 sampled (every 50), stats=full, 9 host syncs
-loss scale 1.64e+04 (peak 6.55e+04 at step 110, lowest 1.64e+04); skipped 3 of
-    200 steps (1.5%), longest run 2
+loss scale 16384 (peak 65536 at step 110, lowest 16384); skipped 3 of 200 steps
+    (1.5%), longest run 2
 gradients at step 199 (unscaled; global norm inf)
 module                           L2   max|g|  min|g|>0  zeros  inf/nan  fp16 u/o
 model.encoder.layer.5.output.dense
@@ -127,7 +127,7 @@ AMP604 warning (step 120) GradScaler: The GradScaler skipped optimizer steps
 
 WATCH_120 = """\
 ampdoctor watch: 200 steps, 9 sampled (every 50), stats=full, 9 host syncs
-loss scale 1.64e+04 (peak 6.55e+04 at step 110, lowest 1.64e+04); skipped 3 of 200 steps (1.5%), longest run 2
+loss scale 16384 (peak 65536 at step 110, lowest 16384); skipped 3 of 200 steps (1.5%), longest run 2
 gradients at step 199 (unscaled; global norm inf)
 module                                                 L2   max|g|  min|g|>0  zeros  inf/nan  fp16 u/o
 model.encoder.layer.5.output.dense                    inf      inf   1.9e-09     0%        3   0/<0.1%

@@ -81,4 +81,42 @@ def test_run_fix_leaves_a_forward_that_runs_with_a_frozen_half_norm(capsys):
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "frozen_norm_half.py")
     assert main(["run", "--fix", "--no-watch", script]) == 0
     captured = capsys.readouterr()
-    assert "done" in captured.out and "norm.weight: upcast frozen norm" in captured.err
+    assert "done" in captured.out and "and 2 norm tensors upcast to float32" in captured.err
+
+
+FROZEN_NORMS = """\
+import torch
+from torch import nn
+torch.manual_seed(0)
+body = nn.Sequential(*[m for _ in range(13) for m in (nn.Linear(16, 16), nn.LayerNorm(16))])
+model = nn.Sequential(body, nn.Linear(16, 1)).half()
+body.requires_grad_(False)             # a frozen half base, a trainable half head
+opt = torch.optim.SGD(model[1].parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu")
+x = torch.randn(8, 16)
+for step in range(3):
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x).float().pow(2).mean()
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+"""
+
+
+def test_fix_says_the_frozen_norms_it_upcast_in_one_line(tmp_path, capsys):
+    import json
+
+    from ampdoctor.ui.cli import main
+
+    script, out = tmp_path / "train.py", tmp_path / "r.json"
+    script.write_text(FROZEN_NORMS)
+    assert main(["run", "--fix", "--no-watch", "--json", str(out), str(script)]) == 0
+    err = capsys.readouterr().err
+    said = err[err.index("changes\n") + len("changes\n"):err.index("ampdoctor --fix resolved")]
+    assert said.splitlines()[:2] == ["  1.weight: upcast torch.float16 -> torch.float32",
+                                     "  1.bias: upcast torch.float16 -> torch.float32"]
+    assert " ".join(" ".join(said.splitlines()[2:]).split()) == (
+        "and 26 norm tensors upcast to float32 (each one is in the JSON report written with --json PATH)")
+    changes = json.loads(out.read_text())["changes"]
+    assert len(changes) == 28 and "0.1.weight: upcast frozen norm torch.float16 -> torch.float32" in changes

@@ -24,6 +24,7 @@ import pytest
 from launch_jobs import clean_environment, free_port, run_job
 
 from ampdoctor.core.records import Recording, read_log, read_recording, read_runs
+from ampdoctor.core.words import scale_text
 from ampdoctor.ui.cli import main
 from ampdoctor.ui.figures import draw_figures, have_matplotlib
 from ampdoctor.ui.report_files import load_any, run_data
@@ -233,13 +234,13 @@ def _same_loss_scale(v: Views, printed: dict[str, Any], table: dict[int, dict[st
     last = rec.steps[-1]
     current, skipped = watch["scale"]["current"], watch["scale"]["skipped"]
     assert last.scale.scale == current and last.scale.skipped_total == skipped == len(data.skipped)
-    assert printed["scale"] == g3(current) and printed["skipped"] == skipped
+    assert printed["scale"] == scale_text(current) and printed["skipped"] == skipped
     assert data.scale[-1] == (last.scale.end, current) == (watch["scale"]["steps"], current)
     assert v.scalars["ampdoctor/loss_scale"] == [(s, f32(x)) for s, x in data.scale]
     skips = v.scalars.get("ampdoctor/skipped_steps", [])
     assert skips[-1:] == ([(data.skipped[-1], float(skipped))] if skipped else [])
     used = {s.step: _scale_used(rec, s.step) for s in rec.steps}   # the report table: the scale used at the step
-    assert {s: table[s]["loss scale"] for s in used} == {s: cell(x) for s, x in used.items()}
+    assert {s: table[s]["loss scale"] for s in used} == {s: scale_text(x) for s, x in used.items()}
     assert table[last.step]["skipped so far"] == str(skipped)
     if v.figures:
         lines = v.figures["loss_scale"].axes[0].lines

@@ -121,13 +121,32 @@ def _loss(output: Any) -> torch.Tensor:
 
 def _checkpoint_blocks_(model: nn.Module) -> int:
     """Wrap each repeated block's forward in non-reentrant ``torch.utils.checkpoint``; return how many."""
-    if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(model, "supports_gradient_checkpointing", False) and _transformers_checkpointing_(model):
         return len(repeated_blocks(model))
     blocks = repeated_blocks(model)
     for block in blocks:
         block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)
     return len(blocks)
+
+
+def _transformers_checkpointing_(model: nn.Module) -> bool:
+    """Turn on a transformers model's own checkpointing of its layers; return False when it has none.
+
+    ``activation_checkpointing_enable`` where the installed transformers has it: 5.x deprecates
+    ``gradient_checkpointing_enable`` with a FutureWarning that our call would print on the user's terminal.
+    ``use_cache`` is turned off on this copy, as transformers does itself when it checkpoints a training forward,
+    without the warning it logs then.
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):  # transformers before the rename
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        return False
+    if getattr(getattr(model, "config", None), "use_cache", False):
+        model.config.use_cache = False
+    return True
 
 
 def prepared_copy(source: ModelSource, run: str, *, half: torch.dtype = torch.bfloat16,

@@ -74,10 +74,9 @@ class Advice(Drawn):
         return json.dumps(self.to_dict(), indent=2)
 
 
-
 def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, budget: str | int | None = None,
            devices: int = 1, lora_rank: int = 8, optimizer: str = "adamw", log: str | None = None,
-           activations: bool = True, inputs: InputMaker | None = None) -> Advice:
+           activations: bool = True, inputs: InputMaker | None = None, device: str | None = None) -> Advice:
     """Estimate memory per training strategy and recommend the cheapest one that fits and is numerically safe.
 
     Args:
@@ -91,6 +90,8 @@ def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, b
         log: a flight recorder (``ampdoctor.jsonl``) whose gradients say whether fp16/bf16 are safe.
         activations: measure activations with fake runs (a few seconds for a 7B model); False: model states only.
         inputs: ``f(model, batch_size, seq_len, dtype) -> (args, kwargs)`` when the default inputs do not fit.
+        device: where training will run, ``"cuda"`` (``"cuda:N"``) or ``"cpu"``: what it supports, and the device
+            type in the recommended code; None: CUDA when torch sees a device, else the CPU.
 
     >>> import torch
     >>> a = advise(torch.nn.Linear(1024, 1024), batch_size=4, seq_len=8, budget="1GiB")
@@ -104,6 +105,7 @@ def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, b
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     budget_bytes = None if budget is None else parse_size(budget)
+    support = device_support(device)   # before the model is built: a device that is not here is a usage error
     source = load_model(model)
     params = unique_parameters(source.model)
     targets, rule = lora_targets(source.model, source.model_type)
@@ -120,7 +122,6 @@ def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, b
         for run in dict.fromkeys(s.run for s in chosen):
             runs[run] = measure_activations(source, run, batch_size, seq_len, lora=lora, inputs=inputs)
     rows = [_row(s, info, optimizer, devices, runs.get(s.run), budget_bytes) for s in chosen]
-    support = device_support()
     evidence = None
     if log is not None:
         from ampdoctor.advice.evidence import read_evidence
@@ -195,6 +196,6 @@ def _recommend(advice: Advice) -> dict[str, Any] | None:
             skipped.append(f"{key}: needs {row['bytes']['total'] / 2**30:.2f} GiB")
             continue
         return {"strategy": key, "title": row["title"], "why": why, "total": row["bytes"]["total"],
-                "recipes": recipe(key, advice.lora["rank"]), "skipped": skipped}
+                "recipes": recipe(key, advice.lora["rank"], advice.device["device"]), "skipped": skipped}
     return {"strategy": None, "why": "nothing fits: raise --devices, lower --batch-size or --seq-len, or combine "
             "strategies (LoRA + checkpointing)", "skipped": skipped, "recipes": {}}

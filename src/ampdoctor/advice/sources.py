@@ -78,7 +78,7 @@ def _from_config(config_file: Path) -> ModelSource:
         import transformers
     except ImportError:
         raise ValueError(f"{str(config_file)!r} is a transformers config, but transformers is not installed: "
-                         "pip install 'ampdoctor[hf]'") from None
+                         "pip install transformers") from None
     raw = json.loads(config_file.read_text(encoding="utf-8"))
     config = transformers.AutoConfig.from_pretrained(str(config_file.parent))
     architectures = raw.get("architectures") or []

@@ -8,10 +8,11 @@ the ``errors`` patterns of these same rules, so there is one source of truth. Co
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.formats import BF16, FP16, lost_below
 
 # A rule's phase: what checks it and when (the rule pages and ``ampdoctor rules`` name it)
 CHECKED_BY = {
@@ -36,7 +37,9 @@ class Rule:
         severity: default severity of its findings.
         phase: when it is checked; one of ``PHASES``.
         errors: regular expressions matching the torch or library error texts this rule explains.
-        cases: failures.md case numbers it comes from.
+        cases: the public reports it comes from, by number (``docs/_ext/reports.py`` links each to its threads).
+        escalates: the other severities its findings take, each with when: one place says every severity a rule
+            can have, so that ``ampdoctor rules``, ``explain``, the rule pages and a run agree.
     """
 
     code: str
@@ -48,6 +51,7 @@ class Rule:
     phase: str
     errors: tuple[str, ...] = ()
     cases: tuple[int, ...] = ()
+    escalates: tuple[tuple[Severity, str], ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,11 +69,30 @@ class Rule:
         >>> get_rule("AMP101").finding("head", "head.weight is trainable float16").severity.value
         'error'
         """
-        return Finding(self.code, severity or self.severity, where, detail, step, cause=cause,
-                       fix=None if fix == self.fix else fix)
+        severity = severity or self.severity
+        if severity not in self.severities:
+            raise ValueError(f"{self.code} findings are {' or '.join(s.value for s in self.severities)} in the "
+                             f"catalog, not {severity.value}: declare when in its Rule(escalates=...)")
+        return Finding(self.code, severity, where, detail, step, cause=cause, fix=None if fix == self.fix else fix)
+
+    @property
+    def severities(self) -> tuple[Severity, ...]:
+        """Every severity this rule's findings can have: its own first."""
+        return (self.severity, *(s for s, _ in self.escalates))
+
+    def severity_text(self) -> str:
+        """Return the rule's severity as the catalog states it, with when its findings take another.
+
+        >>> get_rule("AMP612").severity_text()
+        'warning; error when no optimizer step updated a weight, or most backward calls went to no step'
+        """
+        return "; ".join([self.severity.value, *(f"{s.value} when {when}" for s, when in self.escalates)])
 
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+# How a fix says "let ampdoctor repair it"; a run says it as it was started (`with_fix_command`)
+FIX_COMMAND = "ampdoctor run --fix train.py"
 
 _UNSCALE_TWICE = r"unscale_\(\) has already been called on this optimizer since the last update\(\)"
 _HALF_FLOAT = (
@@ -108,7 +131,7 @@ RULES: tuple[Rule, ...] = (
         "GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 "
         "optimizer update loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises "
         "without naming the parameter. AMP expects fp32 parameters with fp16 compute under torch.autocast.",
-        "ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py\n"
+        f"ampdoctor.upcast_trainable_params_(model)  # or {FIX_COMMAND}\n"
         "# by hand: for p in model.parameters():\n"
         "#     if p.requires_grad: p.data = p.data.float()\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
@@ -128,9 +151,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP103", "pure-half-no-master", "Pure half-precision training without fp32 master weights",
-        "The optimizer updates fp16/bf16 weights directly. w + lr*g rounds back to w when |lr*g| < |w|*2**-11 "
-        "(fp16) or |w|*2**-8 (bf16), so small updates vanish silently: LoRAs that learn nothing, frozen "
-        "LayerNorm gains.",
+        "The optimizer updates fp16/bf16 weights directly. w + lr*g rounds back to w when |lr*g| is below half an "
+        f"ulp of w: always below {lost_below(FP16)} (fp16) or {lost_below(BF16)} (bf16), and up to twice that "
+        "depending on w, so small updates vanish silently: LoRAs that learn nothing, frozen LayerNorm gains.",
         "opt = ampdoctor.MasterWeights(opt)   # fp32 master copy, model stays half\n"
         "# or keep parameters fp32 and run the forward under torch.autocast(...)",
         WARNING, "preflight", (), (14, 15, 16, 39),
@@ -224,6 +247,7 @@ RULES: tuple[Rule, ...] = (
         "# or: torch.autocast(device_type, dtype=torch.bfloat16) and no scaler\n"
         "# FSDP with param_dtype=torch.float16: the same steps with ShardedGradScaler(device_type)",
         WARNING, "preflight", (), (33,),
+        escalates=((ERROR, "the watch measured every sampled gradient entry exactly 0: nothing trains"),),
     ),
     Rule(
         "AMP209", "trainer-flag-half-model",
@@ -248,6 +272,7 @@ RULES: tuple[Rule, ...] = (
         "fully_shard(model, mp_policy=MixedPrecisionPolicy(\n"
         "    param_dtype=torch.bfloat16, reduce_dtype=torch.float32))",
         WARNING, "preflight", (), (),
+        escalates=((INFO, "the reduction is in bf16, whose range does not overflow"),),
     ),
     Rule(
         "AMP211", "rank-local-skip", "Ranks decide alone whether to skip a step: sharded gradients, non-sharded scaler",
@@ -358,6 +383,7 @@ RULES: tuple[Rule, ...] = (
         "if scaler.get_scale() >= scale_before: scheduler.step()"
         "   # accelerate: if not accelerator.optimizer_step_was_skipped",
         INFO, "runtime", (r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`",), (23,),
+        escalates=((WARNING, "the skipped steps are a large share of the schedule or moved the learning rate"),),
     ),
     Rule(
         "AMP410", "scaler-state-not-restored", "A resume restored the optimizer but not the GradScaler",
@@ -465,6 +491,7 @@ RULES: tuple[Rule, ...] = (
         "training.",
         "# occasional skips at the start are normal; consecutive skips: see AMP601/AMP603",
         WARNING, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
+        escalates=((INFO, "only the first steps were skipped, while the scale calibrated"),),
     ),
     Rule(
         "AMP605", "gradient-underflow", "Gradients would flush to zero in the low-precision format",
@@ -480,7 +507,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "AMP607", "lost-updates", "Optimizer updates round away in low-precision weights",
-        "w + Δ == w when |Δ| < half an ulp of w. With bf16 weights a relative update below 2**-9 is lost.",
+        f"w + Δ == w when |Δ| < half an ulp of w: always below {lost_below(FP16)} (fp16) or {lost_below(BF16)} "
+        "(bf16), and up to twice that depending on w.",
         "opt = ampdoctor.MasterWeights(opt)   # fp32 master weights",
         WARNING, "watch", (), (15, 39),
     ),
@@ -527,6 +555,7 @@ RULES: tuple[Rule, ...] = (
         "# step after every backward that should count, and let one scaler decide the skips:\n"
         "scaler.scale(loss).backward()\nscaler.step(opt)\nscaler.update()\nopt.zero_grad()",
         WARNING, "watch",
+        escalates=((ERROR, "no optimizer step updated a weight, or most backward calls went to no step"),),
     ),
     Rule(
         "AMP613", "loss-not-finite", "The loss is inf/NaN",
@@ -534,6 +563,7 @@ RULES: tuple[Rule, ...] = (
         "weights. It usually starts in the forward pass (an fp16 overflow, a log of 0, a division by 0).",
         "ampdoctor.watch(model, opt, scaler, activations=True)   # names the first module with an inf/NaN output",
         ERROR, "watch",
+        escalates=((WARNING, "the last sampled loss was finite again"),),
     ),
     Rule(
         "AMP614", "loss-frozen", "The loss stayed bit-identical while the weights changed",
@@ -565,6 +595,7 @@ RULES: tuple[Rule, ...] = (
         "for n, p in model.named_parameters():\n"
         "    if p.requires_grad and p.grad is None: print(n)   # after backward: freeze them or use them",
         INFO, "watch",
+        escalates=((ERROR, "no trainable parameter received a gradient"),),
     ),
     Rule(
         "AMP618", "clip-sees-nothing", "The gradient clip clips no parameters",
@@ -589,6 +620,34 @@ RULES: tuple[Rule, ...] = (
 
 _BY_CODE = {r.code: r for r in RULES}
 _BY_NAME = {r.name: r for r in RULES}
+
+
+def escalated(finding: Finding, severity: Severity, detail: str | None = None) -> Finding:
+    """Return ``finding`` at ``severity`` (and with ``detail``), one its rule declares (``Rule.escalates``).
+
+    Raises:
+        ValueError: the catalog gives the rule no such severity.
+    """
+    rule = get_rule(finding.code)
+    if severity not in rule.severities:
+        raise ValueError(f"{rule.code} findings are {' or '.join(s.value for s in rule.severities)} in the catalog, "
+                         f"not {severity.value}: declare when in its Rule(escalates=...)")
+    return replace(finding, severity=severity, detail=finding.detail if detail is None else detail)
+
+
+def with_fix_command(finding: Finding, command: str) -> Finding:
+    """Return ``finding`` with its fix saying ``command`` where it says `FIX_COMMAND`: the run's own script and
+    arguments (``ampdoctor run --fix finetune.py --lr 1e-4``), or how its entry point asks (``%ampdoctor --fix``).
+
+    >>> f = get_rule("AMP101").finding("fc", "fc.weight is float16")
+    >>> with_fix_command(f, "ampdoctor run --fix finetune.py").fix.splitlines()[0]
+    'ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix finetune.py'
+    """
+    try:
+        fix = finding.fix or get_rule(finding.code).fix
+    except KeyError:
+        return finding
+    return replace(finding, fix=fix.replace(FIX_COMMAND, command)) if FIX_COMMAND in fix else finding
 
 
 def get_rule(code_or_name: str) -> Rule:

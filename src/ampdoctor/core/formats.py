@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["FloatFormat", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "LOSS_SCALED", "run_formats"]
+__all__ = ["FloatFormat", "FP16", "BF16", "E4M3", "E5M2", "FORMATS", "LOSS_SCALED", "lost_below", "run_formats"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,8 @@ class FloatFormat:
             it to 448 instead, which loses the value just the same). It is the largest float32 that still rounds to
             a finite value.
         min_normal: the smallest normal value; below it a value keeps fewer significant bits (a subnormal).
+        mantissa: the significand bits stored (fp16 10, bf16 7): ``w + u == w`` when ``|u|`` is below half an ulp
+            of ``w``, which is between ``|w|·2**-(mantissa+2)`` and ``|w|·2**-(mantissa+1)`` (`lost_below`).
 
     >>> FP16.underflow_at_most == 2**-25
     True
@@ -33,6 +35,7 @@ class FloatFormat:
     min_subnormal: float
     overflow_above: float
     min_normal: float
+    mantissa: int = 0
 
     @property
     def underflow_at_most(self) -> float:
@@ -46,16 +49,28 @@ def _float32_below(x: float) -> float:
 
 
 # fp16: max 65504 = (2 - 2**-10) * 2**15 has an odd mantissa, so the tie at 65520 rounds up to inf.
-FP16 = FloatFormat("fp16", 65504.0, 2.0**-24, _float32_below(65520.0), 2.0**-14)
+FP16 = FloatFormat("fp16", 65504.0, 2.0**-24, _float32_below(65520.0), 2.0**-14, mantissa=10)
 # bf16: max (2 - 2**-7) * 2**127, odd mantissa; the tie at 2**128 - 2**119 rounds up to inf.
-BF16 = FloatFormat("bf16", (2 - 2.0**-7) * 2.0**127, 2.0**-133, _float32_below(2.0**128 - 2.0**119), 2.0**-126)
+BF16 = FloatFormat("bf16", (2 - 2.0**-7) * 2.0**127, 2.0**-133, _float32_below(2.0**128 - 2.0**119), 2.0**-126,
+                   mantissa=7)
 # e4m3fn: max 448 = 1.75 * 2**8 has an even mantissa, so the tie at 464 rounds down to 448; above it is NaN.
-E4M3 = FloatFormat("e4m3", 448.0, 2.0**-9, 464.0, 2.0**-6)
+E4M3 = FloatFormat("e4m3", 448.0, 2.0**-9, 464.0, 2.0**-6, mantissa=3)
 # e5m2: max 57344 = 1.75 * 2**15, odd mantissa; the tie at 61440 rounds up to inf.
-E5M2 = FloatFormat("e5m2", 57344.0, 2.0**-16, _float32_below(61440.0), 2.0**-14)
+E5M2 = FloatFormat("e5m2", 57344.0, 2.0**-16, _float32_below(61440.0), 2.0**-14, mantissa=2)
 
 FORMATS: tuple[FloatFormat, ...] = (FP16, BF16, E4M3, E5M2)
 LOSS_SCALED: tuple[FloatFormat, ...] = (FP16, BF16)  # simulated at the loss scale; the others at their own amax
+
+
+def lost_below(fmt: FloatFormat) -> str:
+    """Return the relative size of an update that always rounds away in a weight of format ``fmt``: half an ulp of
+    ``w`` is at least ``|w|·2**-(mantissa+2)`` (at most twice that, as ``w`` runs up to the next power of two).
+    Every sentence that says so (AMP103, AMP607, the master weights' docs) says this.
+
+    >>> lost_below(BF16), lost_below(FP16)
+    ('|w|·2**-9', '|w|·2**-12')
+    """
+    return f"|w|·2**-{fmt.mantissa + 2}"
 
 
 def run_formats(scaler: bool, param_dtypes: Sequence[str], autocast: str | None = None) -> list[str]:

@@ -6,6 +6,7 @@ person needs one row that lists the modules. The JSON report keeps every finding
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -50,6 +51,27 @@ class FindingGroup:
     def places(self) -> list[str]:
         """Return each member's ``where``, once, in order."""
         return list(dict.fromkeys(f.where for f in self.findings))
+
+    @property
+    def place_details(self) -> list[str]:
+        """Return the places as a list shows them: a module named only by its index in a Sequential (``0``, a bare
+        number on a line of its own) by the parameters its finding names (``0.weight (float16, [4, 2])``); a named
+        module (``encoder.layer.0.attention.self.query.lora_A.default``) by its name.
+
+        >>> a = Finding("AMP101", Severity.ERROR, "0", "0.weight (float16, [4, 2]) is trainable float16.",
+        ...             cause="trainable float16.")
+        >>> b = Finding("AMP101", Severity.ERROR, "head", "head.weight (float16, [4, 2]) is trainable float16.",
+        ...             cause="trainable float16.")
+        >>> group_findings([a, b])[0].place_details
+        ['0.weight (float16, [4, 2])', 'head']
+        """
+        cause = self.first.cause
+        shown: dict[str, str] = {}
+        for f in self.findings:
+            own = f.detail[:-len(cause)] if cause is not None and f.detail.endswith(cause) else ""
+            own = own.rstrip().removesuffix(" are").removesuffix(" is").rstrip()
+            shown.setdefault(f.where, own if own and re.fullmatch(r"[\d.]+", f.where) else f.where)
+        return list(shown.values())
 
     @property
     def detail(self) -> str:

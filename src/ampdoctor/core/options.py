@@ -46,6 +46,8 @@ class RunOptions:
         log_dir: the watch's JSON-lines flight recorder folder, or a ``.jsonl`` file (``--log-dir``).
         activations: also watch every module's activations (``--activations``).
         json_path: where the JSON report is written at the end (``--json``).
+        fix_command: how this run is asked for ``--fix`` where it was started, for the fixes to say
+            (``ampdoctor run --fix finetune.py --lr 1e-4``, ``%ampdoctor --fix``); None: the catalog's words.
 
     Raises:
         ampdoctor.core.usage.UsageError: (a ``ValueError``) for an ``every`` that is not a positive int.
@@ -63,6 +65,7 @@ class RunOptions:
     log_dir: str | None = None
     activations: bool = False
     json_path: str | None = None
+    fix_command: str | None = None
 
     def __post_init__(self) -> None:
         check_every(self.every)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ampdoctor.core.catalog import with_fix_command
 from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import REPORT_SCHEMA, Extras, WatchSummary, report_fields, report_to_dict
@@ -120,7 +121,8 @@ class Report(Drawn):
         """Append ``finding`` unless the same rule at the same place (``Finding.place``), seen by the same ranks, is
         already reported: the first one wins (a crash's explanation does not repeat the pre-flight's finding)."""
         if all((f.place, f.ranks) != (finding.place, finding.ranks) for f in self.findings):
-            self.findings.append(finding)
+            command = self.extra.get("fix_command")
+            self.findings.append(with_fix_command(finding, command) if command else finding)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON shape of the report (``ampdoctor.core.records.report_to_dict``)."""
@@ -215,8 +217,15 @@ def verdict(report: Report) -> Verdict | None:
     >>> verdict(Report(exit_status=3)).kind
     'no all-clear'
     """
-    if report.findings:   # the findings so far: a stopped run is no all-clear of the rest
-        return Verdict("no all-clear", exit_sentence(report)) if report.extra.get("terminated") else None
+    if report.extra.get("not_started"):
+        return Verdict("no all-clear", f"the script did not start ({report.extra['not_started']}, above): nothing "
+                                       "ran, so nothing was diagnosed")
+    if report.extra.get("terminated"):   # the findings so far: a stopped run is no all-clear of the rest
+        return Verdict("no all-clear", exit_sentence(report))
+    repaired = set(repaired_codes(report))
+    # what --fix repaired stays as info (the script still has it); it is no finding left to close with
+    if any(f.severity is not Severity.INFO or f.code not in repaired for f in report.findings):
+        return None
     if report.saw_nothing:
         return Verdict("no all-clear", f"{NOTHING_OBSERVED}. If the training runs in another process, run it under "
                                        "ampdoctor too; `ampdoctor run` follows Python child processes it starts.")
@@ -224,7 +233,38 @@ def verdict(report: Report) -> Verdict | None:
         return Verdict("no all-clear", exit_sentence(report))
     if report.exception or report.missing_ranks:
         return None
-    return _earned(report)
+    earned, fixed = _earned(report), fix_sentence(report)
+    return earned if fixed is None else Verdict(earned.kind, f"{fixed}; {earned.text}")
+
+
+def repaired_codes(report: Report) -> list[str]:
+    """Return the codes of the findings ``--fix`` repaired in this run (``extra["fixed"]``), sorted.
+
+    >>> repaired_codes(Report(extra={"fixed": [{"code": "AMP104"}, {"code": "AMP101"}, {"code": "AMP101"}]}))
+    ['AMP101', 'AMP104']
+    """
+    fixed = report.extra.get("fixed")
+    return sorted({str(f["code"]) for f in fixed if isinstance(f, dict) and f.get("code")}) \
+        if isinstance(fixed, list) else []
+
+
+def fix_sentence(report: Report) -> str | None:
+    """Return what ``--fix`` left of a report: no finding, and what it repaired still in the script (it changed the
+    objects of this run, not the code); None where it changed nothing.
+
+    >>> fix_sentence(Report(changes=["fc.weight: upcast torch.float16 -> torch.float32"],
+    ...                     extra={"fixed": [{"code": "AMP101"}]}))
+    'no findings left after 1 change by --fix; what it repaired (AMP101) is still in the script'
+    """
+    if not report.changes:
+        return None
+    changes = counted(len(report.changes), "change")
+    codes = repaired_codes(report)
+    if codes:
+        return (f"no findings left after {changes} by --fix; what it repaired ({', '.join(codes)}) is still in "
+                "the script")
+    # no finding to resolve: it repaired before one arose (upcast again at the forward after a mid-run downcast)
+    return f"no findings left after {changes} by --fix, made before a finding arose; the script still needs them"
 
 
 def _earned(report: Report) -> Verdict:

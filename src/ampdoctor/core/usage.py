@@ -6,6 +6,7 @@ The command line prints a `UsageError` without a traceback and exits 2; ``ampdoc
 from __future__ import annotations
 
 import os
+import tempfile
 
 from ampdoctor.core.io import write_atomic
 
@@ -24,8 +25,23 @@ def check_writable(path: str, option: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"{_given(option, path)}: the folder {folder!r} does not exist; create it first")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UsageError(f"{_given(option, path)} cannot be written (permission denied); choose another path")
+    failed = _cannot_write_in(folder)
+    if failed:
+        raise UsageError(f"{_given(option, path)} cannot be written ({failed}); choose another path")
+
+
+def _cannot_write_in(folder: str) -> str | None:
+    """Write and remove a file in ``folder`` as the report will be written (``write_atomic``: a file beside the
+    target, renamed): return why that fails, or None. Permission bits say nothing as root or on /sys, /proc or a
+    read-only mount; writing does."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ampdoctor-probe-"):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def check_log_dir(path: str, option: str = "--log-dir") -> None:
@@ -38,8 +54,9 @@ def check_log_dir(path: str, option: str = "--log-dir") -> None:
         os.makedirs(target, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"{_given(option, path)} cannot be created: {exc.strerror}; choose another folder") from None
-    if not os.access(target, os.W_OK):
-        raise UsageError(f"{_given(option, path)} cannot be written (permission denied); choose another folder")
+    failed = _cannot_write_in(target)
+    if failed:
+        raise UsageError(f"{_given(option, path)} cannot be written ({failed}); choose another folder")
 
 
 def check_outputs(json_path: str | None, log_dir: str | None, json_option: str, log_dir_option: str) -> None:

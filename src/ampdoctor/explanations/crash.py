@@ -88,16 +88,24 @@ def explain_text(text: str) -> list[Rule]:
 
 
 def unknown_answer(text: str) -> str:
-    """Return what to say when no rule explains ``text``: that it is unknown, and its closest family if one fits.
+    """Return what to say when no rule explains ``text``: that it is unknown, and its closest family if one fits,
+    with the family's rules whose titles are closest to the text (never the whole family: its size, and how to
+    list it).
 
     >>> "closest family: dtype mismatch (AMP5xx)" in unknown_answer("expected tensor of dtype BFloat16 but got Half")
+    True
+    >>> "closest rules: AMP613 (The loss is inf/NaN)" in unknown_answer("loss is nan")
     True
     """
     answer = "unknown error: no rule in the catalog explains this text"
     family = closest_family(text)
     if family is not None:
-        answer += (f"; closest family: {family.label}: {', '.join(family.codes)} "
-                   f"(`ampdoctor rules --select {family.prefix}`)")
+        closest = family.closest(text)
+        answer += f"; closest family: {family.label}"
+        if closest:
+            answer += f"; closest rules: {', '.join(f'{r.code} ({r.title})' for r in closest)}"
+        answer += (f" (`ampdoctor rules --select {family.prefix}` lists the family's {len(family.codes)} rules; "
+                   "`ampdoctor explain CODE` explains one)")
     return answer + ". Run the script under `ampdoctor run` for a diagnosis on the real objects."
 
 

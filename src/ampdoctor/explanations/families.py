@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ampdoctor.core.catalog import MAX_TEXT, select
+from ampdoctor.core.catalog import MAX_TEXT, Rule, select
 
 _DTYPE = r"\b(Half|BFloat16|float16|bfloat16|fp16|bf16|c10::Half|at::Half)\b"
 
@@ -37,6 +37,21 @@ class Family:
     def codes(self) -> list[str]:
         """Return the codes of the rules in this family, in catalog order."""
         return [r.code for r in select([self.prefix])]
+
+    def closest(self, text: str, n: int = 3) -> list[Rule]:
+        """Return up to ``n`` rules of this family whose titles share the most words with ``text``, two at least
+        (one shared word names no rule): of those, a short title that says it all first, then catalog order.
+
+        >>> [r.code for r in FAMILIES[3].closest("loss is nan")]
+        ['AMP613', 'AMP610']
+        """
+        said = _words(text[-MAX_TEXT:])
+        scored = []
+        for i, rule in enumerate(select([self.prefix])):
+            title = _words(rule.title)
+            scored.append((len(said & title), len(said & title) / len(title), i, rule))
+        most = max((t[0] for t in scored), default=0)
+        return [t[3] for t in sorted(scored, key=lambda t: (-t[1], t[2])) if t[0] == most >= 2][:n]
 
     @property
     def label(self) -> str:
@@ -73,6 +88,15 @@ FAMILIES: tuple[Family, ...] = (
         r"\bmixed[_ ]precision\b",
     )),
 )
+
+
+# words that tell no rule of a family from another: grammar, and the half dtypes every dtype rule names
+_STOP = frozenset("a an the is are was were in of to or and by on for its it at with not no but got "
+                  "dtype dtypes half float16 bfloat16 fp16 bf16 precision".split())
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9_]+", text.lower()) if w not in _STOP} or {""}
 
 
 def closest_family(text: str) -> Family | None:

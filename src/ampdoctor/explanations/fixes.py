@@ -117,17 +117,30 @@ def nonfinite_grads_fix(scaler_enabled: bool, param_dtypes: Iterable[str], autoc
     return (f"{head}\n{_SKIP_STEP}\n# find where they start: ampdoctor run --activations{tail}")
 
 
-def scale_collapse_fix(origin: str | None) -> str | None:
+def scale_collapse_fix(origin: str | None, any_scale: bool = False) -> str | None:
     """Return the fix for a collapsing loss scale whose skipped steps had a finite forward, or None where the
-    rule's own (upcast the module that overflows, AMP601) fits: ``origin`` is ``ScaleMonitor.origin()``.
+    rule's own (upcast the module that overflows, AMP601) fits: ``origin`` is ``ScaleMonitor.origin()``;
+    ``any_scale``: the gradients stayed inf/NaN down to a scale where nothing the scale multiplies can overflow
+    (``ScaleMonitor.beyond_overflow``), so a wider format is not the first thing to try.
 
     >>> scale_collapse_fix("forward") is None, scale_collapse_fix(None) is None
     (True, True)
     >>> print(scale_collapse_fix("backward").splitlines()[0])
     # every module output and the loss were finite: the backward makes the
+    >>> "bfloat16" in scale_collapse_fix("backward", any_scale=True).splitlines()[0]
+    False
     """
     if origin == "loss":
         return nonfinite_loss_fix()
+    if origin == "backward" and any_scale:
+        return "\n".join([
+            "# the gradients are inf/NaN at any loss scale: find the op first; AMP602",
+            "# names the first module whose output gradient is inf/NaN",
+            "ampdoctor.watch(model, opt, scaler, activations=True)",
+            "# an op that is inf/NaN in any dtype at 0 (sqrt, log, x / 0): keep it off 0",
+            "y = torch.sqrt(x + 1e-12)          # d/dx sqrt(x) is inf at x = 0",
+            "# an fp16 op that overflows on values the scale does not carry (x**2 in a",
+            "# norm): run it in fp32, or train in bf16 (fp32's range)"])
     if origin in ("backward", "outputs"):
         head = ["# every module output and the loss were finite: the backward makes the",
                 "# inf/NaN. Where it overflows fp16, train in bf16 (fp32's range):"] if origin == "backward" else \

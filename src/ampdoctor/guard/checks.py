@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 from torch.optim import lr_scheduler
 
 from ampdoctor._torch.scaler import OptState, init_growth_tracker, init_scale, live_scale, optimizer_found_inf, stage
-from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.catalog import escalated, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.training import TrainingSetup
@@ -258,7 +257,7 @@ def escalated_finding(f: Finding, skipped: int, iterations: int, lr_factor: floa
         drift = f"skipped optimizer steps in {skipped} of {iterations} iterations"
         if lr_factor != 1.0:
             drift += f", changing the learning rate by x{lr_factor:.3g}"
-    return replace(f, severity=severity, detail=f"{f.detail}; the schedule advanced on {drift}")
+    return escalated(f, severity, f"{f.detail}; the schedule advanced on {drift}")
 
 
 def schedule_length(scheduler: Any) -> int | None:

@@ -3,9 +3,9 @@
 Each framework is its own module, imported only when asked for (the frameworks are optional extras):
 
 * ``ampdoctor.integrations.lightning.AmpDoctorCallback``: a Lightning ``Callback``
-  (``pip install ampdoctor[lightning]``);
+  (the ``lightning`` extra: ``pip install -e ".[lightning]"`` in a clone);
 * ``ampdoctor.integrations.transformers.AmpDoctorCallback``: a transformers ``TrainerCallback``
-  (``pip install ampdoctor[hf]``).
+  (the ``hf`` extra).
 
 Both take ``json_path``, ``log_dir``, ``every``, ``activations`` and ``fix``; see ``ampdoctor.integrations._session``
 for what they share: pre-flight before the first step, the GradScaler guard and the numerics watch during training,

@@ -12,7 +12,9 @@ In Jupyter, JupyterLab, Colab, Kaggle or a terminal IPython::
 The kernel is one long process, so a `NotebookDoctor` is ``ampdoctor run``'s ``Doctor`` attached for as long as the
 extension is loaded: it finds models, optimizers and GradScalers through torch's global hooks in whichever cell
 builds them. Re-running the cell that builds the model and optimizer is a new stage: the watch follows the new
-objects from their first step, and a finding already reported is not reported again. While the extension is loaded
+objects from their first step, and a finding already reported is not reported again. ``%ampdoctor`` reports what the
+kernel trains now; the findings of an earlier stage that the current one has not shown again (the crashed cell's,
+now fixed) follow it under their own heading, not counted with the current ones. While the extension is loaded
 ``ampdoctor.attach()`` in a cell does nothing (one diagnosis per process). In a kernel the output is rich's (HTML
 with a plain-text part); in a terminal IPython, plain text. IPython itself is imported only in a kernel, for
 ``--html``'s inline page.
@@ -26,14 +28,18 @@ from __future__ import annotations
 import shlex
 import sys
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
+from ampdoctor.core.findings import Finding
+from ampdoctor.core.grouping import group_findings
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
 from ampdoctor.core.report import Report, ReportView
 from ampdoctor.core.views import display_page, printer
+from ampdoctor.core.words import counted
 from ampdoctor.ranks.merge import merge_reports
 from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.doctor import Doctor
@@ -47,6 +53,21 @@ USAGE = ("usage: %ampdoctor [--html | --fix | fix on]   (the findings and the wa
          "HTML report inline; --fix: repairs on)")
 
 _loaded: dict[int, "NotebookDoctor"] = {}   # by id(shell): the one doctor of each IPython shell
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """A stage of the notebook's training: one doctor's run.
+
+    Attributes:
+        report: its doctor's report.
+        trained: its pre-flight ran: it diagnosed what the cells trained (a doctor that saw nothing did not).
+        ended_by: what ended it, as the words after "it ended when" (``"cell [2] raised"``); None while it runs.
+    """
+
+    report: Report
+    trained: bool
+    ended_by: str | None = None
 
 
 class NotebookDoctor:
@@ -66,7 +87,7 @@ class NotebookDoctor:
         # crashed cell's traceback keeps them alive), until they train again (``session.stages``).
         self._ended: weakref.WeakSet = weakref.WeakSet()
         self.doctor = self._new_doctor(fix)
-        self.earlier: list[Report] = []   # the reports of the doctors a switch to --fix or a new stage ended
+        self.earlier: list[_Stage] = []   # the stages a new stage or a switch to --fix ended, in order
         self._printer = say
         self._watched = watched_by("the notebook extension")
         self._built: weakref.WeakSet = weakref.WeakSet()   # the optimizers built since the last cell ended
@@ -75,7 +96,8 @@ class NotebookDoctor:
 
     def _new_doctor(self, fix: bool) -> Doctor:
         # a re-run cell's new optimizer: the watch follows it from its first step
-        doctor = Doctor(RunOptions(fix=fix), on_event=self._say, stages=Stages(after=1, ended=self._ended))
+        doctor = Doctor(RunOptions(fix=fix, fix_command="%ampdoctor --fix"), on_event=self._say,
+                        stages=Stages(after=1, ended=self._ended))
         return doctor
 
     # ---- load / unload ----------------------------------------------------------------------------------------
@@ -127,9 +149,11 @@ class NotebookDoctor:
         exc = getattr(result, "error_in_exec", None)
         if exc is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
             call_safely(self._explain, exc, on_error=self.doctor.session.internal_error)
-        call_safely(self._stage_after_cell, exc is not None, on_error=self.doctor.session.internal_error)
+        count = getattr(result, "execution_count", None)   # None for an empty cell
+        cell = f"cell [{count}]" if isinstance(count, int) else "a cell"
+        call_safely(self._stage_after_cell, exc is not None, cell, on_error=self.doctor.session.internal_error)
 
-    def _stage_after_cell(self, crashed: bool) -> None:
+    def _stage_after_cell(self, crashed: bool, cell: str) -> None:
         """A notebook re-runs the cell that builds the model and optimizer: the objects of the cells before are
         gone, so this doctor's run ends (its report is kept, its findings are not repeated) and the next cells get
         a fresh one, which finds the new objects at their first step. So does a crash (the cell is fixed and re-run).
@@ -141,9 +165,13 @@ class NotebookDoctor:
         rebuilt = bool(built) and not any(id(o) in seen["optimizers"] for o in built)
         if (crashed or rebuilt) and any(seen.values()):
             self._ended.update(self.doctor.stages.objects())
-            self.doctor.detach()
-            self.earlier.append(self.doctor.report)
-            self.doctor = self._new_doctor(self.doctor.fix).attach()
+            self._next_stage(f"{cell} raised" if crashed else f"{cell} built new optimizers", self.doctor.fix)
+
+    def _next_stage(self, ended_by: str, fix: bool) -> None:
+        """End this doctor's run (its report is kept, with what ended it) and attach a fresh one."""
+        self.doctor.detach()
+        self.earlier.append(_Stage(self.doctor.report, self.doctor.session.started, ended_by))
+        self.doctor = self._new_doctor(fix).attach()
 
     def _explain(self, exc: BaseException) -> None:
         report = self.doctor.report
@@ -186,27 +214,60 @@ class NotebookDoctor:
         if self.doctor.fix:
             self._say("ampdoctor: --fix is already on")
             return
-        self.doctor.detach()
-        self.earlier.append(self.doctor.report)
-        self.doctor = self._new_doctor(fix=True).attach()
+        self._next_stage("--fix was switched on", fix=True)
         self._say("ampdoctor: --fix is on for the following cells: trainable fp16/bf16 parameters are repaired "
                   "before their first update")
 
     def show(self) -> None:
-        self._print(ReportView(self.snapshot(), exception=False, watch=True))   # a crash is explained in its cell
+        current, earlier = self._stages_so_far()
+        self._print(ReportView(current, exception=False, watch=True))   # a crash is explained in its cell
+        self._show_earlier(earlier)
 
     def snapshot(self) -> Report:
-        """Return the report so far (`Session.snapshot`), with those of the doctors a switch to ``--fix`` ended."""
-        report = self.doctor.session.snapshot()
-        return merge_reports([*self.earlier, report]) if self.earlier else report
+        """Return the report of what the kernel trains now: that of the last stage that trained (`Session.snapshot`
+        while it is the current doctor's), with the stages after it that saw nothing, and every stage's changes
+        (a repair stays made). The earlier stages' findings are shown under it (`show`), not counted in it."""
+        return self._stages_so_far()[0]
+
+    def _stages_so_far(self) -> tuple[Report, list[tuple[_Stage, list[Finding]]]]:
+        """Return the report of what the kernel trains now (`snapshot`) and, for each stage before it, the findings
+        that no later stage shows again (each place once: the first stage that found it)."""
+        now = _Stage(self.doctor.session.snapshot(), self.doctor.session.started)
+        stages = [*self.earlier, now]
+        # The stage the kernel trains now is the last that trained: a crash ends a stage, and the next cell may not
+        # have trained yet (nothing to compare with: the crashed stage's findings are still current).
+        live = max((i for i, stage in enumerate(stages) if stage.trained), default=len(stages) - 1)
+        current = merge_reports([stage.report for stage in stages[live:]], main=0)
+        current.changes = [c for stage in stages for c in stage.report.changes]
+        # A finding the stage trained now has not shown again (its pre-flight looked at what trains now) is of an
+        # earlier stage: kept visible under it, not counted with the current ones.
+        shown = {f.place for f in current.findings}
+        earlier = []
+        for stage in stages[:live]:
+            own = [f for f in stage.report.findings if f.place not in shown]
+            shown.update(f.place for f in own)
+            if own:
+                earlier.append((stage, own))
+        return current, earlier
+
+    def _show_earlier(self, earlier: list[tuple[_Stage, list[Finding]]]) -> None:
+        """Show the findings of the earlier stages, each stage's under a line that says so."""
+        for stage, findings in earlier:
+            rows = len(group_findings(findings))   # as the table shows them: one row per rule and cause
+            self._say(f"ampdoctor: {counted(rows, 'finding')} of an earlier stage (it ended when {stage.ended_by}), "
+                      f"not counted above: what the kernel trains now has not shown {'it' if rows == 1 else 'them'} "
+                      "again")
+            self._print(ReportView(Report(findings=findings), exception=False))
 
     def show_html(self) -> None:
-        """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of the run so far, inline; a terminal
-        IPython gets the plain report."""
+        """``%ampdoctor --html``: the page ``ampdoctor report --html`` writes, of what the kernel trains now, inline,
+        and the earlier stages' findings under it; a terminal IPython gets the plain report."""
         if not self._in_kernel():
             self.show()
             return
-        display_page(self.snapshot())
+        current, earlier = self._stages_so_far()
+        display_page(current)
+        self._show_earlier(earlier)
 
     # ---- output -----------------------------------------------------------------------------------------------
     def _in_kernel(self) -> bool:

@@ -65,7 +65,8 @@ class _Hooks:
 
     def __init__(self, json_path: Any = None, log_dir: Any = None, every: int = 50, activations: bool = False,
                  fix: bool = False) -> None:
-        self.options = RunOptions(fix=fix, every=every, log_dir=log_dir, json_path=json_path, activations=activations)
+        self.options = RunOptions(fix=fix, every=every, log_dir=log_dir, json_path=json_path, activations=activations,
+                                  fix_command="AmpDoctorCallback(fix=True)")
         self.options.check_outputs()   # when the callback is built, not at the end of a long run
         self.session: CallbackSession | None = None
         self._observer: Any = None

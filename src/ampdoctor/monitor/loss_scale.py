@@ -41,13 +41,16 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import ScaleSummary, scale_entry
-from ampdoctor.core.words import counted
+from ampdoctor.core.words import counted, scale_text
 from ampdoctor.explanations.fixes import scale_collapse_fix
 from ampdoctor.monitor.activation_records import is_input
 
 __all__ = ["ScaleMonitor"]
 
 _DEFAULT_INIT_SCALE = 2.0**16  # GradScaler's default init_scale: halvings from above it are calibration
+# Skips that go on at this scale and below do not come from it: to overflow fp16 there a gradient would have to
+# exceed 65504 * 2**24, about 1.1e12
+ANY_SCALE = 2.0**-24
 
 
 class ScaleMonitor:
@@ -269,9 +272,9 @@ class ScaleMonitor:
         if warmup >= self.warmup_skip_run:
             settled = self.scale_at(warmup)
             return self._finding("AMP604", Severity.INFO, 0, f"the first {warmup} optimizer steps were skipped while "
-                                 f"the loss scale calibrated from {self.first_scale:g} down to {settled:g}, where "
-                                 f"a step succeeded; GradScaler(init_scale={settled:g}) would have trained them "
-                                 f"({total})")
+                                 f"the loss scale calibrated from {scale_text(self.first_scale)} down to "
+                                 f"{scale_text(settled)}, where a step succeeded; "
+                                 f"GradScaler(init_scale={settled:g}) would have trained them ({total})")
         return None
 
     def collapsing(self) -> bool:
@@ -295,7 +298,8 @@ class ScaleMonitor:
         ref_step, ref = self.reference or (0, math.nan)
         low = self.current_scale if self.current_scale is not None else math.nan
         since = "the highest a step succeeded with" if self.succeeded is not None else "its start, at most 65536"
-        return (f"loss scale fell from {ref:g} (step {ref_step}, {since}) to {low:g} after step {self.steps - 1}, "
+        return (f"loss scale fell from {scale_text(ref)} (step {ref_step}, {since}) to {scale_text(low)} after step "
+                f"{self.steps - 1}, "
                 f"{self.skipped} of {self.steps} steps skipped, the last {self.run} in a row.")
 
     def note_forward(self, module: str | None, loss: float | None) -> None:
@@ -352,6 +356,14 @@ class ScaleMonitor:
             return (f"Every module output was finite {on(seen['loss'])}, and the loss given to backward was inf/NaN: "
                     f"the inf/NaN come from computing the loss, after the model, or from another tensor it reads "
                     f"(a target, a frozen teacher's or encoder's half-precision output).")
+        if kind == "backward" and self.beyond_overflow():
+            return (f"Every module output and the loss were finite {on(seen['backward'])}, so the inf/NaN arise in "
+                    f"the backward pass, and they stayed down to a loss scale of {scale_text(self.lowest_tried())}, "
+                    f"where a gradient would have to exceed {65504 / self.lowest_tried():.3g} to overflow fp16: the "
+                    f"scale is not the cause. An op makes them at any scale: one that is inf/NaN at 0 in any dtype "
+                    f"(the gradient of sqrt or log at 0, 0/0), or an fp16 op on values the scale does not carry "
+                    f"(x**2 of fp16 activations in a norm). With activations=True, AMP602 names the first module "
+                    f"whose output gradient is inf/NaN.")
         if kind == "backward":
             return (f"Every module output and the loss were finite {on(seen['backward'])}, so the inf/NaN arise in "
                     f"the backward pass: gradients that overflow fp16 at every scale tried, or that are inf/NaN at "
@@ -362,6 +374,15 @@ class ScaleMonitor:
                     f"in the loss or the backward pass.")
         return ("Where the inf/NaN arise (forward or backward) was not seen: no skipped step's forward was looked "
                 "at. With activations=True the watch looks at the forward of every sampled step.")
+
+    def lowest_tried(self) -> float:
+        """Return the lowest loss scale a step ran its backward with."""
+        return min((scale for _, scale in self.history), default=math.nan)
+
+    def beyond_overflow(self) -> bool:
+        """Return whether the steps kept failing at a scale so low (``ANY_SCALE``) that no gradient the scale
+        multiplies can overflow fp16: their inf/NaN do not come from the scale."""
+        return self.lowest_tried() <= ANY_SCALE
 
     def name_culprit(self, module: str | None) -> None:
         """Name the first non-finite module as the activation monitor's AMP601 does (``"2 (Linear)"``, with its
@@ -383,7 +404,8 @@ class ScaleMonitor:
                 for f in self._findings]
 
     def _collapsed(self, finding: Finding) -> Finding:
-        return replace(finding, detail=self.collapse_detail(), fix=scale_collapse_fix(self.origin()))
+        return replace(finding, detail=self.collapse_detail(),
+                       fix=scale_collapse_fix(self.origin(), any_scale=self.beyond_overflow()))
 
     def section(self) -> ScaleSummary:
         """Return the loss scale's section of a watch summary (``core.records.ScaleSummary``)."""

@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import LossSummary, Verified, WatchSummary
-from ampdoctor.core.words import counted, word_for
+from ampdoctor.core.words import counted, scale_text, word_for
 from ampdoctor.explanations.fixes import nonfinite_loss_fix
 from ampdoctor.monitor.activation_records import is_input
 
@@ -62,10 +62,11 @@ def _all_skipped(s: WatchSummary) -> Iterator[Finding]:
     scale = s.scale
     n = scale.steps if scale is not None else 0
     if n >= 3 and scale.skipped == n:
-        lowest = None if scale.lowest is None else scale.lowest[1]
+        # the lowest scale a step's backward ran with (the scale after the last step was never tried)
+        lowest = min((v for _, v in scale.history), default=None)
         yield get_rule("AMP612").finding(
             "GradScaler", f"every one of the {n} optimizer steps was skipped (inf/NaN gradients at every loss scale "
-            f"tried, down to {lowest:g}): no weight was updated" if lowest is not None else
+            f"tried, down to {scale_text(lowest)}): no weight was updated" if lowest is not None else
             f"every one of the {n} optimizer steps was skipped: no weight was updated", n - 1,
             severity=Severity.ERROR)
 

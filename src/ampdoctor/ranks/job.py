@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ampdoctor.core.report import Report, ReportView
+from ampdoctor.core.report import Report, ReportView, fix_sentence, repaired_codes
 from ampdoctor.core.views import Line
-from ampdoctor.core.words import counted
 from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.merge import label_rank
@@ -97,8 +96,11 @@ def _other_rank(own: Report, end: JobEnd, exchange: RankExchange, say: Callable[
 
 def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | None, rank: RankInfo | None,
           say: Callable[[Any], None]) -> None:
-    """Show the report this process speaks for, and the lines under it."""
-    if own.watch is not None and own.watch.steps:   # a run that crashed before its first step has no numbers
+    """Show the report this process speaks for, and the lines under it: after a crash its findings first, right
+    under the traceback that they explain, then the watch's numbers; else the numbers, then what they mean."""
+    numbers = own.watch is not None and own.watch.steps   # a run that crashed before its first step has none
+    crashed = bool(own.exception) and not own.extra.get("terminated")
+    if numbers and not crashed:
         say(ReportView(own, exception=False, watch=True, findings=False))   # this rank's numbers; the others' logs
     repaired = {f.get("code") for f in report.extra.get("fixed", []) if isinstance(f, dict)}
     left = [f for f in report.findings if not (f.severity.value == "info" and f.code in repaired)]
@@ -109,18 +111,27 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
     if left or end.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
         say(ReportView(exchange.shown(report) if exchange else report, exception=exception, watch=False))
     elif report.changes:
-        say(_repaired_line(report, end, sorted(c for c in repaired if c)))
+        say(_repaired_line(report, end))
     elif report.ok:   # earned: something was trained and seen, and nothing at warning or error was found
         say(ReportView(report, exception=False, watch=False))
+    if numbers and crashed:
+        say(ReportView(own, exception=False, watch=True, findings=False))
     for line in exchange.summary_lines(report) if exchange is not None else []:
         say(f"ampdoctor: {line}")   # ranks not heard from, and which rank failed first
+    _closing_lines(report, own, end, left, mine_first, say)
+
+
+def _closing_lines(report: Report, own: Report, end: JobEnd, left: list[Any], mine_first: bool,
+                   say: Callable[[Any], None]) -> None:
+    """Say what --fix could not do, and that a crash no rule knows is not a mixed-precision one."""
     if end.fix and not report.changes and left and not report.extra.get("fix_refused"):   # nothing it could do
         codes = list(dict.fromkeys(f.code for f in left if f.severity.value != "info"))
         if codes:
             one = len(codes) == 1
             say(f"ampdoctor --fix changed nothing: {', '.join(codes)} {'has' if one else 'have'} no "
                 f"automatic repair; {'its fix is' if one else 'their fixes are'} in the script (how to fix, above)")
-    if mine_first and end.exit_code and own.exception and not end.explained:
+    stopped = own.extra.get("terminated") or own.extra.get("not_started")   # the verdict says why
+    if mine_first and end.exit_code and own.exception and not end.explained and not stopped:
         where = "above, unchanged" if end.traceback == "above" else "follows"
         say(f"ampdoctor: the script failed with {own.exception['type']}, which is not a known mixed-precision "
             f"failure; its traceback is {where}.")
@@ -128,13 +139,11 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
             say(f"ampdoctor: at the crash: {'; '.join(map(str, own.exception['facts']))}.")
 
 
-def _repaired_line(report: Report, end: JobEnd, codes: list[str]) -> str:
-    """Say that a fix left no findings, and that the code still has what it repaired."""
-    if codes:
-        return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by --fix; "
-                f"what it repaired ({', '.join(codes)}) is still in the script"
-                + (f", and listed as info in {end.json_path}" if end.json_path else ""))
-    # no finding to resolve: it repaired before one arose (upcast again at the forward after a mid-run downcast)
-    return (f"ampdoctor: no findings left after {counted(len(report.changes), 'change')} by --fix, made "
-            f"before a finding arose; the script still needs them"
-            + (f" (each change is in {end.json_path})" if end.json_path else ""))
+def _repaired_line(report: Report, end: JobEnd) -> str:
+    """Say that a fix left no findings, and that the code still has what it repaired (``core.report.fix_sentence``,
+    as the page's verdict says it), and where the JSON lists it."""
+    where = ""
+    if end.json_path:
+        where = (f", and listed as info in {end.json_path}" if repaired_codes(report)
+                 else f" (each change is in {end.json_path})")
+    return f"ampdoctor: {fix_sentence(report)}{where}"

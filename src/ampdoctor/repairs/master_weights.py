@@ -10,7 +10,7 @@ parameter swaps its ``.data`` between two tensors.
   ``clip_grad_norm_(model.parameters())`` and the optimizer then all see fp32, and the optimizer state is fp32.
 
 An fp16 update ``w + lr*g`` rounds back to ``w`` when ``|lr*g|`` is below half a unit in the last place of ``w``
-(``|w| * 2**-11`` for fp16, ``|w| * 2**-8`` for bf16); the fp32 master keeps those small steps.
+(``|w|·2**-12`` for fp16, ``|w|·2**-9`` for bf16: ``core.formats.lost_below``); the fp32 master keeps those small steps.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
 import sys
 import traceback
 from typing import Any, Callable, Iterator
@@ -102,8 +103,11 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
             ``every``, or a second ``attach()`` with other options while one is attached. Checked here, before the
             first step.
     """
+    # the fixes say how this process asks for --fix: the environment's switch, or this call
+    asks = (f"{ENV}=--fix python {shlex.join(sys.argv)}" if announce == "environment" and sys.argv
+            else "ampdoctor.attach(fix=True)")
     options = RunOptions(fix=fix, watch=watch, every=every, log_dir=log_dir, json_path=json_path,
-                         activations=activations)
+                         activations=activations, fix_command=asks)
     if _watchers:
         return Attached(options, watched_by=_watchers[-1])
     if _active:

@@ -315,6 +315,14 @@ class Doctor:
         terminated(self.report)
         self.detach()
 
+    def interrupted(self, exc: BaseException) -> None:
+        """Ctrl-C stopped the script (``exc``): the report covers the steps until then."""
+        self.session.interrupted(exc)
+
+    def not_started(self, exc: SyntaxError) -> None:
+        """The script could not be compiled: nothing ran."""
+        self.session.not_started(exc)
+
     # ---- crash explanation -----------------------------------------------------------------------------------
     def explain(self, exc: BaseException) -> list[Finding]:
         """Explain ``exc`` from the catalog, record it in the report and return the findings."""

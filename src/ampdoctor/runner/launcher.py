@@ -16,6 +16,7 @@ from ampdoctor.core.report import Report
 from ampdoctor.runner.attached import watched_by
 from ampdoctor.runner.children import ChildProcesses
 from ampdoctor.runner.doctor import Doctor
+from ampdoctor.session.run import INTERRUPT_STATUS
 
 
 @dataclass
@@ -90,16 +91,21 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
                     body()
                 except SystemExit as exc:
                     exit_code = _exit_status(exc.code)
-                except KeyboardInterrupt:
-                    exit_code = 130
-                    traceback.print_exc()
+                except KeyboardInterrupt as exc:   # Ctrl-C: where the script was, without ampdoctor's frames
+                    exit_code = INTERRUPT_STATUS
+                    _print_exception(exc, without_own_frames(exc.__traceback__, shown_path), hook_before)
+                    doctor.interrupted(exc)
                 except BaseException as exc:  # the script failed: keep its traceback and status
                     exit_code = 1
-                    _print_exception(exc, without_own_frames(exc.__traceback__, shown_path), hook_before)
-                    found = doctor.explain(exc)
-                    explained = bool(found)
-                    if type(exc).__module__.startswith("torch.multiprocessing"):
-                        relayed = found   # a worker's error, re-raised as text: the worker's Doctor saw it
+                    if _not_compiled(exc, shown_path):   # as python prints it: the file, the line, the caret
+                        traceback.print_exception(type(exc), exc, None)
+                        doctor.not_started(exc)
+                    else:
+                        _print_exception(exc, without_own_frames(exc.__traceback__, shown_path), hook_before)
+                        found = doctor.explain(exc)
+                        explained = bool(found)
+                        if type(exc).__module__.startswith("torch.multiprocessing"):
+                            relayed = found   # a worker's error, re-raised as text: the worker's Doctor saw it
     finally:
         sys.argv = saved_argv
         if sys.path and sys.path[0] == path0 and saved_path0 != path0:
@@ -139,6 +145,11 @@ def _print_exception(exc: BaseException, tb: Any, hook_before: Any) -> None:
         finally:
             exc.__traceback__ = whole   # the explanation reads every frame
     traceback.print_exception(type(exc), exc, tb)
+
+
+def _not_compiled(exc: BaseException, path: str) -> bool:
+    """Return whether ``exc`` is the script's own SyntaxError: it never started."""
+    return isinstance(exc, SyntaxError) and bool(exc.filename) and os.path.abspath(exc.filename) == path
 
 
 def _exit_status(code: object) -> int:

@@ -10,9 +10,9 @@ lost everything below it.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any, Mapping
 
+from ampdoctor.core.catalog import escalated
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import Stats, WatchSummary
 
@@ -72,7 +72,7 @@ def with_watch_evidence(finding: Finding, watch: WatchSummary | Mapping[str, Any
 
 def _with(finding: Finding, parts: list[str], dead: list[str], modules: dict[str, Stats]) -> Finding:
     severity = Severity.ERROR if dead and len(dead) == len(modules) else finding.severity
-    return replace(finding, severity=severity, detail=f"{finding.detail} {' '.join(parts).rstrip(';')}")
+    return escalated(finding, severity, f"{finding.detail} {' '.join(parts).rstrip(';')}")
 
 
 def _names(modules: list[str]) -> str:

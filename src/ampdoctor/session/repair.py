@@ -15,6 +15,7 @@ from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, optimizer_tensors, owns_any
 from ampdoctor.core.words import counted
 
+_NORM_CHANGES = ("upcast frozen norm", "upcast norm buffer")
 _SHOWN_CHANGES = 20
 
 
@@ -178,11 +179,18 @@ class RunRepairs:
         lines = [str(c) for c in changes]
         self.report.changes.extend(lines)
         self.on_event(f"ampdoctor --fix: {why}; {counted(len(lines), 'change')}")
-        for line in lines[:_SHOWN_CHANGES]:
+        # the frozen norms upcast so that fp32 activations can reach them change no number a user trains: one line
+        norms = [c for c in changes if getattr(c, "what", "") in _NORM_CHANGES]
+        shown = [str(c) for c in changes if c not in norms]
+        for line in shown[:_SHOWN_CHANGES]:
             self.on_event(f"  {line}")
-        if len(lines) > _SHOWN_CHANGES:
-            self.on_event(f"  and {len(lines) - _SHOWN_CHANGES} more (every change is in the JSON report written with "
+        if len(shown) > _SHOWN_CHANGES:
+            self.on_event(f"  and {len(shown) - _SHOWN_CHANGES} more (every change is in the JSON report written with "
                           "--json PATH)")
+        if norms:
+            after = ", ".join(dict.fromkeys(c.after.removeprefix("torch.") for c in norms))
+            self.on_event(f"  and {counted(len(norms), 'norm tensor')} upcast to {after} (each one is in the JSON "
+                          "report written with --json PATH)")
 
 
 class _Snapshot:

@@ -18,15 +18,17 @@ from ampdoctor.ranks.exchange import RankExchange
 from ampdoctor.ranks.info import RankInfo
 from ampdoctor.ranks.job import JobEnd, end_job
 
-__all__ = ["end_run", "terminated", "say_nothing", "SIGTERM_STATUS"]
+__all__ = ["end_run", "terminated", "say_nothing", "INTERRUPT_STATUS", "SIGTERM_STATUS"]
 
 SIGTERM_STATUS = 143   # 128 + SIGTERM, what the shell reports
+INTERRUPT_STATUS = 130   # 128 + SIGINT: Ctrl-C
 
 
-def terminated(report: Report) -> None:
-    """Mark ``report`` as the report of a run a SIGTERM stopped (it covers the steps until then)."""
-    report.exit_status = SIGTERM_STATUS
-    report.extra["terminated"] = "SIGTERM"
+def terminated(report: Report, by: str = "SIGTERM", status: int = SIGTERM_STATUS) -> None:
+    """Mark ``report`` as the report of a run that ``by`` stopped (a SIGTERM, Ctrl-C): it covers the steps until
+    then."""
+    report.exit_status = status
+    report.extra["terminated"] = by
 
 
 def end_run(report: Report, options: RunOptions, *, exit_code: int, failed_at: float | None,

@@ -38,6 +38,7 @@ from ampdoctor.session.clip_norms import ClipNorms, clipping_finding
 from ampdoctor.session.frameworks import hidden_losses
 from ampdoctor.session.observers import GlobalObservers
 from ampdoctor.session.repair import RunRepairs
+from ampdoctor.session.run import INTERRUPT_STATUS, terminated
 from ampdoctor.session.stages import Stages
 from ampdoctor.session.watching import watch_coverage, watched_pair, watched_size
 
@@ -68,7 +69,8 @@ class Session:
                  stages: Stages | None = None) -> None:
         self.options = options
         self.on_event = on_event or (lambda line: None)
-        self.report = Report()
+        # the fixes say how this run asks for --fix (Report.add)
+        self.report = Report(extra={"fix_command": options.fix_command} if options.fix_command else {})
         self.names = Names()   # how this run names what the script holds: every setup of the run uses it
         self.setup: TrainingSetup | None = None
         self.guard: Any = None
@@ -294,14 +296,8 @@ class Session:
             setup: the objects to read (default: those of the last start); ``ampdoctor run`` reads the live ones
                 again, since the crash may come from a model or optimizer built after the start.
         """
-        if self.report.exception is not None:
+        if not self._record(exc):
             return []   # a framework may pass one crash on twice
-        self.failed_at = time.time()
-        self.report.exception = {
-            "type": type(exc).__name__,
-            "message": str(exc)[:10_000],
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:],
-        }
         found = call_safely(self._explain, exc, setup or self.setup, on_error=self.internal_error) or []
         self.report.extra["explained_by"] = list(dict.fromkeys(f.code for f in found))   # []: not a known failure
         if not found:   # no rule knows it: keep what the run held at the crash, for the report to say
@@ -309,6 +305,28 @@ class Session:
         for finding in found:
             self.report.add(finding)
         return found
+
+    def interrupted(self, exc: BaseException) -> None:
+        """Record Ctrl-C (``exc``, a KeyboardInterrupt): the run was stopped, not broken; nothing to explain."""
+        if self._record(exc):
+            terminated(self.report, "Ctrl-C", INTERRUPT_STATUS)
+
+    def not_started(self, exc: SyntaxError) -> None:
+        """Record that the script could not be compiled (``exc``): nothing ran, so nothing was diagnosed."""
+        if self._record(exc):
+            self.report.extra["not_started"] = type(exc).__name__
+
+    def _record(self, exc: BaseException) -> bool:
+        """Record ``exc`` as the run's crash; return False where one is recorded already (the first wins)."""
+        if self.report.exception is not None:
+            return False
+        self.failed_at = time.time()
+        self.report.exception = {
+            "type": type(exc).__name__,
+            "message": str(exc)[:10_000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:],
+        }
+        return True
 
     def _explain(self, exc: BaseException, setup: TrainingSetup | None) -> list[Finding]:
         from ampdoctor.explanations.crash import explain_exception  # looked up at call time (fault injection)

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sequence length; the image side for convolutions (512)")
     parser.add_argument("--budget", metavar="SIZE", help="memory per device, e.g. 24GiB or 80GB")
     parser.add_argument("--devices", type=int, default=1, metavar="N", help="devices for ZeRO/FSDP rows (1)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="where training will run: what it supports and "
+                        "the device in the code shown (cuda when torch sees one, else cpu)")
     parser.add_argument("--lora-rank", type=int, default=8, metavar="R", help="LoRA rank (8)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="optimizer (adamw)")
     parser.add_argument("--json", metavar="OUT", help="also write the advice as JSON to OUT")
@@ -41,11 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def advise_main(args: argparse.Namespace) -> int:
     """Run ``ampdoctor advise``; return 0, or 2 for a usage error (printed to stderr)."""
-    from rich.console import Console
-
     from ampdoctor.advice.advisor import advise
+    from ampdoctor.ui.plain import console
 
-    err = Console(stderr=True, highlight=False)
+    err = console(stderr=True)
     if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
         err.print(f"ampdoctor advise: --json {args.json!r} cannot be written: give a file in an existing folder",
                   markup=False, soft_wrap=True)
@@ -58,11 +59,11 @@ def advise_main(args: argparse.Namespace) -> int:
     try:
         advice = advise(args.model, batch_size=args.batch_size, seq_len=args.seq_len, budget=args.budget,
                         devices=args.devices, lora_rank=args.lora_rank, optimizer=args.optimizer, log=args.log,
-                        activations=not args.no_activations)
+                        activations=not args.no_activations, device=args.device)
     except (ValueError, TypeError, OSError) as exc:
         err.print(f"ampdoctor advise: {exc}", markup=False, soft_wrap=True)
         return 2
-    Console(highlight=False).print(advice)
+    console().print(advice, soft_wrap=True)   # laid out to the width already: rich must not fold a long path
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             f.write(advice.to_json())

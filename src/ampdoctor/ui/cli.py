@@ -50,10 +50,11 @@ exit status:
   1  `run`: the script failed (its own status is passed on, 1 if it had
      none). --strict (run, report): also 1 when a finding is at error
      severity (training is broken or about to crash) or nothing was trained
-     where ampdoctor could see.
-  2  ampdoctor could not do what was asked: bad arguments, an unreadable
-     input, an output path that cannot be written (checked before the
-     script starts).
+     where ampdoctor could see. `explain`: no rule explains the text (like
+     grep finding nothing).
+  2  ampdoctor could not do what was asked: bad arguments (a rule code
+     that is not in the catalog), an unreadable input, an output path that
+     cannot be written (checked before the script starts).
 """
 
 
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "severity, a crash, or saw nothing trained")
     report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
     report.add_argument("--png", metavar="DIR", help="also write the report's figures as PNG files into DIR (needs "
-                        'matplotlib: pip install "ampdoctor[report]")')
+                        "matplotlib: pip install matplotlib)")
     report.add_argument("--tensorboard", metavar="DIR", help="also write the watch's scalars as TensorBoard events "
                         "into DIR (needs the tensorboard package)")
     report.add_argument("--with-report", metavar="JSON", help="the JSON report (run --json) of the same run as a "
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except _UsageError as exc:
-        _say(err, str(exc), wrap=False)
+        _say(err, str(exc))
         return 2
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -144,12 +145,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         build_parser().print_help()
         return 2
+    args.argv = argv   # as typed: argparse drops a "--"
     handler = {"run": _run, "explain": _explain, "rules": _rules, "report": _report, "demo": _demo,
                "env": _env, "advise": _advise}[args.command]
     try:
         return handler(args)
     except _UsageError as exc:
-        _say(err, f"ampdoctor {args.command}: {exc}", wrap=False)  # paths stay whole on one line
+        _say(err, f"ampdoctor {args.command}: {exc}")  # wrapped between words: a path stays whole
         return 2
 
 
@@ -163,6 +165,9 @@ def _run(args: argparse.Namespace) -> int:
 
     options = _run_options(args)
     err = Printer(stderr=True)
+    for option in _given_to_the_script(args):
+        _say(err, f"ampdoctor: {option} comes after the script's name, so it goes to the script, not to ampdoctor; "
+                  f"for ampdoctor, put it before: {_with_option_first(args, option)}")
     ended: list[int] = []
 
     def end(result: RunResult) -> int:   # once: after the script, or on SIGTERM while it runs
@@ -217,9 +222,47 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
     options = RunOptions(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                         activations=args.activations, json_path=args.json)
+                         activations=args.activations, json_path=args.json, fix_command=_fix_command(args))
     options.check_outputs("--json", "--log-dir")
     return options
+
+
+_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--no-watch", "--strict",
+                "--no-children")
+
+
+def _given_to_the_script(args: argparse.Namespace) -> list[str]:
+    """Return ``run``'s own options written after the script's name (``run train.py --fix``): argparse hands them
+    to the script, as it must (the script may have a --fix of its own), but the user rarely means that. Nothing
+    after ``--`` counts: that is how to pass them to the script on purpose."""
+    if args.module is not None:
+        return []
+    raw = getattr(args, "argv", [])
+    tail = raw[raw.index(args.script) + 1:] if args.script in raw else list(args.args)
+    before = tail[:tail.index("--")] if "--" in tail else tail   # argparse drops the "--": read what was typed
+    return list(dict.fromkeys(a.split("=", 1)[0] for a in before if a.split("=", 1)[0] in _RUN_OPTIONS))
+
+
+def _with_option_first(args: argparse.Namespace, option: str) -> str:
+    """Return the command line with ``option`` (and its value) moved before the script's name."""
+    import shlex
+
+    rest, moved, i = list(args.args), [], 0
+    while i < len(rest):
+        if rest[i].split("=", 1)[0] == option:
+            takes_value = option in ("--json", "--log-dir", "--every") and "=" not in rest[i] and i + 1 < len(rest)
+            moved, rest = rest[i:i + 1 + takes_value], rest[:i] + rest[i + 1 + takes_value:]
+            break
+        i += 1
+    return shlex.join(["ampdoctor", "run", *moved, args.script, *rest])
+
+
+def _fix_command(args: argparse.Namespace) -> str:
+    """Return this run's command line with ``--fix``: what the fixes tell the user to run."""
+    import shlex
+
+    target = ["-m", *args.module] if args.module is not None else [args.script, *args.args]
+    return shlex.join(["ampdoctor", "run", "--fix", *target])
 
 
 def _finish_run(args: argparse.Namespace, options: RunOptions, result: Any, doctor: Any, exchange: Any,
@@ -250,15 +293,34 @@ def _explain(args: argparse.Namespace) -> int:
     try:
         rules = [get_rule(text)]
     except KeyError:
+        _check_codes(text)
         rules = explain_text(text)
     if not rules:
         from ampdoctor.explanations.crash import unknown_answer
 
         _say(out, f"ampdoctor: {unknown_answer(text)}")
-        return 0  # "unknown" is an answer, not a failure (EXIT_STATUS)
+        return 1  # nothing explained it: a pipe `explain - && ...` must not read it as explained (EXIT_STATUS)
     for rule in rules:
-        out(rule_panel(rule))
+        out(rule_panel(rule, severity=True))
     return 0
+
+
+def _check_codes(text: str) -> None:
+    """Refuse words of ``text`` that look like rule codes (``AMP999``) but are not in the catalog, when the text
+    is only such words: a mistyped code is bad input, not an unknown error."""
+    import re
+
+    from ampdoctor.core.catalog import RULES, get_rule
+
+    words = text.replace(",", " ").split()
+    if not words or not all(re.fullmatch(r"(?i)AMP\d+", w) for w in words):
+        return
+    for word in words:
+        try:
+            get_rule(word)
+        except KeyError:
+            raise _UsageError(f"{word} is not a rule code: codes run from {RULES[0].code} to {RULES[-1].code}, with "
+                              "gaps; `ampdoctor rules` lists them") from None
 
 
 def _rules(args: argparse.Namespace) -> int:
@@ -269,7 +331,9 @@ def _rules(args: argparse.Namespace) -> int:
     if not chosen:
         raise _UsageError(f"no rule code starts with {args.select!r}; codes look like AMP101")
     if args.markdown:
-        sys.stdout.write(rules_markdown(chosen))
+        from ampdoctor.ui.plain import encodable
+
+        encodable(sys.stdout).write(rules_markdown(chosen))
     else:
         Printer(stderr=False)(rules_table(chosen))
     return 0

@@ -8,6 +8,7 @@ numbers are never cut: lines break between words only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Iterable, Iterator
 
@@ -38,7 +39,7 @@ class FindingsView(PlainLines):
 
     def __init__(self, findings: Iterable[Finding], title: str, max_per_code: int) -> None:
         self.title = title
-        self.rows: list[FindingGroup | tuple[str, Severity, int]] = []
+        self.rows: list[FindingGroup | tuple[str, Severity, int, list[str]]] = []
         groups = group_findings(findings)
         shown: dict[str, int] = {}
         for group in groups:
@@ -46,26 +47,29 @@ class FindingsView(PlainLines):
             if shown[group.code] <= max_per_code:
                 self.rows.append(group)
             elif shown[group.code] == max_per_code + 1:
-                rest = sum(len(g.findings) for g in groups if g.code == group.code) - sum(
-                    len(r.findings) for r in self.rows if isinstance(r, FindingGroup) and r.code == group.code)
-                self.rows.append((group.code, group.severity, rest))
+                left = [g for g in groups if g.code == group.code][max_per_code:]
+                # named, so that every place a table shows (a lost-updates row) is named by its finding here too
+                self.rows.append((group.code, group.severity, sum(len(g.findings) for g in left),
+                                  [place for g in left for place in g.places]))
 
     def lines(self, width: int) -> Iterator[Text]:
         yield Text(self.title, style="bold")
         for row in self.rows:
             if not isinstance(row, FindingGroup):
-                code, severity, rest = row
+                code, severity, rest, places = row
                 yield from _styled(wrap(f"{code} {severity.value} and {rest} more {code} "
-                                        f"{word_for(rest, 'finding')} like the above ({_WHERE_ALL})", width),
-                                   code, severity)
+                                        f"{word_for(rest, 'finding')} like the above, at {_some(places)} "
+                                        f"({_WHERE_ALL})", width), code, severity)
                 continue
             places = row.places
-            where = places[0] if len(places) == 1 else f"{len(places)} {_noun(row)}"
+            # a Sequential's "3" alone reads as a number: it is said to be a module
+            where = (f"module {places[0]}" if row.first.cause is not None and re.fullmatch(r"[\d.]+", places[0])
+                     else places[0]) if len(places) == 1 else f"{len(places)} {_noun(row)}"
             title = _title(row.code)
             head = f"{row.code} {row.severity.value}{_step(row)} {where}" + (f": {title}" if title else "")
             yield from _styled(wrap(head, width), row.code, row.severity)
-            for text in _place_lines(places) + ([f"in {row.process}"] if row.process else []) + _ranks(row) + [
-                    row.detail]:
+            for text in _place_lines(row.place_details) + ([f"in {row.process}"] if row.process else []) + \
+                    _ranks(row) + [row.detail]:
                 yield from map(Text, wrap(text, width, INDENT, INDENT))
 
     def table(self, width: int) -> RenderableType:
@@ -74,15 +78,15 @@ class FindingsView(PlainLines):
         table.add_column("finding", overflow="fold")
         for row in self.rows:
             if not isinstance(row, FindingGroup):
-                code, severity, rest = row
+                code, severity, rest, places = row
                 table.add_row(Text(f"{code}\n") + Text(severity.value, style=_STYLE[severity]), Text(
-                    f"and {rest} more {code} {word_for(rest, 'finding')} like the above ({_WHERE_ALL})",
-                    style="italic"))
+                    f"and {rest} more {code} {word_for(rest, 'finding')} like the above, at {_some(places)} "
+                    f"({_WHERE_ALL})", style="italic"))
                 continue
             code = Text(f"{row.code}\n") + Text(row.severity.value, style=_STYLE[row.severity])
             if row.step is not None:
                 code.append(f"\nstep {row.step}")
-            what = Text("\n".join(_place_lines(row.places) or row.places), style="bold")
+            what = Text("\n".join(_place_lines(row.place_details) or row.places), style="bold")
             if row.process:
                 what.append(f"\nin {row.process}", style="italic")
             for line in _ranks(row):
@@ -92,6 +96,12 @@ class FindingsView(PlainLines):
             what.append("\n" + row.detail)
             table.add_row(code, what)
         return table
+
+
+def _some(places: list[str]) -> str:
+    """Return the first ``MAX_PLACES`` places, and how many more."""
+    more = len(places) - MAX_PLACES
+    return ", ".join(places[:MAX_PLACES]) + (f" and {more} more" if more > 0 else "")
 
 
 def _noun(group: FindingGroup) -> str:
@@ -158,18 +168,21 @@ def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings
 class RuleView(PlainLines):
     """One rule: why it hurts, then the fix as code; a panel on a terminal, plain lines elsewhere."""
 
-    def __init__(self, rule: Rule) -> None:
-        self.rule = rule
+    def __init__(self, rule: Rule, severity: bool = False) -> None:
+        self.rule, self.severity = rule, severity
 
     def lines(self, width: int) -> Iterator[Text]:
         rule = self.rule
         yield from _styled(wrap(f"{rule.code} {rule.name}: {rule.title}", width), rule.code, None)
+        if self.severity:
+            yield from map(Text, wrap(f"severity: {rule.severity_text()}", width, INDENT, INDENT))
         yield from map(Text, wrap(rule.why, width, INDENT, INDENT))
         yield from (Text(INDENT + line) for line in fix_lines(rule.fix, width))
 
     def table(self, width: int) -> RenderableType:
         rule = self.rule
-        body = Group(Text(rule.title, style="bold"), Text(rule.why), Text(""),
+        said = [Text(f"severity: {rule.severity_text()}")] if self.severity else []
+        body = Group(Text(rule.title, style="bold"), *said, Text(rule.why), Text(""),
                      Syntax(rule.fix, "python", theme="ansi_dark", word_wrap=True))
         return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]", title_align="left")
 
@@ -207,9 +220,9 @@ class _FixesHeading(PlainLines):
         return Group()
 
 
-def rule_panel(rule: Rule) -> RuleView:
-    """Return a panel explaining one rule: why, then the fix as code."""
-    return RuleView(rule)
+def rule_panel(rule: Rule, severity: bool = False) -> RuleView:
+    """Return a panel explaining one rule: (its severities,) why, then the fix as code."""
+    return RuleView(rule, severity)
 
 
 class _Changes(PlainLines):
@@ -262,7 +275,7 @@ class _RulesView(PlainLines):
 
     def lines(self, width: int) -> Iterator[Text]:
         for r in self.rules:
-            yield from _styled(wrap(f"{r.code} {r.severity.value} {r.phase} {r.name}: {r.title}", width), r.code,
+            yield from _styled(wrap(f"{r.code} {_severities(r)} {r.phase} {r.name}: {r.title}", width), r.code,
                                r.severity)
 
     def table(self, width: int) -> RenderableType:
@@ -270,8 +283,13 @@ class _RulesView(PlainLines):
         for name in ("code", "name", "severity", "phase", "title"):
             table.add_column(name, overflow="fold")
         for r in self.rules:
-            table.add_row(r.code, r.name, Text(r.severity.value, style=_STYLE[r.severity]), r.phase, r.title)
+            table.add_row(r.code, r.name, Text(_severities(r), style=_STYLE[r.severity]), r.phase, r.title)
         return table
+
+
+def _severities(rule: Rule) -> str:
+    """Return the severities a rule's findings take, its own first: ``warning/error`` (explain says when)."""
+    return "/".join(s.value for s in rule.severities)
 
 
 def rules_table(rules: Iterable[Rule] = RULES) -> RenderableType:
@@ -285,7 +303,7 @@ def rules_markdown(rules: Iterable[Rule] = RULES) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rules:
         errors = "<br>".join(_cell(error_text(p)) for p in r.errors) or "(silent)"
-        lines.append(f"| {r.code} | `{r.name}` | {r.severity.value} | {r.phase} | {r.title} | {errors} |")
+        lines.append(f"| {r.code} | `{r.name}` | {r.severity_text()} | {r.phase} | {r.title} | {errors} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,23 +1,28 @@
 """One self-contained HTML page of a run: verdict, grouped findings, figures, the first inf/NaN, the environment.
 
 No JavaScript and nothing fetched: figures are inline SVG (matplotlib, when installed), collapsible parts are
-``<details>``. Every string from the file is escaped: a module named ``<script>`` is shown, never run. The page
-stays short: findings of one rule and cause are one row (``core.grouping``), tables and heatmaps are capped.
+``<details>``. Every string from the file is escaped: a module named ``<script>`` is shown, never run; the
+sentences' `code` spans become ``<code>`` (markdown-it, which escapes the rest). The page stays short: findings of
+one rule and cause are one row (``core.grouping``, counted as the console lists them), tables and heatmaps are
+capped, and a capped table says what it left out.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from functools import lru_cache
 from typing import Any, Iterable
+
+from markdown_it import MarkdownIt
 
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.records import ActivationModule
-from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence
+from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence, repaired_codes
 from ampdoctor.core.report import verdict as closing_sentence
-from ampdoctor.core.words import counted, word_for
+from ampdoctor.core.words import counted, scale_text, word_for
 from ampdoctor.ui.run_data import RunData
 
 __all__ = ["render_page", "verdict"]
@@ -25,6 +30,20 @@ __all__ = ["render_page", "verdict"]
 MAX_PLACES = 8  # places listed in a findings row before the rest fold into <details>
 MAX_TABLE_ROWS = 20
 esc = html.escape
+
+
+@lru_cache(maxsize=1)
+def _markdown() -> MarkdownIt:
+    return MarkdownIt("zero").enable("backticks")   # code spans only: no HTML, links, emphasis or headings
+
+
+def _prose(text: str) -> str:
+    """Return a sentence as HTML: escaped, its `code` spans as ``<code>``.
+
+    >>> _prose("run with `ampdoctor run --log-dir DIR` <b>")
+    'run with <code>ampdoctor run --log-dir DIR</code> &lt;b&gt;'
+    """
+    return _markdown().renderInline(text)
 
 
 def _num(value: Any) -> str:
@@ -44,7 +63,8 @@ def _pct(value: Any) -> str:
 def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     """Return the verdict's class (``ok``, ``bad``, ``partial``) and its lines, as plain text: the report's closing
     sentence is the console's (``core.report.verdict``, the one verdict), an all-clear is only ``ok`` where it was
-    earned, and the page is ``bad`` where the report has an error finding, a crash, or saw nothing trained.
+    earned, and the page is ``bad`` where the report has an error finding, a crash, or saw nothing trained. Findings
+    are counted as the console lists them: one rule over several places is one (``core.grouping``).
 
     >>> from ampdoctor.core.report import Report
     >>> from types import SimpleNamespace
@@ -52,9 +72,11 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     ('ok', ['no mixed-precision problems found in the setup (pre-flight checks only; no training step was watched)'])
     """
     report = loaded.report
-    errors = sum(f.severity is Severity.ERROR for f in report.findings)
-    warnings = sum(f.severity is Severity.WARNING for f in report.findings)
-    lines, earned = _report_lines(loaded, errors, warnings)
+    repaired = repaired_codes(report)   # what --fix repaired stays as info; the closing sentence says it
+    groups = group_findings(f for f in report.findings if f.severity is not Severity.INFO or f.code not in repaired)
+    errors = sum(g.severity is Severity.ERROR for g in groups)
+    warnings = sum(g.severity is Severity.WARNING for g in groups)
+    lines, earned = _report_lines(loaded, groups, errors, warnings)
     partial = data.closed is False and not _has_report(loaded)
     if partial:
         lines.append(f"the flight recorder ends at sampled step {data.last_step} without its end line: the run was "
@@ -64,7 +86,7 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     return ("ok" if earned and not (partial or warnings) else "partial"), lines
 
 
-def _report_lines(loaded: Any, errors: int, warnings: int) -> tuple[list[str], bool]:
+def _report_lines(loaded: Any, groups: list[FindingGroup], errors: int, warnings: int) -> tuple[list[str], bool]:
     """Return the verdict's lines about the report (its findings, crash, missing ranks and closing sentence), and
     whether the closing sentence is an earned all-clear."""
     report = loaded.report
@@ -72,12 +94,12 @@ def _report_lines(loaded: Any, errors: int, warnings: int) -> tuple[list[str], b
     closing = None if unreported else closing_sentence(report)
     lines: list[str] = []
     if errors or warnings:
-        groups = len(group_findings(report.findings))
-        lines.append(f"{counted(errors, 'error')}, {counted(warnings, 'warning')}"
-                     + (f" (shown in {counted(groups, 'row')})" if groups < errors + warnings else ""))
+        lines.append(f"{counted(errors, 'error')}, {counted(warnings, 'warning')}")
     elif unreported:
         lines.append("no findings in this log: a watch keeps its findings in its report, not in the flight recorder "
                      "(`ampdoctor run --log-dir` appends the report to it)")
+    elif groups and closing is None:   # notes alone: no error or warning, and no all-clear either
+        lines.append(f"{counted(len(groups), 'finding')} at info severity, none at error or warning")
     if report.exception:
         lines.append(f"the script crashed: {report.crash.line}")
     if report.missing_ranks:
@@ -107,15 +129,15 @@ def render_page(loaded: Any, data: RunData, figures: list[Any] | None, install_h
     if data.formats:
         meta.append("formats " + ", ".join(data.formats))
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>ampdoctor report: "
-             f"{esc(lines[0] if lines else kind)}</title>{_CSS}</head><body>",
+             f"{esc((lines[0] if lines else kind).replace('`', ''))}</title>{_CSS}</head><body>",
              "<h1>ampdoctor report</h1>", f"<p class='src'>{esc(' · '.join(str(m) for m in meta))}</p>",
              f"<section id='verdict' class='verdict {kind}'>"
-             + "".join(f"<p>{esc(line)}</p>" for line in lines) + "</section>"]
+             + "".join(f"<p>{_prose(line)}</p>" for line in lines) + "</section>"]
     if report.crash is not None and report.crash.traceback:
         parts.append(f"<details><summary>traceback</summary><pre>{esc(report.crash.traceback)}</pre></details>")
     parts.append(_findings(report.findings))
     if report.changes:
-        parts.append("<h2>Changes made</h2><ul>" + "".join(f"<li>{esc(str(c))}</li>" for c in report.changes)
+        parts.append("<h2>Changes made</h2><ul>" + "".join(f"<li>{_prose(str(c))}</li>" for c in report.changes)
                      + "</ul>")
     parts.append(_numerics(data, figures, install_hint))
     parts.append(_first_nonfinite(data))
@@ -160,23 +182,23 @@ def _finding_row(group: FindingGroup) -> str:
     if ranks:
         when.append(f"on {word_for(len(ranks), 'rank')} {', '.join(map(str, ranks))}")
     return (f"<tr class='{esc(group.severity.value)}'><td><b>{esc(group.code)}</b><br>{esc(group.severity.value)}"
-            f"<br><small>{esc(name)}</small></td><td class='where'>{where}</td><td><b>{esc(title)}</b>"
+            f"<br><small>{esc(name)}</small></td><td class='where'>{where}</td><td><b>{_prose(title)}</b>"
             + _detail(group.detail) + (f"<p class='when'>{esc(', '.join(when))}</p>" if when else "")
-            + (f"<p class='why'>{esc(why)}</p>" if why else "") + (f"<pre>{esc(fix)}</pre>" if fix else "")
+            + (f"<p class='why'>{_prose(why)}</p>" if why else "") + (f"<pre>{esc(fix)}</pre>" if fix else "")
             + "</td></tr>")
 
 
 def _detail(text: str) -> str:
     """Return a finding's detail: its first line as text, the rest (frame tables, op lines) preformatted."""
     first, _, rest = text.partition("\n")
-    return f"<p class='detail'>{esc(first)}</p>" + (f"<pre class='detail'>{esc(rest)}</pre>" if rest.strip() else "")
+    return f"<p class='detail'>{_prose(first)}</p>" + (f"<pre class='detail'>{esc(rest)}</pre>" if rest.strip() else "")
 
 
 def _numerics(data: RunData, figures: list[Any] | None, install_hint: str) -> str:
     if data.source == "none":
         return "<h2>Numerics</h2><p>This report has no watch data: run with <code>ampdoctor run --log-dir DIR" \
                "</code> for a flight recorder of the loss scale, gradients and activations.</p>"
-    out = ["<h2>Numerics</h2>"] + [f"<p class='note'>{esc(n)}</p>" for n in data.notes]
+    out = ["<h2>Numerics</h2>"] + [f"<p class='note'>{_prose(n)}</p>" for n in data.notes]
     if figures is None:
         out.append(f"<p class='hint'>Tables only: plots need matplotlib, <code>{esc(install_hint)}</code>.</p>")
     else:
@@ -201,15 +223,40 @@ def _parts_table(data: RunData) -> str:
 
 
 def _scale_table(data: RunData) -> str:
+    """The loss scale, one row per change with the steps that used it; a long history's first 5 and last 15 rows,
+    with a row that says how many were left out between them (and one for the steps before the record begins)."""
     if not data.scale:
         return ""
-    changes = data.scale if len(data.scale) <= MAX_TABLE_ROWS else data.scale[:5] + data.scale[-15:]
+    rows = [f"<tr><td>{esc(span)}</td><td>{scale_text(scale)}</td></tr>" for span, scale in _scale_spans(data)]
+    if len(rows) > MAX_TABLE_ROWS:
+        left_out, following = data.scale[5:-15], data.scale[-15][0]
+        rows[5:-15] = [f"<tr class='gap'><td colspan='2'>… {counted(len(left_out), 'change')} of the scale in steps "
+                       f"{left_out[0][0]}–{following - 1} not shown</td></tr>"]
+    if data.scale[0][0] > 0:   # a summary keeps the last 200 changes; a watch attached mid-run saw none before
+        rows.insert(0, f"<tr class='gap'><td colspan='2'>… steps 0–{data.scale[0][0] - 1}: not in this record"
+                       "</td></tr>")
     skipped = data.skipped[:40]
-    return ("<h3>Loss scale</h3><table class='num'><tr><th>from step</th><th>scale</th></tr>"
-            + "".join(f"<tr><td>{s}</td><td>{_num(v)}</td></tr>" for s, v in changes) + "</table>"
+    return ("<h3>Loss scale</h3><table class='num' id='loss-scale'><tr><th>steps</th><th>scale</th></tr>"
+            + "".join(rows) + "</table>"
             + f"<p>{counted(len(data.skipped), 'skipped step')}"
             + (": " + ", ".join(map(str, skipped)) + (" …" if len(data.skipped) > 40 else "") if skipped else "")
             + "</p>")
+
+
+def _scale_spans(data: RunData) -> list[tuple[str, float]]:
+    """Return ``(the steps that used a scale, the scale)`` per change: ``10–49``, and the scale after the run's
+    last step (``after step 59``) when the history ends with it."""
+    last = data.steps - 1 if data.steps else data.last_step
+    spans = []
+    for (start, scale), (following, _) in zip(data.scale, data.scale[1:] + [(None, None)]):
+        end = following - 1 if following is not None else last
+        if end is None:
+            spans.append((f"{start}–", scale))
+        elif start > end:
+            spans.append((f"after step {end}", scale))
+        else:
+            spans.append((f"{start}" if start == end else f"{start}–{end}", scale))
+    return spans
 
 
 def _last(values: Iterable[Any]) -> Any:
@@ -307,7 +354,8 @@ text-align:left}table.num td{font-variant-numeric:tabular-nums}pre{white-space:p
 background:#f6f6f6;padding:4px}.verdict{padding:.6em 1em;border-radius:6px;font-size:1.1em}
 .verdict p{margin:.25em 0}.verdict.ok{background:#e8f5e9}.verdict.bad{background:#ffebee}
 .verdict.partial{background:#fff8e1}tr.error td:first-child{color:#b71c1c}tr.warning td:first-child{color:#e65100}
-tr.bad td{background:#ffebee}td.where{min-width:7em;max-width:22em;overflow-wrap:anywhere}
+tr.bad td{background:#ffebee}tr.gap td{color:#666;font-style:italic}
+td.where{min-width:7em;max-width:22em;overflow-wrap:anywhere}
 .why{color:#444}.note,.when{color:#666}.hint{background:#fff8e1;padding:.4em}
 figure{margin:1em 0}figure svg{max-width:100%;height:auto}
 figcaption{color:#555;font-size:.9em}

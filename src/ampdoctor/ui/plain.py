@@ -7,6 +7,7 @@ line that ``grep`` finds, with its details indented below, reads best there. A r
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from typing import Any, Iterator
 
@@ -15,7 +16,7 @@ from rich.text import Text
 
 from ampdoctor.core.views import Line
 
-__all__ = ["INDENT", "PlainLines", "Printer", "Sentence", "console", "wrap", "wrap_code"]
+__all__ = ["INDENT", "PlainLines", "Printer", "Sentence", "console", "encodable", "wrap", "wrap_code"]
 
 INDENT = "    "
 
@@ -30,9 +31,48 @@ def console(stderr: bool = False, *, file: Any = None, kernel: bool = False) -> 
     """
     if kernel:
         return Console(force_jupyter=True, width=KERNEL_WIDTH, highlight=False)
-    out = Console(stderr=stderr, file=file, highlight=False)
+    stream = file if file is not None else sys.stderr if stderr else sys.stdout
+    out = Console(file=encodable(stream), highlight=False)
     out.soft_wrap = not out.is_terminal
     return out
+
+
+# what ampdoctor's own text uses beyond ASCII, in ASCII, for a stream that cannot encode it (PYTHONIOENCODING=ascii,
+# a C locale): a character still left over is written as "?"
+_ASCII = str.maketrans({"≈": "~", "·": "*", "—": "-", "–": "-", "…": "...", "→": "->", "←": "<-", "×": "x",
+                        "≤": "<=", "≥": ">=", "≠": "!=", "‘": "'", "’": "'", "“": '"', "”": '"', "∞": "inf",
+                        "▲": "^", "▼": "v", "─": "-", "━": "=", "│": "|", "µ": "u", "²": "^2", "√": "sqrt",
+                        "±": "+-", "✓": "ok", "✗": "x", "•": "*"})
+
+
+def encodable(stream: Any) -> Any:
+    """Return ``stream``, or where its encoding cannot write ampdoctor's text (``≈``, ``·``), a stream that writes
+    that text in ASCII: a message must reach the user whatever their locale, never as a UnicodeEncodeError."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        "≈·—…→".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return _Encoded(stream, encoding)
+    return stream
+
+
+class _Encoded:
+    """A text stream that writes what its encoding cannot as ASCII (``_ASCII``), else ``?``; the rest is the
+    stream's own."""
+
+    def __init__(self, stream: Any, encoding: str) -> None:
+        self._stream, self._encoding = stream, encoding
+
+    def write(self, text: str) -> int:
+        text = text.translate(_ASCII)
+        try:
+            text.encode(self._encoding)
+        except (UnicodeEncodeError, LookupError):
+            text = text.encode("ascii", "replace").decode("ascii")
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 KERNEL_WIDTH = 80

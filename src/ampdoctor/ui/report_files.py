@@ -19,7 +19,7 @@ from rich.text import Text
 from ampdoctor.core.io import write_atomic
 from ampdoctor.core.records import Recording, is_header, read_recording
 from ampdoctor.core.report import Report
-from ampdoctor.core.words import counted
+from ampdoctor.core.words import counted, scale_text
 from ampdoctor.ui.plain import PlainLines, Sentence, wrap
 from ampdoctor.ui.run_data import RunData, read_run
 
@@ -110,6 +110,11 @@ def _load_log(path: str, target: str) -> Loaded:
         raise ValueError(f"{path!r} nests JSON too deeply to be an ampdoctor flight recorder") from None
     if not runs:
         return Loaded(path, Report(environment={}), None, ["empty file: no header line"])
+    if all(run.header is None and not run.records for run in runs):   # not one line of ours: nothing to report on
+        problems = [p for run in runs for p in run.problems]
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise ValueError(f"{path!r} holds no ampdoctor record ({shown}); pass a report.json from `ampdoctor run "
+                         "--json` or the ampdoctor.jsonl of `ampdoctor run --log-dir`")
     recordings = [read_recording(run.header, run.records) for run in runs]
     last = runs[-1]
     notes = []
@@ -230,8 +235,12 @@ def render_loaded(loaded: Loaded) -> RenderableType:
     parts.append(_steps_table(loaded, steps, data))
     if loaded.problems:
         parts.append(_problems_text(loaded.problems))
-    if steps:
-        parts.append(Text(f"last completed sampled step: {steps[-1]}"))
+    after = _scale_after(data)
+    if after is not None:   # the scale the findings and the watch's line speak of
+        parts.append(Text(f"loss scale after step {after[0] - 1}: {scale_text(after[1])}"))
+    sampled = [s.step for s in loaded.run.steps if not s.partial] if loaded.run is not None else []
+    if sampled:   # the scale-only line written at detach is no sampled step
+        parts.append(Text(f"last completed sampled step: {sampled[-1]}"))
     if data.first_nonfinite:
         parts.append(Text(f"first inf/NaN in the forward pass: {data.first_nonfinite.module} at step "
                           f"{data.first_nonfinite.step}", style="red"))
@@ -259,7 +268,8 @@ def _steps_table(loaded: Loaded, steps: list[int], data: RunData) -> StepsTable:
     for index, step in enumerate(shown):
         if len(steps) > 20 and index == 5:
             rows.append(["…"] * len(columns))
-        cells = [_fmt(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] if data.scale else []
+        cells = [_scale_cell(_scale_at(data.scale, step)), str(sum(s <= step for s in data.skipped))] \
+            if data.scale else []
         rows.append([str(step), *cells, *[_fmt(by_step[n].get(step)) for n in names]])
     return StepsTable(_steps_title(loaded, steps), columns, rows)
 
@@ -284,13 +294,32 @@ class StepsTable(PlainLines):
         # a log may have no step at all: the header alone
         widths = [max([len(c), *(len(r[i]) for r in self.rows)]) for i, c in enumerate(self.columns)]
         for row in [self.columns, *self.rows]:
-            yield Text("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+            yield Text("  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _scale_after(data: RunData) -> tuple[int, float] | None:
+    """Return ``(step, scale)`` of the scale after the run's last step (the series' last point, past every step of
+    the log), or None where the log does not reach the end of the run."""
+    if not data.scale or data.last_step is None or data.scale[-1][0] <= data.last_step:
+        return None
+    return data.scale[-1]
+
+
+def _scale_cell(value: float | None) -> str:
+    return "" if value is None else scale_text(value)
 
 
 def _steps_title(loaded: Loaded, steps: list[int]) -> str:
-    """Return the title of the steps table: the file, how many steps it sampled, whose, and which ampdoctor."""
+    """Return the title of the steps table: the file, how many steps the run took and sampled (the watch's own
+    count, as the run's console said it, where the log has its end), whose, and which ampdoctor."""
     header = loaded.run.header if loaded.run is not None else None
-    title = f"flight recorder {loaded.path}: {counted(len(steps), 'sampled step')}"
+    end = loaded.run.end if loaded.run is not None else None
+    summary = end.summary if end is not None else None
+    if summary is not None and summary.steps:
+        title = f"flight recorder {loaded.path}: {counted(summary.steps, 'step')}, {summary.sampled_steps} sampled"
+    else:   # a log without its end: its records, less the scale-only line written at detach
+        sampled = sum(not s.partial for s in loaded.run.steps) if loaded.run is not None else 0
+        title = f"flight recorder {loaded.path}: {counted(sampled, 'sampled step')}"
     if loaded.ranks:
         title += f" of rank {min(loaded.ranks)} (findings: all {len(loaded.ranks)} ranks)"
     if header is not None and header.version:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ampdoctor.core.formats import FORMATS, run_formats
-from ampdoctor.core.records import ActivationModule, FirstNonfinite, Header, Recording, ScaleSummary, WatchSummary
+from ampdoctor.core.records import ActivationModule, FirstNonfinite, Header, Recording, ScaleSummary, Step, WatchSummary
 
 __all__ = ["RunData", "ActivationStep", "read_run", "KINDS"]
 
@@ -40,10 +40,13 @@ class RunData:
         source: ``"log"`` (step records), ``"report"`` (a watch summary only) or ``"none"`` (nothing watched).
         sampled_steps: step records read.
         last_step: the last sampled step, or None.
+        steps: the run's steps (its end line's or watch summary's count), or None where unknown (a log cut short).
         closed: the recorder wrote its end line (None: not a flight recorder).
         formats: the formats the run is measured in (``fp16``, ``bf16``, …), for the underflow/overflow panels.
         scale: ``(step, loss scale used at that step)`` where it changed, and the scale after the last step.
         skipped: the steps the GradScaler skipped.
+        loss: ``(step, loss)`` of the sampled steps: the last loss given to backward (divided by a GradScaler's
+            scale); non-finite values kept.
         global_norm: ``(step, unscaled global gradient L2 norm)``; non-finite values kept.
         module_norms: ``{module: [(step, L2)]}``.
         cast_steps: the steps of the heatmap's columns.
@@ -61,10 +64,12 @@ class RunData:
     source: str = "none"
     sampled_steps: int = 0
     last_step: int | None = None
+    steps: int | None = None
     closed: bool | None = None
     formats: list[str] = field(default_factory=list)
     scale: Series = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    loss: Series = field(default_factory=list)
     global_norm: Series = field(default_factory=list)
     module_norms: dict[str, Series] = field(default_factory=dict)
     cast_steps: list[int] = field(default_factory=list)
@@ -102,6 +107,8 @@ def read_run(recording: Recording | None, watch: WatchSummary | None = None) -> 
                           "step")
     if summary is not None:
         _read_summary(data, summary)
+    if end is not None and end.steps:
+        data.steps = end.steps
     data.formats = _formats(None if recording is None else recording.header, summary)
     return data
 
@@ -126,14 +133,7 @@ def _read_steps(data: RunData, recording: Recording) -> None:
             data.skipped += record.scale.skipped
             if record.scale.scale is not None and record.scale.end is not None:
                 last_scale = (record.scale.end, record.scale.scale)
-        grads = record.gradients
-        if grads is not None and grads.global_norm is not None:
-            data.global_norm.append((step, grads.global_norm))
-        modules = {} if grads is None else grads.modules()
-        if modules:
-            _add_modules(data, step, modules)
-        if record.lost is not None and record.lost.fraction is not None:
-            data.lost.append((step, record.lost.fraction))
+        _add_series(data, record)
         act = record.activations
         if act is not None and act.sampled:
             data.activations.append(ActivationStep(step, act.ratio, act.module, act.max_abs, act.nonfinite_module))
@@ -142,6 +142,21 @@ def _read_steps(data: RunData, recording: Recording) -> None:
                                                                  "kind": "inf/NaN", "frames": None})
     if last_scale is not None and (not data.scale or data.scale[-1][0] < last_scale[0]):
         data.scale.append(last_scale)
+
+
+def _add_series(data: RunData, record: Step) -> None:
+    """Add one step record's loss, gradient norms and cast shares, and lost updates."""
+    step = record.step
+    if record.loss is not None and record.loss.value is not None:
+        data.loss.append((step, record.loss.value))
+    grads = record.gradients
+    if grads is not None and grads.global_norm is not None:
+        data.global_norm.append((step, grads.global_norm))
+    modules = {} if grads is None else grads.modules()
+    if modules:
+        _add_modules(data, step, modules)
+    if record.lost is not None and record.lost.fraction is not None:
+        data.lost.append((step, record.lost.fraction))
 
 
 def _add_modules(data: RunData, step: int, modules: dict[str, dict[str, float]]) -> None:
@@ -175,6 +190,7 @@ def _read_summary(data: RunData, summary: WatchSummary) -> None:
             data.first_nonfinite_backward = acts.first_nonfinite_backward
     if summary.sampled_steps and not data.sampled_steps:
         data.sampled_steps = summary.sampled_steps
+    data.steps = summary.steps or None
     data.parts = list(summary.shown_parts())
 
 

@@ -72,10 +72,13 @@ def display_page(report: Report) -> None:
     notebook (in an iframe, so its styles stay out of the notebook's)."""
     import html
 
-    from IPython.display import HTML, display
+    from IPython.display import display
 
     from ampdoctor.ui.report_files import Loaded, render_html
 
     page = render_html(Loaded(path="this notebook", report=report))
-    display(HTML(f'<iframe srcdoc="{html.escape(page, quote=True)}" title="ampdoctor report" '
-                 'style="width:100%;height:640px;border:1px solid #ddd"></iframe>'))
+    frame = (f'<iframe srcdoc="{html.escape(page, quote=True)}" title="ampdoctor report" '
+             'style="width:100%;height:640px;border:1px solid #ddd"></iframe>')
+    # A raw MIME bundle: IPython's HTML() warns "Consider using IPython.display.IFrame instead" for any text that
+    # starts with <iframe and ends with </iframe>, and IFrame shows a URL (src), not a page of its own (srcdoc).
+    display({"text/html": frame, "text/plain": "ampdoctor report (HTML; %ampdoctor prints it as text)"}, raw=True)

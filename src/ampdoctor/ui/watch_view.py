@@ -13,7 +13,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.formats import FORMATS
 from ampdoctor.core.records import Coverage, GradientSummary, ScaleSummary, WatchSummary
 from ampdoctor.core.report import Report, verdict
-from ampdoctor.core.words import counted
+from ampdoctor.core.words import counted, scale_text
 from ampdoctor.ui.console import findings_table
 from ampdoctor.ui.plain import Sentence
 
@@ -124,10 +124,10 @@ def _scale_line(scale: ScaleSummary | None) -> str | None:
         return None
     extremes = []
     if scale.peak is not None:
-        extremes.append(f"peak {_num(scale.peak[1])} at step {scale.peak[0]}")
+        extremes.append(f"peak {scale_text(scale.peak[1])} at step {scale.peak[0]}")
     if scale.lowest is not None:
-        extremes.append(f"lowest {_num(scale.lowest[1])}")
-    return (f"loss scale {_num(scale.current)}" + (f" ({', '.join(extremes)})" if extremes else "") +
+        extremes.append(f"lowest {scale_text(scale.lowest[1])}")
+    return (f"loss scale {scale_text(scale.current)}" + (f" ({', '.join(extremes)})" if extremes else "") +
             f"; skipped {scale.skipped} of {scale.steps} steps ({scale.skipped_fraction:.1%}), "
             f"longest run {scale.longest_skip_run[0]}")
 

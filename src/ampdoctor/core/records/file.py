@@ -208,6 +208,9 @@ def read_runs(path: str | os.PathLike[str]) -> list[LogRun]:
     return runs
 
 
+_RECORD_TYPES = ("step", "end", "report")   # the lines after a header
+
+
 def _run_at(runs: list[LogRun], number: int) -> LogRun:
     """Return the run that line ``number`` belongs to: the last one so far."""
     if not runs:  # lines before any header: a run without one
@@ -228,6 +231,11 @@ def _read_line(runs: list[LogRun], number: int, raw: bytes) -> None:
         return
     if item.get("type") == "header":
         _start_run(runs, number, item)
+        return
+    if item.get("type") not in _RECORD_TYPES:   # JSON, but none of ours: said, not read as a record
+        kind = f"type {str(item['type'])[:40]!r}" if "type" in item else "no 'type'"
+        _run_at(runs, number).problems.append(f"line {number}: a JSON object that is no ampdoctor record ({kind}); "
+                                              "skipped")
         return
     run = _run_at(runs, number)
     if run.header is None and not run.problems:

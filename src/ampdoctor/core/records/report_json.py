@@ -32,7 +32,9 @@ class Extras(TypedDict, total=False):
         watch: the watch's summary (``core.records.summary.WatchSummary``).
         ranks: a job's report: its ranks (`RanksExtra`).
         explained_by: the codes that explained the crash ([]: no rule knew it).
-        terminated: what stopped the run (``"SIGTERM"``).
+        terminated: what stopped the run (``"SIGTERM"``, ``"Ctrl-C"``).
+        not_started: the error that kept the script from starting (``"SyntaxError"``).
+        fix_command: how this run asks for ``--fix``, as its fixes say it (``RunOptions.fix_command``).
         framework: the framework a callback ran under: name, version, precision, plugin, scaler.
         fixed: the findings ``--fix`` resolved (``Finding.to_dict``).
         fix_refused: why ``--fix`` left a model alone.
@@ -44,6 +46,8 @@ class Extras(TypedDict, total=False):
     ranks: RanksExtra
     explained_by: list[str]
     terminated: str
+    not_started: str
+    fix_command: str
     framework: dict[str, Any]
     fixed: list[dict[str, Any]]
     fix_refused: list[str]

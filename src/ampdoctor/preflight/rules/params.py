@@ -26,6 +26,7 @@ from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.findings import Finding
+from ampdoctor.core.formats import BF16, FP16, lost_below
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.names import listing
 from ampdoctor.core.training import (
@@ -205,8 +206,8 @@ def _dtype_counts(tensors: Iterable[torch.Tensor]) -> str:
     return ", ".join(f"{n} {dtype_name(d)}" for d, n in counts.items())
 
 
-# w + u == w when |u| is below half an ulp of w: fp16 keeps 11 significant bits, bf16 keeps 8
-_LOST_BELOW = {torch.float16: "|w|·2**-11", torch.bfloat16: "|w|·2**-8"}
+# w + u == w when |u| is below half an ulp of w: always below these (core.formats.lost_below)
+_LOST_BELOW = {torch.float16: lost_below(FP16), torch.bfloat16: lost_below(BF16)}
 
 
 @check("AMP103")
