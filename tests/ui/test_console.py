@@ -88,7 +88,8 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16
     significant bits), so the first unscale_() raises without naming the
     parameter. AMP expects fp32 parameters with fp16 compute under
     torch.autocast.
-    ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py
+    ampdoctor.upcast_trainable_params_(model)
+    # or run it as: ampdoctor run --fix train.py
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)
@@ -142,7 +143,8 @@ AMP101 fp16-trainable-params: Trainable float16 parameters under an fp16 GradSca
     GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 optimizer update
     loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises without naming the parameter. AMP
     expects fp32 parameters with fp16 compute under torch.autocast.
-    ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix train.py
+    ampdoctor.upcast_trainable_params_(model)
+    # or run it as: ampdoctor run --fix train.py
     # by hand: for p in model.parameters():
     #     if p.requires_grad: p.data = p.data.float()
     # peft: get_peft_model(model, config, autocast_adapter_dtype=True)

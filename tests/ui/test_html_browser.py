@@ -85,7 +85,9 @@ def test_report_page_renders_with_plots_and_findings(overflow_log, tmp_path):
     measured = _measure(browser, page, tmp_path)
     rows, width, height = measured["findings"]
     assert rows == 3 and width > 400 and height > 100  # AMP603, AMP601, AMP604: one row each
-    assert "loss scale fell from 65536 to 64" in measured["verdict"] and "1.wo (Linear)" in measured["verdict"]
+    # the verdict names what went wrong and where, as the findings table's first rows do
+    assert "AMP603 The loss scale keeps falling: GradScaler" in measured["verdict"], measured["verdict"]
+    assert "AMP601 A module produced inf/NaN in the forward pass: 1.wo (Linear)" in measured["verdict"]
     figures = {name: (w, h) for name, w, h in measured["figures"]}
     if have_matplotlib():
         assert {"fig-loss_scale", "fig-activations", "fig-cast_fp16"} <= set(figures)
@@ -103,7 +105,8 @@ def test_page_of_a_log_cut_mid_line_renders(overflow_log, tmp_path):
     page = tmp_path / "torn.html"
     write_html(load_any(str(torn)), str(page))
     measured = _measure(browser, page, tmp_path)
-    assert "without its end line" in measured["verdict"] and "1.wo" in measured["verdict"]
+    assert "without its end line" in measured["verdict"], measured["verdict"]
+    assert "saw inf/NaN first in the output of 1.wo at step 0" in measured["verdict"], measured["verdict"]
     figures = {name: (w, h) for name, w, h in measured["figures"]}
     if have_matplotlib():
         assert "fig-loss_scale" in figures and all(w > 300 and h > 100 for w, h in figures.values()), figures

@@ -49,10 +49,18 @@ LOST = textwrap.dedent("""\
 """)
 
 
-def _cli(*argv: str) -> tuple[int, str]:
+def _run(*argv: str) -> tuple[int, str]:
+    """`ampdoctor run ARGV`, in this process: its exit status and what it printed."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = main(list(argv))
+        code = main(["run", *argv])
+    return code, out.getvalue()
+
+
+def _report(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main(["report", *argv])
     return code, out.getvalue()
 
 
@@ -63,11 +71,11 @@ def _joined(text: str) -> str:
 def test_the_run_and_its_log_say_the_same_step_counts_and_last_loss_scale(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(COLLAPSE)
-    code, run = _cli("run", "--log-dir", str(tmp_path / "logs"), str(script))
+    code, run = _run("--log-dir", str(tmp_path / "logs"), str(script))
     assert code == 0, run
     said = _joined(run)
     assert "ampdoctor watch: 60 steps, 11 sampled (every 50)" in said
-    code, report = _cli("report", str(tmp_path / "logs"))
+    code, report = _report(str(tmp_path / "logs"))
     assert code == 0, report
     assert f"flight recorder {tmp_path / 'logs'}: 60 steps, 11 sampled," in _joined(report)
     # the finding, the watch's line and the log's table: one scale after the last step, written one way
@@ -82,7 +90,7 @@ def test_the_run_and_its_log_say_the_same_step_counts_and_last_loss_scale(tmp_pa
 def test_every_parameter_of_the_lost_updates_table_is_named_by_a_finding(tmp_path):
     script, out = tmp_path / "train.py", tmp_path / "r.json"
     script.write_text(LOST)
-    code, run = _cli("run", "--json", str(out), str(script))
+    code, run = _run("--json", str(out), str(script))
     assert code == 0, run
     table = run[run.index("updates lost to rounding"):run.index("ampdoctor findings")]
     rows = re.findall(r"^(\S+)\s+bfloat16\s+(\d+)%$", table, re.M)
@@ -99,7 +107,7 @@ def test_every_parameter_of_the_lost_updates_table_is_named_by_a_finding(tmp_pat
 def test_amp103_and_amp607_state_one_bound_for_a_lost_update(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(LOST)
-    code, run = _cli("run", str(script))
+    code, run = _run(str(script))
     said = _joined(run)
     bounds = set(re.findall(r"\|w\|·2\*\*-(\d+)", said))
     assert bounds == {"9", "12"}, bounds   # bf16's and fp16's, never 2**-8 beside 2**-9

@@ -131,7 +131,8 @@ RULES: tuple[Rule, ...] = (
         "GradScaler unscales gradients in the parameter dtype. It refuses float16 gradients because an fp16 "
         "optimizer update loses small steps (fp16 keeps 11 significant bits), so the first unscale_() raises "
         "without naming the parameter. AMP expects fp32 parameters with fp16 compute under torch.autocast.",
-        f"ampdoctor.upcast_trainable_params_(model)  # or {FIX_COMMAND}\n"
+        "ampdoctor.upcast_trainable_params_(model)\n"
+        f"# or run it as: {FIX_COMMAND}\n"
         "# by hand: for p in model.parameters():\n"
         "#     if p.requires_grad: p.data = p.data.float()\n"
         "# peft: get_peft_model(model, config, autocast_adapter_dtype=True)\n"
@@ -640,8 +641,8 @@ def with_fix_command(finding: Finding, command: str) -> Finding:
     arguments (``ampdoctor run --fix finetune.py --lr 1e-4``), or how its entry point asks (``%ampdoctor --fix``).
 
     >>> f = get_rule("AMP101").finding("fc", "fc.weight is float16")
-    >>> with_fix_command(f, "ampdoctor run --fix finetune.py").fix.splitlines()[0]
-    'ampdoctor.upcast_trainable_params_(model)  # or ampdoctor run --fix finetune.py'
+    >>> with_fix_command(f, "ampdoctor run --fix finetune.py").fix.splitlines()[1]
+    '# or run it as: ampdoctor run --fix finetune.py'
     """
     try:
         fix = finding.fix or get_rule(finding.code).fix

@@ -6,6 +6,9 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# how a finding --fix repaired in this run begins (``session.repair.split_repaired``); a group of them keeps it
+REPAIRED = "repaired in this run by --fix; the script itself still has it: "
+
 
 class Severity(str, enum.Enum):
     """How much a finding hurts. Ordered: ``ERROR`` stops training, ``INFO`` only informs."""

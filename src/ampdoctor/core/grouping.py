@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import REPAIRED, Finding, Severity
 
 __all__ = ["FindingGroup", "group_findings"]
 
@@ -68,7 +68,8 @@ class FindingGroup:
         cause = self.first.cause
         shown: dict[str, str] = {}
         for f in self.findings:
-            own = f.detail[:-len(cause)] if cause is not None and f.detail.endswith(cause) else ""
+            detail = f.detail.removeprefix(REPAIRED)
+            own = detail[:-len(cause)] if cause is not None and detail.endswith(cause) else ""
             own = own.rstrip().removesuffix(" are").removesuffix(" is").rstrip()
             shown.setdefault(f.where, own if own and re.fullmatch(r"[\d.]+", f.where) else f.where)
         return list(shown.values())
@@ -83,11 +84,15 @@ class FindingGroup:
         ...             cause="trainable float16.")
         >>> group_findings([a, b])[0].detail
         'Parameters in these 2 modules are trainable float16.'
+        >>> from dataclasses import replace   # what --fix repaired says so, grouped too
+        >>> group_findings([replace(f, detail=REPAIRED + f.detail) for f in (a, b)])[0].detail[:45]
+        'repaired in this run by --fix; the script its'
         """
         if len(self.findings) == 1:
             return self.first.detail
-        if self.first.cause is not None:
-            return f"Parameters in these {len(self.places)} modules are {self.first.cause}"
+        if self.first.cause is not None:   # a group --fix repaired says so first, as each of its findings does
+            lead = REPAIRED if self.first.detail.startswith(REPAIRED) else ""
+            return f"{lead}Parameters in these {len(self.places)} modules are {self.first.cause}"
         return self.first.detail  # grouped only when every detail is this one
 
 

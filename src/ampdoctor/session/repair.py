@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ampdoctor.core.dtypes import LOW_PRECISION, dtype_name
-from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.findings import REPAIRED, Finding, Severity
 from ampdoctor.core.report import Report
 from ampdoctor.core.training import TrainingSetup, optimizer_tensors, owns_any
 from ampdoctor.core.words import counted
@@ -237,8 +237,7 @@ def split_repaired(found: list[Finding], remaining: list[Finding]) -> tuple[list
     left = {f.place for f in remaining}
     fixed = [f for f in found if f.place not in left]
     kept = [f for f in found if f.place in left] + [
-        replace(f, severity=Severity.INFO,
-                detail=f"repaired in this run by --fix; the script itself still has it: {f.detail}") for f in fixed]
+        replace(f, severity=Severity.INFO, detail=f"{REPAIRED}{f.detail}") for f in fixed]
     if not fixed:
         return kept, fixed, None
     counts = Counter(f.code for f in fixed)   # findings, by code: not the same unit as changes

@@ -258,9 +258,12 @@ def _with_option_first(args: argparse.Namespace, option: str) -> str:
 
 
 def _fix_command(args: argparse.Namespace) -> str:
-    """Return this run's command line with ``--fix``: what the fixes tell the user to run."""
+    """Return this run's command line with ``--fix``: what the fixes tell the user to run (a ``--fix`` typed after
+    the script's name moves before it, as the warning about it says)."""
     import shlex
 
+    if "--fix" in _given_to_the_script(args):
+        return _with_option_first(args, "--fix")
     target = ["-m", *args.module] if args.module is not None else [args.script, *args.args]
     return shlex.join(["ampdoctor", "run", "--fix", *target])
 

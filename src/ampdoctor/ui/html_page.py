@@ -29,6 +29,7 @@ __all__ = ["render_page", "verdict"]
 
 MAX_PLACES = 8  # places listed in a findings row before the rest fold into <details>
 MAX_TABLE_ROWS = 20
+MAX_HEADLINES = 3  # findings named in the verdict, the most severe first; the findings table lists them all
 esc = html.escape
 
 
@@ -77,6 +78,12 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     errors = sum(g.severity is Severity.ERROR for g in groups)
     warnings = sum(g.severity is Severity.WARNING for g in groups)
     lines, earned = _report_lines(loaded, groups, errors, warnings)
+    lines[1:1] = [_headline(g) for g in sorted(groups, key=lambda g: g.severity.rank)
+                  if g.severity is not Severity.INFO][:MAX_HEADLINES]
+    if data.first_nonfinite is not None and not groups:   # a log without its report: what its records saw
+        first = data.first_nonfinite
+        lines.append(f"the flight recorder saw {first.kind} first in the output of {first.module}"
+                     + (f" ({first.cls})" if first.cls else "") + f" at step {first.step}")
     partial = data.closed is False and not _has_report(loaded)
     if partial:
         lines.append(f"the flight recorder ends at sampled step {data.last_step} without its end line: the run was "
@@ -84,6 +91,22 @@ def verdict(loaded: Any, data: RunData) -> tuple[str, list[str]]:
     if errors or report.exception or report.saw_nothing:
         return "bad", lines
     return ("ok" if earned and not (partial or warnings) else "partial"), lines
+
+
+def _headline(group: FindingGroup) -> str:
+    """Return a group's line in the verdict: its code, its rule's title and where (the findings table has the rest).
+
+    >>> from ampdoctor.core.findings import Finding
+    >>> _headline(group_findings([Finding("AMP601", Severity.ERROR, "1.wo (Linear)", "inf")])[0])
+    'AMP601 A module produced inf/NaN in the forward pass: 1.wo (Linear)'
+    """
+    try:
+        title = get_rule(group.code).title
+    except KeyError:
+        title = group.code
+    places = group.places
+    more = f" and {len(places) - MAX_HEADLINES} more" if len(places) > MAX_HEADLINES else ""
+    return f"{group.code} {title}: {', '.join(places[:MAX_HEADLINES])}{more}"
 
 
 def _report_lines(loaded: Any, groups: list[FindingGroup], errors: int, warnings: int) -> tuple[list[str], bool]:
