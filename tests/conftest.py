@@ -27,7 +27,7 @@ def _fresh_accelerate_state():
         GradientState._reset_state()
 
 
-# ---- two tiers: `python -m pytest -m "not slow" -n auto` is the quick loop while developing; the README's command runs both
+# ---- two tiers: `python -m pytest -m "not slow" -n auto` is the quick loop; the README's test command runs both.
 # A test is slow by its folder (the corpora, the public scripts, the distributed jobs, the examples, the docs build,
 # the do-no-harm runs of whole scripts)
 # or by what it starts: a Python process, torchrun, a kernel, a browser, or a whole script run in-process as
