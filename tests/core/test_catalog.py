@@ -36,6 +36,8 @@ SECTION_0 = [
      {"AMP501"}),
     ("RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half", {"AMP501"}),
     ("UserWarning: torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.", {"AMP202"}),
+    ("UserWarning: You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported "
+     "on CPU. Using `precision='bf16-mixed'` instead.", {"AMP213"}),
     ("RuntimeError: Could not run 'aten::_amp_foreach_non_finite_check_and_unscale_' with arguments from the "
      "'CPU' backend.", {"AMP206"}),
     ("AssertionError: The growth factor must be > 1.0.", {"AMP207"}),
@@ -56,6 +58,12 @@ REPORTED = [
      {"AMP102"}),
     ("RuntimeError: mixed dtype (CPU): expect parameter to have scalar type of Float", {"AMP501"}),
     ("RuntimeError: Function 'MmBackward0' returned nan values in its 0th output.", {"AMP602"}),
+    # fairseq's DynamicLossScaler and AMPOptimizer at --min-loss-scale (fairseq/optim/dynamic_loss_scaler.py,
+    # amp_optimizer.py at 3d262bb2), and its trainer's log line on a skipped step (fairseq/trainer.py)
+    ("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. Try lowering the "
+     "learning rate, using gradient clipping or increasing the batch size.", {"AMP603"}),
+    ("FloatingPointError: AMP: Minimum loss scale reached (0.0001). Your loss is probably exploding.", {"AMP603"}),
+    ("fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0", {"AMP604"}),
 ]
 
 

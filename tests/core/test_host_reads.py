@@ -26,8 +26,8 @@ NOT_DEVICE_READS = {
         "a constant computed on CPU tensors built from a Python float",
     ("preflight/rules/params.py", "torch.tensor(eps, dtype=dtype).item()"):
         "a CPU tensor built from a Python float: eps rounded to a half dtype",
-    ("core/records/file.py", "value.tolist()"):
-        "the record format's JSON fallback for values json cannot write; the monitors hand the recorder host values",
+    ("core/strict_json.py", "value.tolist()"):
+        "the JSON writer's fallback for values json cannot write; the monitors hand the recorder host values",
     ("_compat/engines.py", "value.item()"):
         "an engine's loss scale, read once when the engine is described before training; _compat may import "
         "nothing of ours but _torch, so it cannot reach the counter",

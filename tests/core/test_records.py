@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from strict_json_check import strict_loads
 from torch import nn
 
 import ampdoctor
@@ -30,11 +31,15 @@ from ampdoctor.core.records import (
     scale_entry,
 )
 from ampdoctor.core.report import Report
+from ampdoctor.core.strict_json import json_text
 from ampdoctor.monitor.grad_stats import COLUMNS, GradStats
 from ampdoctor.monitor.header import log_header
 
 V1_LOG = Path(__file__).parents[1] / "data" / "watch_v1.jsonl"  # written by ampdoctor at 2c84e2c, trimmed
 V1 = "ampdoctor.watch/1"
+# NaN/Infinity tokens, as ampdoctor wrote them before strict JSON: tests/scripts/short_overflow.py run with --log-dir
+# by ampdoctor at e4dd0e2, trimmed to its header, two steps, its end and its report
+NAN_TOKENS_LOG = Path(__file__).parents[1] / "data" / "watch_v2_nan_tokens.jsonl"
 
 
 def _row(**counts: float) -> list[float]:
@@ -99,6 +104,46 @@ def test_a_watch_summary_and_its_log_give_the_same_numbers(tmp_path):
     assert recording.lost_fraction() == summary["lost_updates"]["lost_fraction"] > 0
     assert recording.lost_by_param() == {n: s["lost_fraction"] for n, s in summary["lost_updates"]["params"].items()}
     assert json.loads(json.dumps(recording.end.summary.to_dict())) == json.loads(json.dumps(summary))
+
+
+def test_a_log_of_inf_and_nan_is_strict_json_and_reads_back_as_floats(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with ampdoctor.watch(model, opt, every=1, log_dir=str(tmp_path)) as w:
+        for scale in (1.0, math.inf):   # the second step's loss and gradients are inf and NaN
+            (model(torch.randn(5, 4)).pow(2).mean() * scale).backward()
+            opt.step()
+            opt.zero_grad()
+    append_report(w.log_path, Report(environment={}, extra={"watch": w.watch_summary()}).to_dict())
+    lines = [strict_loads(line) for line in Path(w.log_path).read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["header", "step", "step", "end", "report"]
+    assert lines[2]["gradients"]["global_norm"] == "nan" and lines[2]["gradients"]["rows"][0][2:4] == ["nan", "inf"]
+    recording = read_recording(*read_log(w.log_path)[:2])
+    grads = recording.steps[1].gradients   # absmax NaN, min_nonzero inf (no finite entry): as the rows were written
+    assert math.isnan(grads.global_norm) and math.isnan(grads.rows[0][2]) and grads.rows[0][3] == math.inf
+    assert grads.params()["0.weight"]["min_nonzero"] == math.inf
+    for summary in (Report.from_dict(recording.report).watch, recording.end.summary):
+        gradients = summary.gradients
+        assert math.isnan(gradients.global_norm) and gradients.params["0.weight"].min_nonzero == math.inf
+
+
+def test_a_log_with_the_old_nan_tokens_reads_as_its_strict_copy(tmp_path):
+    old = NAN_TOKENS_LOG.read_text()
+    assert "NaN" in old and "Infinity" in old
+    strict = tmp_path / "ampdoctor.jsonl"
+    strict.write_text("".join(json_text(json.loads(line), separators=(",", ":")) + "\n" for line in old.splitlines()))
+    read = []
+    for path in (NAN_TOKENS_LOG, strict):
+        header, records, problems = read_log(path)
+        assert problems == []
+        recording = read_recording(header, records)
+        read.append((recording, Report.from_dict(recording.report)))
+    (old_log, old_report), (new_log, new_report) = read
+    # the same views (repr: NaN is not equal to itself): the steps, the end's summary, the report
+    assert repr((new_log.steps, new_log.end, new_report)) == repr((old_log.steps, old_log.end, old_report))
+    assert math.isnan(new_log.steps[0].gradients.global_norm) and math.isnan(new_log.steps[0].loss.value)
+    assert new_report.watch.gradients.modules["1.wo"].min_nonzero == math.inf
 
 
 def test_a_module_share_pools_counts_over_the_signal_entries():

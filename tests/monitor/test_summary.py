@@ -120,7 +120,7 @@ AMP608 error (step 199) model.encoder.layer.5.output.dense: The gradient norm is
     not finite
     inf gradient in 3 entries of model.encoder.layer.5.output.dense.weight at
     step 199
-AMP604 warning (step 120) GradScaler: The GradScaler skipped optimizer steps
+AMP604 warning (step 120) GradScaler: The loss scaler skipped optimizer steps
     2 consecutive optimizer steps skipped from step 120 (inf/NaN gradients); 3
     of 200 steps skipped so far
 """
@@ -147,7 +147,7 @@ flight recorder: logs/ampdoctor-20240101-120000.jsonl
 watch findings
 AMP608 error (step 199) model.encoder.layer.5.output.dense: The gradient norm is not finite
     inf gradient in 3 entries of model.encoder.layer.5.output.dense.weight at step 199
-AMP604 warning (step 120) GradScaler: The GradScaler skipped optimizer steps
+AMP604 warning (step 120) GradScaler: The loss scaler skipped optimizer steps
     2 consecutive optimizer steps skipped from step 120 (inf/NaN gradients); 3 of 200 steps skipped so far
 """
 

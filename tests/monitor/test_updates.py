@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
+from ampdoctor._torch.autograd import version_counter
 from ampdoctor.monitor.updates import MOVED_SAMPLE, UpdateMonitor
 from ampdoctor.monitor.watcher import watch
+from ampdoctor.repairs.master_weights import MasterWeights
 
 
 def sync(monitor: UpdateMonitor, step: int) -> dict:
@@ -117,13 +122,73 @@ def test_nan_weights_are_not_counted_as_updated_or_lost() -> None:
 
 def test_weights_that_are_fp32_at_step_time_lose_nothing() -> None:
     # under MasterWeights the parameters hold their fp32 masters between backward and step
-    from ampdoctor.repairs.master_weights import MasterWeights
-
     model = bf16_model()
     master = MasterWeights(torch.optim.SGD(model.parameters(), lr=1e-6))  # tiny steps: lost in bf16, kept in fp32
     with master:
         monitor = run(model, master.optimizer, steps=3)
-    assert monitor.findings() == [] and monitor.summary()["params"] == {}
+    assert monitor.findings() == []
+    # still watched: whether each step's update was still in the master at the next step (all were)
+    assert monitor.fractions() == dict.fromkeys(monitor.names, 0.0) and monitor.steps == 2
+
+
+class ReloadingMasterWeights(MasterWeights):
+    """``MasterWeights`` as it was before issue 41: after any write into a half copy it reloaded the whole master
+    from it, so a write that changed nothing still rounded the master, and the last update, away."""
+
+    def _follow_half_writes(self) -> None:
+        written = [i for i, p in enumerate(self._params) if version_counter(p) != self._param_version[i]]
+        for i in written:
+            self._masters[i].copy_(self._halves[i])
+
+
+def clamped_temperature(wrap, start: float, pull: float, lr: float = 1e-3, steps: int = 6,
+                        closure: bool = False) -> UpdateMonitor:
+    """Train a bf16 CLIP-like temperature under ``wrap(optimizer)``, clamped to [0, log 100] after every step as
+    open_clip does (mlfoundations/open_clip, src/open_clip_train/legacy_train.py at
+    89fb801f1e6087880e951fc8354b8a2077b79c6d: ``logit_scale.clamp_(0, math.log(100))`` under ``no_grad`` after each
+    optimizer step), with every step sampled; ``pull`` is the gradient's sign and size. ``closure``: the forward
+    and backward run inside ``step(closure)``, as Lightning's Trainer runs them."""
+    scale = nn.Parameter(torch.tensor([start], dtype=torch.bfloat16))
+    opt = wrap(torch.optim.AdamW([scale], lr=lr, weight_decay=0.0))
+    monitor = UpdateMonitor([("logit_scale", scale)]).attach(opt.optimizer)
+    def forward_backward() -> torch.Tensor:
+        opt.zero_grad()
+        loss = (scale.float() * pull).sum()
+        loss.backward()
+        return loss
+
+    for step in range(steps):
+        monitor.set_sampling(True)
+        if closure:
+            opt.step(forward_backward)
+        else:
+            forward_backward()
+            opt.step()
+        with torch.no_grad():
+            scale.clamp_(0, math.log(100))
+        sync(monitor, step)
+    monitor.detach()
+    opt.detach()
+    return monitor
+
+
+@pytest.mark.parametrize("closure", [False, True], ids=["step()", "step(closure)"])
+def test_a_master_reset_to_its_half_copy_before_the_next_step_is_a_lost_update(closure: bool) -> None:
+    # log(1 / 0.07) in bf16; AdamW moves it by lr = 1e-3 a step, below half a bf16 ulp (2**-7 here). Inside
+    # step(closure) the gradients come after the pre-hook: what the step moved is counted, not what had a gradient
+    reset = clamped_temperature(ReloadingMasterWeights, 2.65625, 1.0, closure=closure)
+    assert reset.fractions() == {"logit_scale": 1.0} and [f.code for f in reset.findings()] == ["AMP607"]
+    assert "fp32 master" in reset.findings()[0].detail and "bfloat16" in reset.findings()[0].detail
+    kept = clamped_temperature(MasterWeights, 2.65625, 1.0, closure=closure)
+    assert kept.fractions() == {"logit_scale": 0.0} and kept.findings() == []
+
+
+def test_a_weight_the_clamp_holds_at_its_bound_is_not_a_lost_update() -> None:
+    # at log(100)'s bf16 value (4.59375), pushed up by AdamW steps of lr = 2e-2, above half a bf16 ulp (2**-6 here):
+    # each step's result rounds past the bound and the clamp writes the bound back. The weight stays where it is,
+    # as it would in fp32, but by the user's write, not by rounding: no update was lost.
+    held = clamped_temperature(MasterWeights, 4.59375, -1.0, lr=2e-2)
+    assert held.fractions() == {"logit_scale": 0.0} and held.findings() == []
 
 
 def test_without_a_scaler_each_steps_lost_updates_are_in_its_own_record(tmp_path) -> None:

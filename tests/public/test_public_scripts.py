@@ -226,12 +226,12 @@ def test_nanogpt_fp16_trains_the_same_under_ampdoctor(runs):
 
 
 @uses("nanogpt-fp16/doctor")
-def test_nanogpt_fp16_on_cpu_is_amp202_and_says_the_run_is_fp32(runs):
+def test_nanogpt_fp16_on_cpu_runs_fp32_and_gets_no_amp202(runs):
+    """Was a false alarm: on a CPU nanoGPT asks for an enabled GradScaler('cuda') (dtype 'float16') but runs no
+    autocast (`ctx = nullcontext()`), so its run is plain fp32 and the disabled scaler harms nothing."""
     doctor = runs["nanogpt-fp16/doctor"]
-    assert doctor.codes() == ["AMP202"], doctor.tail()
-    detail = doctor.findings[0]["detail"]
-    assert "enabled=True" in detail and "plain fp32" in detail, detail
-    named_once(doctor)
+    assert doctor.returncode == 0, doctor.tail()
+    assert doctor.codes() == [], doctor.tail()
 
 
 @pytest.mark.parametrize("name", ["nanogpt-fp32", "nanogpt-bf16"])
@@ -373,9 +373,10 @@ def test_fabric_16_true_fix_leaves_no_findings(runs):
 @pytest.mark.parametrize("name", ["fabric-16-mixed", "fabric-bf16-mixed"])
 @uses("fabric-16-mixed/doctor", "fabric-bf16-mixed/doctor")
 def test_fabric_mixed_precision_on_cpu_is_clean(runs, name):
-    doctor = runs[f"{name}/doctor"]  # Fabric turns 16-mixed into bf16-mixed on CPU, with its own warning
+    doctor = runs[f"{name}/doctor"]  # Fabric turns 16-mixed into bf16-mixed on CPU: one warning among its lines
     assert doctor.returncode == 0, doctor.tail()
-    assert doctor.codes() == [] and doctor.report["ok"], doctor.tail()
+    said = ["AMP213"] if name == "fabric-16-mixed" else []   # info: the run is bf16, so nothing of fp16 is tested
+    assert doctor.codes() == said and doctor.report["ok"], doctor.tail()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import signal
 import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
+from strict_json_check import strict_loads
 from torch import nn
 
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.options import RunOptions
+from ampdoctor.core.records import WatchSummary
 from ampdoctor.core.report import Report
 from ampdoctor.core.views import Line
 from ampdoctor.ranks import exchange as rank_exchange
@@ -166,6 +170,36 @@ def test_reports_travel_through_the_jobs_c10d_store(monkeypatch) -> None:
     assert [f.ranks for f in merged.findings] == [(0, 1)] and merged.missing_ranks == []
     zero.announce(merged)
     assert not server.check(["ampdoctor/job/rank1"])   # cleared
+
+
+@pytest.mark.parametrize("where", ["folder", "store"])
+def test_a_rank_report_of_inf_and_nan_travels_as_strict_json(where, tmp_path: Path, monkeypatch) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if where == "store":
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(server.port))
+        zero, one = (RankExchange(RankInfo(r, 2, r, 1, r, "job")) for r in range(2))
+    else:
+        zero, one = _pair(tmp_path)
+    summary = WatchSummary.from_dict({"steps": 2, "gradients": {"global_norm": math.nan, "max_global_norm": {
+        "step": 1, "value": math.inf}}, "loss": {"last": [1, math.nan]}})
+    zero.start()
+    one.start()
+    report = _report(Finding("AMP101", Severity.ERROR, "2", HALF))
+    report.extra.update(watch=summary, clipping={"max_norm": 1.0, "peak": math.inf, "last": math.nan})
+    assert one.send(report, 0, False, None)
+    sent = dist.PrefixStore("ampdoctor/job/", server).get("rank1").decode() if where == "store" else \
+        Path(zero.mailbox.path("rank1")).read_text()
+    assert strict_loads(sent)["report"]["clipping"] == {"max_norm": 1.0, "peak": "inf", "last": "nan"}
+    merged = zero.collect(report, 0, False, None)
+    assert merged.missing_ranks == [] and [f.ranks for f in merged.findings] == [(0, 1)]
+    assert math.isnan(merged.watch.gradients.global_norm) and merged.watch.gradients.max_global_norm == (1, math.inf)
+    assert repr(merged.watch.loss.last) == "(1, nan)"
 
 
 def test_a_rank_whose_process_is_gone_died_and_failed_first(tmp_path: Path, monkeypatch) -> None:

@@ -1,6 +1,7 @@
 import copy
 import doctest
 import gc
+import math
 import warnings
 import weakref
 
@@ -379,6 +380,111 @@ def test_weights_written_into_the_half_model_reach_the_masters():
         for p, q in zip(model.parameters(), other.parameters()):
             assert torch.equal(p.detach(), q.detach())
 
+
+
+def _clip_temperature(dtype, master_weights, steps=8, lr=1e-3):
+    """Train a CLIP-like learned temperature and return the master (or the fp32 weight) and the half copy's value
+    after each step.
+
+    The loop re-creates, in our own words, the parts of open_clip that matter here (mlfoundations/open_clip,
+    src/open_clip_train/legacy_train.py at 89fb801f1e6087880e951fc8354b8a2077b79c6d, last changed in
+    bfb1975131e83fecd5395aefa521073ad17b07a1; src/open_clip/model.py for the parameter): ``logit_scale`` is a
+    parameter initialised to log(1 / 0.07) and exponentiated to scale the cosine logits, the loss is the mean of the
+    image->text and text->image cross-entropies, AdamW leaves ``logit_scale`` out of weight decay, and after every
+    optimizer step ``logit_scale.clamp_(0, math.log(100))`` runs under ``no_grad``; ``--precision pure_bf16`` casts
+    the whole model to bf16. Both runs start from the same (bf16) values.
+    """
+    g = torch.Generator().manual_seed(0)
+    image = F.normalize(torch.randn(16, 8, generator=g), dim=-1)
+    text = F.normalize(image + 0.5 * torch.randn(16, 8, generator=g), dim=-1)
+    torch.manual_seed(0)
+    logit_scale = nn.Parameter(torch.full((), math.log(1 / 0.07)).to(torch.bfloat16).to(dtype))
+    proj = nn.Linear(8, 8, bias=False).to(torch.bfloat16).to(dtype)
+    opt = torch.optim.AdamW([{"params": [proj.weight], "weight_decay": 0.2},
+                             {"params": [logit_scale], "weight_decay": 0.0}], lr=lr)
+    if master_weights:
+        opt = MasterWeights(opt)
+    labels, values = torch.arange(16), []
+    for _ in range(steps):
+        logits = logit_scale.exp() * proj(image.to(dtype)) @ text.to(dtype).T
+        loss = (F.cross_entropy(logits.float(), labels) + F.cross_entropy(logits.T.float(), labels)) / 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            logit_scale.clamp_(0, math.log(100))
+        master = opt.masters[1] if master_weights else logit_scale
+        values.append((master.item(), logit_scale.float().item()))
+    if master_weights:
+        opt.detach()
+    return values
+
+
+def test_a_clamp_after_each_step_leaves_the_master_moving_like_fp32():
+    # The clamp rewrites the bf16 copy (and bumps its version counter) after every step without changing its
+    # value. MasterWeights used to reload the master from that copy: the temperature stayed at exp(2.65625) = 14.24
+    # for good, with ampdoctor's --fix saying "no findings left".
+    reference = _clip_temperature(torch.float32, master_weights=False)
+    fixed = _clip_temperature(torch.bfloat16, master_weights=True)
+    plain = _clip_temperature(torch.bfloat16, master_weights=False)
+    start = 2.65625   # log(1 / 0.07) = 2.6593 in bf16 (8 significant bits: steps of 2**-6 here)
+    assert reference[-1][0] < start - 2**-7   # fp32 moves by more than half a bf16 ulp in 8 steps
+    assert {half for _, half in plain} == {start}   # plain bf16 loses every step (each below half an ulp)
+    # Adam's step is lr * m / sqrt(v): the bf16 forward changes the gradient by about 2**-8 of itself, which moves
+    # m / sqrt(v) by as little when the gradient keeps its sign, so 8 steps drift by at most 8 * lr * 2**-8 = 3e-5.
+    masters = torch.tensor([m for m, _ in fixed], dtype=torch.float64)
+    torch.testing.assert_close(masters, torch.tensor([m for m, _ in reference], dtype=torch.float64),
+                               rtol=0, atol=8 * 1e-3 * 2**-8)
+    # and the half copy the forward uses is the master rounded: it moved off the start when fp32 crossed a midpoint
+    assert [half for _, half in fixed] == [float(torch.tensor(m).to(torch.bfloat16)) for m, _ in fixed]
+    assert fixed[-1][1] == start - 2**-6
+
+
+def test_a_clamp_that_moves_an_entry_gives_its_master_the_clamped_value_and_spares_the_others():
+    # entry 0 sits at the bound's bf16 value (log(100) = 4.6052 -> 4.59375) and each step pushes it past the bound
+    # (+0.0390625: master 4.6328125, half copy 4.625); entry 1 moves by 2**-10 a step, less than half a bf16 ulp
+    # (2**-8 at 1.0), which only its master keeps. Both steps are exact in bf16 and fp32.
+    p = nn.Parameter(torch.tensor([4.59375, 1.0], dtype=torch.bfloat16))
+    with MasterWeights(torch.optim.SGD([p], lr=1.0)) as opt:
+        for _ in range(3):
+            (p.float() * torch.tensor([-0.0390625, -(2**-10)])).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                p.clamp_(0, math.log(100))
+        (p.float() * 0).sum().backward()   # the next backward: the masters take the clamp over
+        # the clamp moved entry 0 back below the bound each time: its master is the clamped value itself, not the
+        # master less what the clamp took off the half copy (4.6328125 - 0.03125 = 4.6015625, another value)
+        assert opt.masters[0][0].item() == 4.59375
+        assert opt.masters[0][1].item() == 1 + 3 * 2**-10   # three steps, none lost
+        assert p.dtype == torch.float32
+
+
+@pytest.mark.parametrize("write", ["copy_ into a slice", "fill_ of a row", "load_state_dict"])
+def test_a_write_into_the_half_model_reaches_its_masters_exactly_and_the_rest_keep_their_bits(write):
+    model = _mlp()
+    with MasterWeights(torch.optim.SGD(model.parameters(), lr=1e-3)) as opt:
+        _train(model, opt, torch.amp.GradScaler("cpu"), 3, start=0)
+        kept = [m.clone() for m in opt.masters]
+        assert all(not torch.equal(m, m.half().float()) for m in kept)   # more than the half copies hold
+        weight = model[0].weight   # masters[0]
+        new = torch.linspace(2.0, 3.0, weight.shape[1]).half()   # |weights| < 1: differs from every entry there
+        with torch.no_grad():
+            if write == "copy_ into a slice":
+                weight[0].copy_(new)
+            elif write == "fill_ of a row":
+                weight[0].fill_(2.5)
+                new = torch.full_like(new, 2.5)
+            else:   # every tensor is written, all but one row with the values they already had
+                state = model.state_dict()
+                state["0.weight"] = state["0.weight"].clone()
+                state["0.weight"][0] = new
+                model.load_state_dict(state)
+        x, y = _batch(3)
+        _loss(model, x, y).backward()   # the update phase: the masters took the write over
+        assert torch.equal(opt.masters[0][0], new.float())
+        assert torch.equal(opt.masters[0][1:], kept[0][1:])
+        assert all(torch.equal(m, k) for m, k in zip(opt.masters[1:], kept[1:]))
 
 def test_existing_half_optimizer_state_is_upcast_and_add_param_group_wraps():
     model, extra = _mlp(), nn.Linear(1, 1).half()

@@ -1,12 +1,15 @@
 """On the defaults (no --every, no --activations) a short run is diagnosed, and every output tells the same story."""
 
 import json
+import math
 import os
 import re
 
 import pytest
+from strict_json_check import strict_loads
 
-from ampdoctor.core.records import read_log
+from ampdoctor.core.records import read_log, read_recording
+from ampdoctor.core.report import Report
 from ampdoctor.ui.cli import main
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
@@ -41,6 +44,26 @@ def test_a_ten_step_forward_overflow_is_named_and_every_output_agrees(tmp_path, 
     page = html.read_text()
     assert "AMP601" in shown and "No findings." not in page
     assert all(code in page for code in ("AMP601", "AMP603", "AMP612"))
+
+
+def test_a_run_whose_gradients_go_nonfinite_writes_strict_json_and_reads_it_back(tmp_path, capsys):
+    out, log = tmp_path / "report.json", tmp_path / "logs"
+    assert main(["run", "--json", str(out), "--log-dir", str(log), os.path.join(SCRIPTS, "short_overflow.py")]) == 0
+    capsys.readouterr()
+    report = strict_loads(out.read_text())
+    lines = [strict_loads(line) for line in (log / "ampdoctor.jsonl").read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["header", *["step"] * 10, "end", "report"]
+    assert report["watch"]["gradients"]["global_norm"] == "nan"   # every step's gradients are inf/NaN
+    assert lines[1]["loss"]["value"] == "nan" and lines[-1]["report"] == report
+    read = Report.from_dict(report).watch.gradients
+    assert math.isnan(read.global_norm) and read.modules["1.wo"].min_nonzero == math.inf
+    recording = read_recording(*read_log(log)[:2])
+    assert len(recording.steps) == 10 and all(not math.isfinite(s.loss.value) and math.isnan(s.gradients.global_norm)
+                                              for s in recording.steps)   # losses nan, or inf
+    assert main(["report", str(log)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(shown) if line.startswith("step "))
+    assert "global grad norm" in shown[header] and shown[header + 1].split()[3] == "nan"   # step 0's, as before
 
 
 def test_nan_in_the_data_is_reported_as_bad_input_on_the_defaults(tmp_path, capsys):

@@ -1,4 +1,7 @@
-"""`--fix` is all or nothing: a failure part-way leaves every parameter, gradient and optimizer state as it was."""
+"""`--fix` is all or nothing (a failure part-way leaves every parameter, gradient and optimizer state as it was),
+and a fixed run trains like fp32 and reports what it measured."""
+
+import os
 
 import pytest
 import torch
@@ -120,3 +123,89 @@ def test_fix_says_the_frozen_norms_it_upcast_in_one_line(tmp_path, capsys):
         "and 26 norm tensors upcast to float32 (each one is in the JSON report written with --json PATH)")
     changes = json.loads(out.read_text())["changes"]
     assert len(changes) == 28 and "0.1.weight: upcast frozen norm torch.float16 -> torch.float32" in changes
+
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "scripts")
+
+
+def _run_plainly(script, args, monkeypatch, capsys):
+    """Run ``script`` with ``args`` without ampdoctor, in this process; return what it printed."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    runpy.run_path(script, run_name="__main__")
+    return capsys.readouterr().out
+
+
+def test_fix_keeps_open_clips_clamped_temperature_moving(tmp_path, monkeypatch, capsys):
+    """open_clip's ``logit_scale.clamp_(0, math.log(100))`` after every step under ``--fix``: the bf16 temperature
+    follows fp32, and "no findings left" rests on sampled lost updates (the script's docstring cites
+    mlfoundations/open_clip, src/open_clip_train/legacy_train.py at 89fb801f1e6087880e951fc8354b8a2077b79c6d)."""
+    import json
+
+    from ampdoctor.ui.cli import main
+
+    script, out = os.path.join(SCRIPTS, "open_clip_temperature.py"), tmp_path / "r.json"
+    reference = [float(line.split()[3]) for line in _run_plainly(script, ["fp32"], monkeypatch, capsys).splitlines()]
+    assert main(["run", "--fix", "--json", str(out), script]) == 0
+    captured = capsys.readouterr()
+    fixed = [float(line.split()[3]) for line in captured.out.splitlines() if line.startswith("step ")]
+    # It used to stay at log(1 / 0.07) in bf16 (2.65625, a temperature of 14.25) for every step: the clamp rewrote
+    # the bf16 copy, and the fp32 master was reloaded from it, losing each step (5e-3, below half an ulp: 2**-7).
+    # Now the bf16 copy is the fp32 master rounded: within half an ulp of the fp32 run, plus the bf16 forward's
+    # small drift (Adam's step is lr * m / sqrt(v), nearly independent of the gradient's rounding).
+    assert reference[-1] < 2.65625 - 2 * 2**-6   # fp32 moves by more than 2 bf16 ulps
+    assert all(abs(f - r) <= 2**-7 + 1e-3 for f, r in zip(fixed, reference)) and len(fixed) == 8
+    err = " ".join(captured.err.split())
+    assert "no findings left after" in err
+    lost = json.loads(out.read_text())["watch"]["lost_updates"]
+    # earned: every sampled step but the last was checked for updates its masters lost before the next step
+    assert lost["sampled_steps"] == 7 and lost["params"]["logit_scale"] == {"dtype": "bfloat16", "lost_fraction": 0.0}
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["plain", "--fix"])
+def test_litgpt_gradient_accumulation_uses_every_micro_batch(fix, tmp_path, monkeypatch, capsys):
+    """litgpt's 16-true/bf16-true finetune with 2 micro-batches a step, on a real Lightning Fabric (CPU runs
+    bf16-true): no AMP612 with or without ``--fix``, and ``--fix``'s updates are fp32 accumulation's (the script's
+    docstring cites Lightning-AI/litgpt, litgpt/finetune/full.py at 26857050fe3ff627cd714fe92f5838f51a3d5efa)."""
+    import json
+
+    from ampdoctor.ui.cli import main
+
+    script, out = os.path.join(SCRIPTS, "litgpt_accumulation.py"), tmp_path / "r.json"
+    assert main(["run", *(["--fix"] if fix else []), "--json", str(out), script, "bf16-true"]) == 0
+    updates = json.loads(capsys.readouterr().out.splitlines()[-1])
+    codes = [f["code"] for f in json.loads(out.read_text())["findings"]]
+    # it said "7 of 16 backward calls had gradients that no optimizer step used" under --fix: MasterWeights' zeroed
+    # bf16 placeholder in .grad between micro-batches was taken for a reset
+    assert "AMP612" not in codes
+    assert "AMP103" in codes   # pure bf16 AdamW: kept as info under --fix, which repaired it
+    if not fix:
+        return
+
+    def flat(printed):
+        return torch.cat([torch.tensor(u) for u in json.loads(printed.splitlines()[-1])])
+
+    ours = torch.cat([torch.tensor(u) for u in updates])
+    both = flat(_run_plainly(script, ["32-true"], monkeypatch, capsys))
+    one = flat(_run_plainly(script, ["32-true", "drop"], monkeypatch, capsys))
+
+    def error(update):
+        return ((update - both).norm() / both.norm()).item()
+
+    # the update read off the bf16 weights is off by up to half an ulp of each weight (|w| * 2**-9, about 2% of
+    # these updates) and the bf16 forward; an fp32 run that used one micro-batch a step is 85% off
+    assert error(one) > 0.5
+    assert error(ours) < 0.05
+
+
+def test_fix_still_finds_a_micro_batch_dropped_before_the_step(tmp_path, capsys):
+    import json
+
+    from ampdoctor.ui.cli import main
+
+    script, out = os.path.join(SCRIPTS, "litgpt_accumulation.py"), tmp_path / "r.json"
+    assert main(["run", "--fix", "--json", str(out), script, "bf16-true", "drop"]) == 0
+    findings = {f["code"]: f for f in json.loads(out.read_text())["findings"]}
+    assert "AMP612" in findings and "7 of 16 backward calls" in findings["AMP612"]["detail"]

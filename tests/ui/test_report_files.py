@@ -18,10 +18,13 @@ from torch import nn
 import ampdoctor
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.report import Report
+from ampdoctor.core.strict_json import json_text
 from ampdoctor.ui.figures import have_matplotlib, write_pngs
 from ampdoctor.ui.report_files import combine, load_any, render_html, render_loaded, run_data, series, write_html
 
 needs_matplotlib = pytest.mark.skipif(not have_matplotlib(), reason="matplotlib is not installed")
+# NaN/Infinity tokens, as ampdoctor wrote them before strict JSON (tests/core/test_records.py says how it was made)
+NAN_TOKENS_LOG = Path(__file__).parents[1] / "data" / "watch_v2_nan_tokens.jsonl"
 
 
 class Block(nn.Module):
@@ -339,3 +342,26 @@ def test_the_steps_of_a_log_are_plain_columns_in_a_pipe_and_a_table_on_a_termina
     assert [row.split()[0] for row in rows] == ["0", "1", "2"]
     assert not any(set(line) & set("┏━┃│└┡") for line in pipe) and all(len(line) <= 80 for line in pipe)
     assert "┃ step" in terminal
+
+
+@pytest.mark.nonstrict_json   # it writes the old NaN/Infinity tokens on purpose, next to the strict copies
+def test_the_strict_encoding_shows_what_the_old_tokens_showed(tmp_path, monkeypatch):
+    lines = [json.loads(line) for line in NAN_TOKENS_LOG.read_text().splitlines()]
+    for kind, write in (("old", json.dumps), ("strict", json_text)):   # json.dumps: as ampdoctor wrote before
+        log = "".join(write(line) + "\n" for line in lines)
+        (tmp_path / kind / "ranks").mkdir(parents=True)
+        for name in ("ampdoctor.jsonl", "ranks/ampdoctor.rank0.jsonl", "ranks/ampdoctor.rank1.jsonl"):
+            (tmp_path / kind / name).write_text(log)
+        (tmp_path / kind / "report.json").write_text(write(lines[-1]["report"], indent=2))
+    assert "NaN" in (tmp_path / "old" / "report.json").read_text()
+    assert "NaN" not in (tmp_path / "strict" / "report.json").read_text().replace("inf/NaN", "")
+    shown = {}
+    for kind in ("old", "strict"):   # the same relative paths: the page and the console name the file
+        monkeypatch.chdir(tmp_path / kind)
+        loaded = [load_any(path) for path in ("ampdoctor.jsonl", "report.json", "ranks")]   # ranks: merged
+        shown[kind] = [(_console(render_loaded(one)), render_html(one)) for one in loaded]
+    assert shown["strict"] == shown["old"]
+    console = shown["strict"][0][0].splitlines()
+    header = next(i for i, line in enumerate(console) if line.startswith("step "))
+    assert "global grad norm" in console[header]
+    assert [line.split()[3] for line in console[header + 1:header + 3]] == ["nan", "nan"]   # steps 0 and 1

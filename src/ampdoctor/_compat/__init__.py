@@ -14,4 +14,6 @@ accelerate 1.15, transformers 5.24, Lightning 2.6 and DeepSpeed 0.19.
   ``ddp_spawn`` workers and ``Trainer._run_stage``.
 - `ray`: whether this process is a Ray Train worker (public API only: ``ray.train.get_context()``).
 - `engines`: DeepSpeed, Megatron-LM and apex engine objects, recognised by their classes' modules, and what they own.
+- `loss_scalers`: the loss scalers of fairseq, DeepSpeed, apex and Megatron-LM, recognised by their class names and
+  attributes (public ones only): their scale, and the one call that decides whether a step is skipped.
 """

@@ -75,3 +75,13 @@ def stage_method(trainer: Any) -> str | None:
     True
     """
     return "_run_stage" if callable(getattr(trainer, "_run_stage", None)) else None
+
+
+def precision_of(owner: Any) -> str | None:
+    """Return the precision a Lightning ``Trainer`` or ``Fabric`` set up (``"bf16-mixed"``), or None: the Trainer's
+    public ``precision``, the Fabric strategy's precision plugin's ``precision``."""
+    value = getattr(owner, "precision", None) if not callable(getattr(owner, "precision", None)) else None
+    if value is None:
+        plugin = getattr(getattr(owner, "strategy", None), "precision", None)
+        value = getattr(plugin, "precision", None)
+    return value if isinstance(value, str) else None

@@ -11,6 +11,7 @@ is 2.4. Nothing here imports another module of ampdoctor.
 - `optim`: `LRScheduler._step_count`.
 - `autograd`: `torch._C._current_graph_task_id`, `Variable._execution_engine.queue_callback`, `Tensor._version`.
 - `foreach`: `torch._foreach_norm`, `_foreach_copy_`, `_foreach_add_`, `_foreach_zero_`.
+- `sparse`: a sparse COO gradient's stored lists, `Tensor._indices()` and `_values()`.
 - `dispatch`: `torch.utils._python_dispatch.TorchDispatchMode`, `torch.utils._pytree.tree_leaves`, `OpOverload._schema`.
 - `fake`: `torch._subclasses.fake_tensor.FakeTensorMode` and a storage timeline built on the dispatch mode.
 - `modules`: `Module._parameters`, `Module._modules`, `OptimizedModule._orig_mod`; `module_hooks`: whether a global

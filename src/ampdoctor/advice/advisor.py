@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from ampdoctor.advice.lora import lora_parameter_count, lora_targets
 from ampdoctor.advice.recipes import recipe
 from ampdoctor.advice.sources import load_model, unique_parameters
 from ampdoctor.advice.states import OPTIMIZERS, STRATEGIES, ParamInfo, model_state_bytes, sharded_keys
+from ampdoctor.core.strict_json import json_text
 from ampdoctor.core.views import Drawn
 
 __all__ = ["advise", "Advice", "parse_size", "PREFERENCE"]
@@ -71,7 +71,8 @@ class Advice(Drawn):
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """Return the advice as strict JSON (``core.strict_json.json_text``: an inf or NaN of a log as a string)."""
+        return json_text(self.to_dict(), indent=2)
 
 
 def advise(model: nn.Module | str, *, batch_size: int = 1, seq_len: int = 512, budget: str | int | None = None,

@@ -294,6 +294,20 @@ RULES: tuple[Rule, ...] = (
         "# or {'bf16': {'enabled': True}}; Megatron: --fp16/--bf16, --initial-loss-scale",
         INFO, "preflight", (), (),
     ),
+    Rule(
+        "AMP213", "lightning-fp16-became-bf16", "Lightning runs bf16-mixed where 16-mixed was asked",
+        "Lightning's Trainer and Fabric replace precision='16-mixed' by 'bf16-mixed' on a CPU, with one warning "
+        "among their start-up lines. The run is mixed precision in bf16: no GradScaler, no loss scaling and bf16's "
+        "8 significant bits, so it tests nothing of the fp16 run (its loss scale, its overflows) that will run on "
+        "a GPU.",
+        'fabric = Fabric(precision="bf16-mixed")   # on a CPU; "16-mixed" on CUDA\n'
+        '# Trainer(precision="bf16-mixed") likewise\n'
+        "# fp16 with its GradScaler on a CPU:\n"
+        "# from lightning.fabric.plugins import MixedPrecision\n"
+        '# plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))\n'
+        "# Fabric(plugins=plugin)",
+        INFO, "preflight", (r"AMP with fp16 is not supported on CPU\. Using `precision='bf16-mixed'` instead",), (),
+    ),
     # ---- AMP3xx: model and optimizer wiring ----------------------------------------------------------------
     Rule(
         "AMP301", "optimizer-params-not-in-model", "The optimizer holds tensors that are not the model's parameters",
@@ -479,19 +493,31 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "AMP603", "loss-scale-collapse", "The loss scale keeps falling",
         "The scaler halves the scale on every step with inf gradients. If the infs come from the forward pass "
-        "(an activation above 65504), lowering the scale never helps and the scale heads to 0.",
+        "(an activation above 65504), lowering the scale never helps and the scale heads to 0. fairseq's and "
+        "DeepSpeed's own loss scalers stop the run at their minimum scale ('Minimum loss scale reached', 'Current "
+        "loss scale already at minimum'): a lower minimum only postpones that.",
         "# find the module that overflows (AMP601) and upcast it, or train in bf16:\n"
-        "with torch.autocast(device_type, dtype=torch.bfloat16): ...",
+        "with torch.autocast(device_type, dtype=torch.bfloat16): ...\n"
+        "# a loss that explodes (a learning rate too high) overflows at any scale:\n"
+        "# lower the learning rate, warm it up, or clip the gradients\n"
+        "# fairseq: --bf16 instead of --fp16; --fp16-scale-tolerance 0.25 keeps the\n"
+        "#   scale through occasional spikes (it falls once 25% of steps overflow);\n"
+        "#   --min-loss-scale only postpones the stop; after it, fairseq's log names\n"
+        "#   the first module with inf/NaN (\"NaN detected in output of ...\")\n"
+        "# DeepSpeed: \"bf16\": {\"enabled\": true} instead of \"fp16\"; its\n"
+        "#   \"fp16\": {\"min_loss_scale\": ...} only postpones the stop",
         ERROR, "watch",
-        (r"Current loss scale already at minimum", r"loss scale[^\n]{0,200}(minimum|collapsed)"),
+        (r"Current loss scale already at minimum", r"Minimum loss scale reached",
+         r"loss scale[^\n]{0,200}(minimum|collapsed)"),
         (25, 26, 27),
     ),
     Rule(
-        "AMP604", "skipped-steps", "The GradScaler skipped optimizer steps",
+        "AMP604", "skipped-steps", "The loss scaler skipped optimizer steps",
         "A skipped step is a batch of data that taught the model nothing; a run of them means the model is not "
         "training.",
         "# occasional skips at the start are normal; consecutive skips: see AMP601/AMP603",
-        WARNING, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step"), (23, 26, 27),
+        WARNING, "watch", (r"OVERFLOW![^\n]{0,200}Skipping step", r"Gradient overflow\. +Skipping step",
+                            r"gradient overflow detected, ignoring gradient"), (23, 26, 27),
         escalates=((INFO, "only the first steps were skipped, while the scale calibrated"),),
     ),
     Rule(

@@ -29,6 +29,7 @@ class ProcessFacts:
         self._restored_optimizers: weakref.WeakSet = weakref.WeakSet()
         self._restored_scalers: weakref.WeakSet = weakref.WeakSet()
         self._requested_enabled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._precision_fallbacks: list[tuple[str, str, str]] = []
 
     def record_scaler_built(self, scaler: Any, requested_enabled: bool) -> None:
         """Record the ``enabled`` argument a GradScaler was constructed with."""
@@ -37,6 +38,15 @@ class ProcessFacts:
     def scaler_requested_enabled(self, scaler: Any) -> bool | None:
         """Return the ``enabled`` argument ``scaler`` was built with, None when its construction was not seen."""
         return self._requested_enabled.get(scaler)
+
+    def record_precision_fallback(self, framework: str, asked: str, got: str) -> None:
+        """Record that ``framework`` (``Fabric``, ``Trainer``) was asked for precision ``asked`` and set up ``got``."""
+        if (framework, asked, got) not in self._precision_fallbacks:
+            self._precision_fallbacks.append((framework, asked, got))
+
+    def precision_fallbacks(self) -> list[tuple[str, str, str]]:
+        """Return each framework object's precision that differs from the one asked: (framework, asked, got)."""
+        return list(self._precision_fallbacks)
 
     def record_optimizer_restored(self, optimizer: Any) -> None:
         """Record that ``optimizer.load_state_dict`` ran."""

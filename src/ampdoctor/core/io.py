@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+from ampdoctor.core.strict_json import json_text
+
 __all__ = ["write_atomic", "write_json_atomic", "read_json"]
 
 
@@ -36,8 +38,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` whole (see `write_atomic`); values JSON cannot hold are written as text."""
-    write_atomic(path, json.dumps(data, default=str))
+    """Write ``data`` as strict JSON to ``path`` whole (see `write_atomic`; ``core.strict_json.json_text``: inf and
+    NaN as ``"inf"``, ``"-inf"``, ``"nan"``, values JSON cannot hold as plain values or text)."""
+    write_atomic(path, json_text(data))
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -8,6 +8,8 @@ the very same object.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import sys
 import warnings
 from typing import Any, Callable
@@ -62,11 +64,13 @@ def observe(
     after: Callable[..., Any] | None = None,
     on_error: Callable[[BaseException], None] | None = None,
     finally_: Callable[[], Any] | None = None,
+    raised: Callable[..., Any] | None = None,
 ) -> PatchHandle:
     """Wrap ``owner.name`` so that ``before(*args, **kwargs)`` and ``after(result, *args, **kwargs)`` see each call.
 
-    ``finally_()`` runs after every call, also one that raised. Observer exceptions are passed to ``on_error`` and
-    never reach the caller; the original's exceptions propagate unchanged.
+    ``raised(exc, *args, **kwargs)`` sees a call that raised ``exc`` (a library that says "skip this step" by raising,
+    as fairseq's loss scaler does), then ``finally_()`` runs after every call, also one that raised. Observer
+    exceptions are passed to ``on_error`` and never reach the caller; the original's exceptions propagate unchanged.
     """
     original = getattr(owner, name)
     previous = owner.__dict__.get(name, _MISSING)
@@ -82,6 +86,10 @@ def observe(
         warnings.showwarning = functools.partial(_relocated, shown, caller)
         try:
             result = original(*args, **kwargs)
+        except BaseException as exc:
+            if raised is not None:
+                call_safely(raised, exc, *args, on_error=on_error, **kwargs)
+            raise
         finally:
             if isinstance(warnings.showwarning, functools.partial) and warnings.showwarning.func is _relocated:
                 warnings.showwarning = shown
@@ -94,6 +102,56 @@ def observe(
     wrapper.__ampdoctor_observer__ = True  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
     return PatchHandle(owner, name, previous, wrapper)
+
+
+class ImportHandle(importlib.abc.MetaPathFinder):
+    """Call ``then()`` right after the module ``name`` is imported (at once if it already is), and keep what it
+    returns (handles with ``remove()``) to remove with this handle: observers of a class from an optional package,
+    installed only if the script imports it.
+
+    >>> import types
+    >>> done = []
+    >>> h = ImportHandle("ampdoctor", lambda: done.append(1) or [])   # imported already: at once
+    >>> done
+    [1]
+    >>> h.remove()
+    """
+
+    def __init__(self, name: str, then: Callable[[], list[Any]],
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.name, self.then, self.on_error, self.fired = name, then, on_error, False
+        self.handles: list[Any] = []
+        if name in sys.modules:
+            self._fire()
+        else:
+            sys.meta_path.insert(0, self)
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.handles += call_safely(self.then, on_error=self.on_error) or []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name or self.fired:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_observe(module: Any) -> None:
+            exec_module(module)
+            self._fire()
+
+        spec.loader.exec_module = exec_then_observe  # type: ignore[method-assign]
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for handle in reversed(self.handles):
+            handle.remove()
+        self.handles = []
 
 
 def _relocated(show: Callable[..., Any], caller: Any, message: Any, category: Any, filename: str, lineno: int,

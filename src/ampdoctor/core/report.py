@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ from ampdoctor.core.catalog import with_fix_command
 from ampdoctor.core.environment import Environment
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.records import REPORT_SCHEMA, Extras, WatchSummary, report_fields, report_to_dict
+from ampdoctor.core.strict_json import json_text
 from ampdoctor.core.views import Drawn
 from ampdoctor.core.words import counted, word_for
 
@@ -101,6 +101,13 @@ class Report(Drawn):
         return self.observed is not None and not any(self.observed.values())
 
     @property
+    def unwatched(self) -> list[dict[str, Any]]:
+        """Return what trained where ampdoctor could not see it run (``extra["unwatched"]``): per optimizer that
+        stepped, the tensors of models it never saw run a forward pass (`unwatched_sentence` says it)."""
+        entries = self.extra.get("unwatched")
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+    @property
     def missing_ranks(self) -> list[int]:
         """Return the ranks of a distributed run whose report never reached the merge (killed, hung, other node)."""
         ranks = self.extra.get("ranks")
@@ -111,7 +118,7 @@ class Report(Drawn):
     def ok(self) -> bool:
         """True when there is no error or warning finding, no exception, and the run saw what it trained."""
         return (self.exception is None and not self.saw_nothing and not self.missing_ranks and not self.exit_status
-                and not any(f.severity is not Severity.INFO for f in self.findings))
+                and not self.unwatched and not any(f.severity is not Severity.INFO for f in self.findings))
 
     def codes(self) -> list[str]:
         """Return the distinct finding codes, in order of first appearance."""
@@ -131,12 +138,16 @@ class Report(Drawn):
             why = NOTHING_OBSERVED
         elif self.missing_ranks:
             why = missing_ranks_sentence(self.missing_ranks)
+        elif self.unwatched:
+            why = unwatched_sentence(self.unwatched)
         elif self.exit_status and not self.exception:
             why = exit_sentence(self)
         return report_to_dict(self, why)
 
     def to_json(self, **kwargs: Any) -> str:
-        return json.dumps(self.to_dict(), indent=kwargs.pop("indent", 2), default=str, **kwargs)
+        """Return `to_dict` as strict JSON (``core.strict_json.json_text``: inf and NaN as ``"inf"``, ``"nan"``);
+        ``kwargs`` are ``json.dumps``'s layout options, ``indent=2`` unless given."""
+        return json_text(self.to_dict(), indent=kwargs.pop("indent", 2), **kwargs)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
@@ -182,6 +193,34 @@ def missing_ranks_sentence(missing: list[int]) -> str:
     names = ", ".join(map(str, missing))
     return (f"no report from {word_for(len(missing), 'rank')} {names}: not diagnosed (killed, still running, "
             "or on a node whose files rank 0 cannot read)")
+
+
+def unwatched_sentence(entries: list[dict[str, Any]]) -> str:
+    """Return why a run whose optimizers stepped tensors that ampdoctor never saw used in a forward pass is not
+    ``ok``: per optimizer, how many of its tensors, in which models or held by no module, and whether the watch
+    still read their gradients and updates (``followed``).
+
+    >>> text = unwatched_sentence([{"optimizer": "optimizer[0] (AdamW)", "tensors": 1, "trained": 1, "models": [],
+    ...                             "held": 0, "free": 1}])
+    >>> text.startswith("not watched: optimizer[0] (AdamW) stepped 1 of its 1 trainable tensor unseen: 1 that no ")
+    True
+    """
+    parts = []
+    for e in entries:
+        held, free = int(e.get("held") or 0), int(e.get("free") or 0)
+        whose = []
+        if held:
+            models = ", ".join(str(m) for m in e.get("models") or []) or "a model"
+            whose.append(f"{held} in {models}, whose forward pass ampdoctor never saw run (module hooks run when a "
+                         "module is called, not for model.forward(x))")
+        if free:
+            whose.append(f"{free} that no nn.Module holds, used while no model ran a forward pass (the watch follows "
+                         "models: hold the tensors in an nn.Module and call it)")
+        read = ("the watch read their gradients and updates, but no check of a forward pass covers them"
+                if e.get("followed") else "the watch could not follow them; only the pre-flight checks read them")
+        parts.append(f"{e.get('optimizer', 'an optimizer')} stepped {e.get('tensors', held + free)} of its "
+                     f"{counted(int(e.get('trained') or 0), 'trainable tensor')} unseen: {'; '.join(whose)}; {read}")
+    return f"not watched: {'; '.join(parts)}: this is no all-clear"
 
 
 def exit_sentence(report: Report) -> str:
@@ -231,7 +270,7 @@ def verdict(report: Report) -> Verdict | None:
                                        "ampdoctor too; `ampdoctor run` follows Python child processes it starts.")
     if report.exit_status and not report.exception:
         return Verdict("no all-clear", exit_sentence(report))
-    if report.exception or report.missing_ranks:
+    if report.exception or report.missing_ranks or report.unwatched:   # each view says these apart, findings or not
         return None
     earned, fixed = _earned(report), fix_sentence(report)
     return earned if fixed is None else Verdict(earned.kind, f"{fixed}; {earned.text}")

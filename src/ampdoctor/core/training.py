@@ -48,6 +48,8 @@ class TrainingSetup:
         facts: what process-wide observers saw (``ampdoctor.core.facts.ProcessFacts``), under ``ampdoctor run``.
         engines: engine objects that own mixed precision themselves (a DeepSpeed ZeRO optimizer, a Megatron-LM
             ``MixedPrecisionOptimizer``, an apex ``FP16_Optimizer``), when they were handed over explicitly.
+        loss_scaler: a library's own loss scaler (fairseq's ``DynamicLossScaler``, DeepSpeed's, ...), if one is
+            live: without an enabled GradScaler the watch reads its scale and skipped steps.
         names: how the run names things (``core.names.Names``): the run's one, so that every setup of a run names
             its models as the script does; a setup built alone gets its own.
 
@@ -63,6 +65,7 @@ class TrainingSetup:
     accelerator: Any = None
     facts: Any = None
     engines: Any = ()
+    loss_scaler: Any = None
     names: Names = field(default_factory=Names, repr=False, compare=False)
     found_engines: Any = field(default=None, init=False, repr=False, compare=False)   # set by the pre-flight rules
     params: list[ParamInfo] = field(init=False)

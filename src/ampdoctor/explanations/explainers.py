@@ -12,6 +12,7 @@ from types import FrameType
 import torch
 from torch import nn
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.frames import frame_values
 from ampdoctor._torch.scaler import live_scale, optimizer_state
 from ampdoctor.core.catalog import Rule, get_rule
@@ -20,9 +21,10 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.host_reads import to_host
 from ampdoctor.core.names import listing, module_label
 from ampdoctor.core.training import ParamInfo, TrainingSetup, group_by_module
+from ampdoctor.core.words import scale_text
 from ampdoctor.explanations.autocast_scope import autocast_scope
 from ampdoctor.explanations.culprits import fp16_culprits, half_param_findings, no_grad_findings
-from ampdoctor.explanations.fixes import UNKNOWN, nonfinite_grads_fix
+from ampdoctor.explanations.fixes import UNKNOWN, minimum_scale_fix, nonfinite_grads_fix
 from ampdoctor.explanations.reader import _Crash
 
 
@@ -153,6 +155,30 @@ def _frame_tensors(frame: FrameType) -> list[tuple[str, torch.Tensor]]:
     return out[:8]
 
 
+# the texts with which a library's loss scaler stops the run at its minimum scale, by library
+_AT_MINIMUM = {"Minimum loss scale reached": "fairseq", "Current loss scale already at minimum": "DeepSpeed"}
+
+
+def _amp603(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
+    """A library's loss scaler stopped the run at its minimum scale: name it, its scale and minimum where it shows
+    them, what that means, and its library's fix."""
+    text = str(crash.exc)
+    family = next((f for said, f in _AT_MINIMUM.items() if said in text), None)
+    if family is None:
+        return []
+    scaler = crash.loss_scaler
+    shape = loss_scaler_shape(scaler) if scaler is not None else None
+    where = f"{shape.label(scaler)} at {crash.site}" if shape is not None else crash.site
+    lowest, scale = (shape.lowest(scaler), shape.scale(scaler)) if shape is not None else (None, None)
+    said = [scale_text(lowest) if lowest is not None else "",
+            f"the last scale tried: {scale_text(scale)}" if isinstance(scale, float) else ""]
+    numbers = f" ({'; '.join(n for n in said if n)})" if any(said) else ""
+    detail = (f"{family}'s loss scaler stopped the run: its loss scale reached its minimum{numbers}, halved on step "
+              "after step whose gradients were inf/NaN. No smaller scale fixes an overflow in the forward pass or a "
+              "loss that explodes (a learning rate too high)")
+    return [rule.finding(where, detail, step, fix=minimum_scale_fix(family))]
+
+
 def _amp608(rule: Rule, crash: _Crash, setup: TrainingSetup, step: int | None) -> list[Finding]:
     if not crash.clip_params:
         return []
@@ -195,5 +221,6 @@ _EXPLAINERS = {
     "AMP406": _amp406,
     "AMP410": _amp410,
     "AMP501": _amp501,
+    "AMP603": _amp603,
     "AMP608": _amp608,
 }

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["UNKNOWN", "frozen_half_fix", "frozen_weights_fix", "nonfinite_grads_fix", "nonfinite_loss_fix",
-           "nonfinite_weights_fix", "scale_collapse_fix"]
+__all__ = ["UNKNOWN", "frozen_half_fix", "frozen_weights_fix", "minimum_scale_fix", "nonfinite_grads_fix",
+           "nonfinite_loss_fix", "nonfinite_weights_fix", "scale_collapse_fix"]
 
 UNKNOWN = "unknown"   # the autocast dtype of a run whose forward the caller did not see
 
@@ -150,6 +150,34 @@ def scale_collapse_fix(origin: str | None, any_scale: bool = False) -> str | Non
                           "# or find the op and run it in fp32; AMP602 names the first module whose",
                           "# output gradient is inf/NaN:",
                           "ampdoctor.watch(model, opt, scaler, activations=True)"])
+    return None
+
+
+def minimum_scale_fix(family: str) -> str | None:
+    """Return the fix for a library's loss scaler that stopped the run at its minimum scale (AMP603 on a crash), in
+    that library's settings: ``"fairseq"`` or ``"DeepSpeed"``; None for another (the rule's own fix).
+
+    >>> minimum_scale_fix("fairseq").splitlines()[0]
+    '# fairseq stops at --min-loss-scale: a lower one only postpones the stop'
+    """
+    if family == "fairseq":
+        return "\n".join([
+            "# fairseq stops at --min-loss-scale: a lower one only postpones the stop",
+            "# a loss that explodes (a learning rate too high) overflows at any scale:",
+            "#   a lower --lr, --warmup-updates, --clip-norm 1.0",
+            "# an op that overflows fp16 in the forward: --bf16 instead of --fp16; the",
+            "#   log after the crash names the first module with inf/NaN (\"NaN detected",
+            "#   in output of ...\"): keep that module in fp32",
+            "# occasional spikes only: --fp16-scale-tolerance 0.25 (the scale falls once",
+            "#   25% of the steps since its last change overflowed)"])
+    if family == "DeepSpeed":
+        return "\n".join([
+            "# DeepSpeed raises at \"fp16\": {\"min_loss_scale\": 1}: a lower one only",
+            "# postpones it",
+            "# a loss that explodes (a learning rate too high) overflows at any scale:",
+            "#   lower the learning rate, warm it up, \"gradient_clipping\": 1.0",
+            "# an op that overflows fp16 in the forward: train in bf16",
+            "{\"bf16\": {\"enabled\": True}}   # in the config, instead of \"fp16\""])
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.frames import clip_parameters, frame_self, frame_values, scaler_frame_tensors
 from ampdoctor.core.callsite import is_user_file
 from ampdoctor.core.training import TrainingSetup
@@ -32,6 +33,7 @@ class _Crash:
     modules: list[tuple[nn.Module, FrameType]] = field(default_factory=list)   # innermost first
     clip_params: list[torch.Tensor] | None = None
     user_frames: list[FrameType] = field(default_factory=list)                 # innermost first
+    loss_scaler: Any = None   # a library's own loss scaler that raised (fairseq's, DeepSpeed's: `_compat.loss_scalers`)
 
     @classmethod
     def of(cls, exc: BaseException) -> "_Crash":
@@ -66,6 +68,8 @@ class _Crash:
                 self.param = param
         elif isinstance(owner, nn.Module):
             self.modules.append((owner, frame))
+        elif self.loss_scaler is None and loss_scaler_shape(owner) is not None:
+            self.loss_scaler = owner
         clipped = clip_parameters(frame)
         if clipped is not None:
             self.clip_params = self.clip_params or clipped

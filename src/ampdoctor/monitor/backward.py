@@ -5,7 +5,8 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
 
 * **the loss**: on a sampled step the value given to backward is copied on the device, divided by the GradScaler's
   scale when it is the tensor ``scaler.scale`` returned, or by the constant (``HAND_SCALE`` or more) a hand-written
-  loss scaler multiplied it by (``loss * 2**lg_loss_scale``, read from the graph node); the step's last
+  loss scaler multiplied it by (``loss * 2**lg_loss_scale``, read from the graph node; any constant equal to the
+  scale of the library's loss scaler the watch follows, which goes below 1: fairseq's); the step's last
   one is the step line's loss.
 * **dropped iterations**: a probe parameter (the first watched one that had a gradient) tells whether a backward
   reached the watched parameters (its ``.grad`` changed). Gradients a backward wrote are dropped when they are
@@ -19,10 +20,12 @@ Lightning, DeepSpeed and the Trainer), pass-through. Per call it does O(1) host 
   checked for all-zero on the device and read at the next sampled step, so no step syncs (a gradient set to None
   before a step proves nothing: engines move it out themselves, ZeRO into its partitions). Gradient accumulation
   leaves the gradient alone and is not counted; the backward calls of a ``step(closure)`` (LBFGS evaluates it
-  several times) are the step's own. Another optimizer's step after a backward used it (a GAN's generator
-  backward also writes the discriminator's gradients, which the next ``netD.zero_grad()`` resets): torch's global
-  optimizer step post-hook says so. The backward calls since the last step, with no step after them yet, are
-  ``unstepped``: the loop ended (or crashed) before a step used them.
+  several times) are the step's own. Under ``ampdoctor.MasterWeights`` the probe's gradient is the fp32 sum the
+  wrapper holds aside between micro-batches (``repairs.master_weights.accumulating_grad``), not the zeroed half
+  placeholder it puts in ``.grad`` for the next backward: the placeholder is not a reset. Another optimizer's step
+  after a backward used it (a GAN's generator backward also writes the discriminator's gradients, which the next
+  ``netD.zero_grad()`` resets): torch's global optimizer step post-hook says so. The backward calls since the last
+  step, with no step after them yet, are ``unstepped``: the loop ended (or crashed) before a step used them.
 
 * **every loss, when asked** (``count_every_loss``): where the run's log leaves inf/NaN losses out (the transformers
   Trainer's ``logging_nan_inf_filter``), every loss given to backward, sampled or not, is checked for inf/NaN on the
@@ -45,6 +48,7 @@ from ampdoctor.core.patch import PatchHandle, observe
 from ampdoctor.core.records import LossSummary, loss_entry
 from ampdoctor.core.records.summary import EveryLoss
 from ampdoctor.monitor.grad_stats import local_tensor
+from ampdoctor.repairs.master_weights import accumulating_grad
 
 __all__ = ["BackwardMonitor", "LOSS_HISTORY", "HAND_SCALE"]
 
@@ -58,16 +62,20 @@ class BackwardMonitor:
     Args:
         params: the watched parameters (the probe is the first of them with a gradient).
         scaler: the run's GradScaler, if any: a loss it scaled is divided by its scale.
+        library_scale: returns the scale of the library's own loss scaler the watch follows (fairseq's, ...), if
+            any: a loss multiplied by a constant equal to it is divided by it.
         on_error: called with an exception raised in an observer (the user's backward still runs).
         owners: the watched optimizer (and its wrappers) and model: their ``zero_grad()`` resets every watched
             gradient. Another's (a layer's, to freeze it) may reset the probe's alone: it is not counted.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], scaler: Any = None,
-                 on_error: Callable[[BaseException], None] | None = None, owners: Sequence[Any] = ()) -> None:
+                 on_error: Callable[[BaseException], None] | None = None, owners: Sequence[Any] = (),
+                 library_scale: Callable[[], Any] | None = None) -> None:
         self._params = [p for p in params if p.requires_grad]
         self._owners = list(owners)
         self._scaler = scaler
+        self._library_scale = library_scale
         self.on_error = on_error
         self.sampling = False
         self.disabled = False   # set after an internal error: the observers stay (removed in order on detach)
@@ -125,6 +133,7 @@ class BackwardMonitor:
             except Exception:
                 pass
         self._params, self._probe, self._scaler, self._scaled, self._owners = [], None, None, None, []
+        self._library_scale = None
 
     # ---- observers: host work, and one device op when a gradient was changed in place -------------------------
     def _after_scale(self, result: Any, *args: Any, **kwargs: Any) -> None:
@@ -158,9 +167,14 @@ class BackwardMonitor:
                     value = value / self._scaled[1].to(value.device)
                 else:   # a hand-written loss scaler: loss * 2**k with k a Python number
                     factor = constant_factor(loss)
-                    if factor is not None and factor >= HAND_SCALE:
+                    if factor is not None and (factor >= HAND_SCALE or factor == self._library()):
                         value, self.hand_scaled = value / factor, True
                 self._value = value.clone()
+
+    def _library(self) -> float | None:
+        """The scale of the library's loss scaler the watch follows, when it is a Python number."""
+        scale = self._library_scale() if self._library_scale is not None else None
+        return scale if isinstance(scale, float) else None
 
     def _count_nonfinite(self, loss: torch.Tensor) -> None:
         with torch.no_grad():
@@ -225,15 +239,19 @@ class BackwardMonitor:
     def _state(self) -> tuple[int, int] | None:
         if self._probe is None:
             self._probe = next((p for p in self._params if p.grad is not None), None)
-        g = None if self._probe is None else self._probe.grad
+        g = self._probe_grad()
         return None if g is None else (id(g), version_counter(g))
+
+    def _probe_grad(self) -> torch.Tensor | None:
+        """Return the probe's gradient as backward accumulates it (a MasterWeights' held fp32 sum: see above)."""
+        return None if self._probe is None else accumulating_grad(self._probe)
 
     def _note_reset(self) -> None:
         """A backward starts: was the gradient the earlier ones wrote reset with no step in between?"""
         mark = self._mark
         if not self._unstepped or mark is None:
             return
-        g = self._probe.grad if self._probe is not None else None
+        g = self._probe_grad()
         if g is not None and (id(g), version_counter(g)) == mark:
             return   # untouched: this backward accumulates into it
         n, self._unstepped, self._mark = self._unstepped, 0, None

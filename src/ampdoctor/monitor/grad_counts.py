@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ampdoctor.core.formats import FORMATS, LOSS_SCALED
+from ampdoctor.monitor.grad_rows import Rows
 
 __all__ = ["Plan", "count_sample", "at_least", "limits", "bins_per_row", "CLASSES", "CHUNK"]
 
@@ -63,16 +64,21 @@ class Plan:
     (built once per group).
 
     The examined entries are concatenated member by member in ``order``: the members examined whole first, then
-    the sampled ones. So the first ``whole`` entries are whole tensors, whose abs-max and L2 come from them (no pass
-    of their own), and ``segment[:whole]`` says whose they are."""
+    the sampled ones (those with a fixed sample, then those examined by rows). So the first ``whole`` entries are
+    whole tensors, whose abs-max and L2 come from them (no pass of their own), and ``segment[:whole]`` says whose
+    they are. The entries of a member examined by rows (``ampdoctor.monitor.grad_rows``) are picked at each call
+    among its touched rows, from its ``by_rows`` draws."""
 
-    index: list[torch.Tensor | None]  # entries examined per member, in the group's order (None: all)
+    index: list[torch.Tensor | None]  # entries examined per member, in the group's order (None: all, or by rows)
     segment: torch.Tensor  # member (row of the group) of each examined entry, in concatenation order
     offset: torch.Tensor  # int32 segment * bins_per_row(): the first histogram bin of that row
     lengths: torch.Tensor  # float64 entries examined per member, in the group's order
     order: tuple[int, ...] = ()  # the members in concatenation order: the whole ones, then the sampled ones
     whole: int = 0  # entries of the whole members: the head of the concatenation
     sampled: torch.Tensor | None = None  # long: the members examined in part, in concatenation order
+    rowed: frozenset[int] = frozenset()  # the members examined by rows
+    by_rows: tuple[tuple[Rows, bool], ...] = ()  # their draws: (rows, whether sparse), the dense ones together
+    rowed_index: torch.Tensor | None = None  # long: the members examined by rows, in the order of by_rows
     hist: torch.Tensor | None = field(default=None, repr=False)  # [rows * bins] int64, zeroed at each count
     ones: torch.Tensor | None = field(default=None, repr=False)  # int64 ones, one per entry of a chunk
 

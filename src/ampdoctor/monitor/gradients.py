@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ampdoctor._torch.distributed import LOCAL, Layout, distributed_world, grad_layout, local_numel
+from ampdoctor._torch.sparse import row_sparse
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.records import (
     Arrival,
@@ -156,8 +157,9 @@ class GradientReader:
             self.unsummarised.setdefault(self.names[i], _PARTIAL if layout == "partial" else
                                          _UNKNOWN.format(placements))
             return None
-        if g.is_sparse:
-            self.unsummarised.setdefault(self.names[i], "sparse gradient: only dense gradients are summarised")
+        if g.layout != torch.strided and not row_sparse(g):
+            self.unsummarised.setdefault(self.names[i], f"sparse gradient ({g.layout}): only dense gradients and "
+                                                        "sparse rows (nn.Embedding(sparse=True)) are summarised")
             return None
         if (self._layouts[i][0] == "sharded" or self._padding[i]) and getattr(g, "placements", None) is None \
                 and g.dim() == 1 and g.numel() > self._stats.numels[i]:

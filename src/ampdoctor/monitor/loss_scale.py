@@ -1,4 +1,4 @@
-"""The GradScaler's loss scale, step by step, and the optimizer steps it skipped.
+"""The loss scale, step by step, and the optimizer steps the loss scaler skipped: a GradScaler's, or a library's own.
 
 ``ScaleMonitor`` observes ``scaler.update`` with a pass-through wrapper (``ampdoctor.core.patch.observe``). Just
 before ``update()`` runs it copies, on the device, the scale used for this step's backward and the sum of the
@@ -7,6 +7,13 @@ buffer. That works the same for fused, foreach and for-loop optimizers: with a f
 scaler still records ``found_inf`` (``_check_inf_per_device``) and the kernel skips the update itself, so patching
 ``optimizer.step`` would see a call that changed nothing. Nothing is read on the host until the owner gathers
 ``pending()`` into its one sync of a sampled step and hands the values back to ``consume()``.
+
+A library's own loss scaler (fairseq's, DeepSpeed's, apex's, Megatron-LM's: ``ampdoctor._compat.loss_scalers``) is
+observed in the one method where it decides whether the iteration's step is skipped (fairseq's ``check_overflow``,
+which raises ``OverflowError`` to skip; DeepSpeed's ``update_scale(overflow)``; ...): the scale read just before
+that call is the one the iteration's backward used, and the call says whether it skipped. Those rows are kept on the
+host (the scale is a Python number; Megatron-LM's one-element tensor is copied on its device) and go through the
+same history and alarms; the findings name the scaler (``DynamicLossScaler (fairseq)``) instead of ``GradScaler``.
 
 Alarms (host side, at each consume):
 
@@ -36,6 +43,7 @@ from typing import Any, Callable
 
 import torch
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.scaler import found_inf_flags, has_state_machine, is_enabled, live_scale
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
@@ -57,7 +65,8 @@ class ScaleMonitor:
     """Record the loss scale and skipped steps of a ``torch.amp.GradScaler``, with no host sync per step.
 
     Args:
-        scaler: an enabled GradScaler (or subclass such as ``ShardedGradScaler``).
+        scaler: an enabled GradScaler (or subclass such as ``ShardedGradScaler``), or a library's own loss scaler
+            (``ampdoctor._compat.loss_scalers``: fairseq's ``DynamicLossScaler``, DeepSpeed's, ...).
         capacity: steps buffered on the device between two ``consume()`` calls; the buffer doubles if needed.
         skip_run, warmup_skip_run, skip_fraction, collapse_factor, falling_factor, window: alarm thresholds, see
             the module docstring.
@@ -73,9 +82,14 @@ class ScaleMonitor:
     def __init__(self, scaler: Any, *, capacity: int = 64, skip_run: int = 3, warmup_skip_run: int = 8,
                  skip_fraction: float = 0.05, collapse_factor: float = 2.0**8, falling_factor: float = 2.0**3,
                  window: int = 32, on_error: Callable[[BaseException], None] | None = None) -> None:
-        if not hasattr(scaler, "update") or not has_state_machine(scaler):
-            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}: {scaler!r:.80}")
+        self._shape = None if has_state_machine(scaler) else loss_scaler_shape(scaler)
+        if self._shape is None and (not hasattr(scaler, "update") or not has_state_machine(scaler)):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler or a library's loss scaler (fairseq's, "
+                            f"DeepSpeed's, apex's, Megatron-LM's), got {type(scaler).__name__}: {scaler!r:.80}")
         self._scaler: Any = scaler
+        self.where = "GradScaler" if self._shape is None else self._shape.label(scaler)   # as the findings name it
+        self._rows: list[tuple[Any, bool]] = []   # a library's scaler: (scale used, skipped) since the last pending()
+        self._used: Any = None                    # ... the scale read just before its decision
         self.skip_run, self.warmup_skip_run = skip_run, warmup_skip_run
         self.skip_fraction, self.collapse_factor = skip_fraction, collapse_factor
         self.falling_factor, self.window = falling_factor, max(int(window), 1)
@@ -112,8 +126,12 @@ class ScaleMonitor:
 
     # ---- attaching ----------------------------------------------------------------------------------------
     def attach(self) -> "ScaleMonitor":
-        """Observe ``scaler.update``; return ``self``. Attaching twice is a no-op."""
-        if self._handle is None:
+        """Observe ``scaler.update`` (a library's scaler: its decision, ``_compat.loss_scalers``); return ``self``.
+        Attaching twice is a no-op."""
+        if self._handle is None and self._shape is not None:
+            self._handle = observe(self._scaler, self._shape.method, before=self._before_decision,
+                                   after=self._after_decision, raised=self._raised_decision, on_error=self._error)
+        elif self._handle is None:
             self._handle = observe(self._scaler, "update", before=self._before_update, after=self._after_update,
                                    on_error=self._error)
         return self
@@ -159,6 +177,25 @@ class ScaleMonitor:
             self._pending += 1
             self._in_update = False
 
+    def _before_decision(self, *args: Any, **kwargs: Any) -> None:
+        """A library's scaler is about to decide: the scale now is the one this iteration's backward used."""
+        self._used = None
+        if not self.disabled and self._scaler is not None:
+            scale = self._shape.scale(self._scaler)
+            self._used = scale.detach().clone() if isinstance(scale, torch.Tensor) else scale   # on its device
+
+    def _after_decision(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        self._decided(args, kwargs, result, None)
+
+    def _raised_decision(self, exc: BaseException, *args: Any, **kwargs: Any) -> None:
+        self._decided(args, kwargs, None, exc)   # fairseq's says "skip" (OverflowError) or "stop" by raising
+
+    def _decided(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                 raised: BaseException | None) -> None:
+        used, self._used = self._used, None
+        if used is not None and not self.disabled:
+            self._rows.append((used, self._shape.skipped(args, kwargs, result, raised)))
+
     def _row_buffer(self, device: torch.device) -> torch.Tensor:
         buffer = self._buffer
         if buffer is None or buffer.device != device:
@@ -183,12 +220,29 @@ class ScaleMonitor:
         out: dict[str, torch.Tensor] = {}
         if self.disabled:
             return out
+        if self._shape is not None:
+            return self._library_pending()
         if self._buffer is not None and self._pending:
             out["steps"] = self._buffer[: self._pending]
             self._pending = 0
         scale = live_scale(self._scaler) if self._scaler is not None else None
         if scale is not None:
             out["scale"] = scale.detach().reshape(1)
+        return out
+
+    def _library_pending(self) -> dict[str, torch.Tensor]:
+        """`pending` of a library's scaler: its rows since the last call and its scale now, as tensors (float64 on
+        the CPU; Megatron-LM's on its device)."""
+        out: dict[str, torch.Tensor] = {}
+        rows, self._rows = self._rows, []
+        if rows:
+            device = next((s.device for s, _ in rows if isinstance(s, torch.Tensor)), torch.device("cpu"))
+            used = torch.stack([torch.as_tensor(s, dtype=torch.float64, device=device).reshape(()) for s, _ in rows])
+            skipped = torch.tensor([float(k) for _, k in rows], dtype=torch.float64, device=device)
+            out["steps"] = torch.stack([used, skipped], dim=1)
+        scale = self._shape.scale(self._scaler) if self._scaler is not None else None
+        if scale is not None:
+            out["scale"] = torch.as_tensor(scale, dtype=torch.float64).detach().reshape(1)
         return out
 
     def consume(self, values: dict[str, list[float]]) -> dict[str, Any]:
@@ -393,9 +447,8 @@ class ScaleMonitor:
         self._reported.add(code)
         self._findings.append(self._finding(code, severity, step, detail))
 
-    @staticmethod
-    def _finding(code: str, severity: Severity, step: int, detail: str) -> Finding:
-        return get_rule(code).finding("GradScaler", detail, step, severity=severity)
+    def _finding(self, code: str, severity: Severity, step: int, detail: str) -> Finding:
+        return get_rule(code).finding(self.where, detail, step, severity=severity)
 
     def findings(self) -> list[Finding]:
         """Return AMP603 and AMP604 findings so far (each at most once): AMP604 with the counts of today, AMP603
@@ -411,7 +464,7 @@ class ScaleMonitor:
         """Return the loss scale's section of a watch summary (``core.records.ScaleSummary``)."""
         return ScaleSummary(self.steps, self.skipped, self.skipped / self.steps if self.steps else 0.0,
                             self.longest_run, self.current_scale, self.peak, self.lowest,
-                            tuple(self.history[-200:]), tuple(self.skipped_steps[-200:]))
+                            tuple(self.history[-200:]), tuple(self.skipped_steps[-200:]), self.where)
 
     def summary(self) -> dict[str, Any]:
         """Return a JSON-ready summary of the scale and the skipped steps (`section`, as data)."""

@@ -21,6 +21,7 @@ from ampdoctor._torch.dispatch import TorchDispatchMode, op_schema, op_writes_in
 from ampdoctor.core.dtypes import dtype_name
 from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.names import module_label
+from ampdoctor.core.strict_json import json_float
 
 __all__ = ["NonfiniteOp", "NonfiniteOpTracer", "first_nonfinite_op"]
 
@@ -114,13 +115,6 @@ def first_nonfinite_op(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Non
     with NonfiniteOpTracer(fn if isinstance(fn, nn.Module) else None) as tracer:
         fn(*args, **kwargs)
     return tracer.found
-
-
-def json_float(value: float | None) -> float | str | None:
-    """Return ``value`` as JSON can hold it: inf and NaN become ``"inf"``, ``"-inf"``, ``"nan"``."""
-    if value is None or math.isfinite(value):
-        return value
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 class NonfiniteOpTracer(TorchDispatchMode):

@@ -42,6 +42,8 @@ class WatchContext:
         optimizer: the torch optimizer that applies the updates; chain: the optimizer as given, the ones it wraps,
             ..., ``optimizer`` (``core.training.optimizer_chain``).
         scaler: the enabled GradScaler the watch follows, or None.
+        loss_scaler: without one, a library's own loss scaler the watch follows (fairseq's ``DynamicLossScaler``,
+            DeepSpeed's, ...: ``ampdoctor._compat.loss_scalers``), or None.
         params: the watched tensors (the optimizer's), with their ``names``, ``modules`` and ``dtypes`` as the
             findings name them; owners: per tensor, the index in ``models`` of the model that holds it (None: none).
         prefix: what the names of ``model``'s modules start with in a run of several models.
@@ -87,6 +89,7 @@ class WatchContext:
     ran: set[int] = field(default_factory=set)
     off: set[str] = field(default_factory=set)
     left_out: dict[str, str] = field(default_factory=dict)
+    loss_scaler: Any = None
 
 
 @dataclass
@@ -101,7 +104,7 @@ class Reading:
 
     @property
     def skipped(self) -> bool:
-        """Whether the GradScaler skipped this step, as the loss scale's entry says (False without one)."""
+        """Whether the loss scaler skipped this step, as the loss scale's entry says (False without one)."""
         scale = self.entries.get("scale")
         return isinstance(scale, dict) and self.step in scale.get("skipped", ())
 

@@ -32,7 +32,8 @@ from ampdoctor._torch.dispatch import TorchDispatchMode, tree_leaves
 from ampdoctor._torch.distributed import distributed_world, process_rank, runs_collectives
 from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.names import module_label
-from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer, json_float
+from ampdoctor.core.strict_json import json_float
+from ampdoctor.monitor.op_replay import NonfiniteOp, NonfiniteOpTracer
 
 __all__ = ["Replay", "Frame", "rerun", "explain", "render_frames", "replay_blocked"]
 

@@ -16,6 +16,13 @@ post-hook:
   step of a warmup from 0) was meant not to move: its entries are not counted.
 * **moved**: of the entries with a non-zero gradient in groups with lr > 0 (any dtype), those that changed: a step
   that moved none of them changed no weight (``monitor.verdicts``).
+* **lost after the step**, for a parameter with an fp32 master (``ampdoctor.MasterWeights``, which ``--fix`` adds):
+  the step works on the fp32 master and loses nothing itself, but the master can still lose the update before the
+  next step, if something resets it to its rounded half copy (a write into the half copy that a master took over
+  whole: open_clip's ``logit_scale.clamp_`` after each step once froze its bf16 temperature that way). When the
+  next step is sampled too, its pre-hook compares: an entry the step moved that is back at its old value, which is
+  also the half copy's rounding of what the step made, was lost (AMP607). A write that changed the half copy (a
+  ``clamp_`` holding a weight at its bound) is the user's, and not counted.
 
 When a fused optimizer skips the step inside its kernel (``optimizer.found_inf`` set by the GradScaler) the counts
 are multiplied by 0 on the device; a for-loop or foreach optimizer is not called at all on a skipped step. At the
@@ -50,6 +57,7 @@ from ampdoctor.core.findings import Finding
 from ampdoctor.core.records import LostSummary, UpdatesSummary, lost_updates_entry, updates_entry
 from ampdoctor.core.words import counted
 from ampdoctor.monitor.grad_stats import local_tensor
+from ampdoctor.repairs.master_weights import compute_dtype
 
 __all__ = ["UpdateMonitor", "LOST_FRACTION"]
 
@@ -79,14 +87,16 @@ class UpdateMonitor:
         picked = [(n, p) for n, p in named_params if p.requires_grad and local_numel(p)]
         self.names = [n for n, _ in picked]
         self._params: list[torch.Tensor] = [p for _, p in picked]
-        self.dtypes = [dtype_name(p) for _, p in picked]
+        # a parameter with an fp32 master (MasterWeights) by its half copy's dtype: fp32 between backward and step
+        computes = [compute_dtype(p) or p.dtype for _, p in picked]
+        self.dtypes = [dtype_name(d) for d in computes]
         # per parameter: (first entry, stride, blocks, width) of its flattened local tensor. Lost updates are counted
         # for fp16/bf16 weights, from ``sample`` entries; of a wider one only whether a step moved it and whether it
         # stayed finite, which MOVED_SAMPLE entries show as well (54 fp32 tensors of the bench model: 1.8 of its
         # 2.5 ms a sampled step went to gathering and comparing 99k entries)
         self._picks = [_stride(local_numel(p), p.shape[-1] if p.dim() else 1,
-                               sample if p.dtype in HALF else min(sample, MOVED_SAMPLE), seed * 1_000_003 + k)
-                       for k, (_, p) in enumerate(picked)]
+                               sample if d in HALF else min(sample, MOVED_SAMPLE), seed * 1_000_003 + k)
+                       for k, ((_, p), d) in enumerate(zip(picked, computes))]
         self._views: list[tuple[Any, torch.Tensor] | None] = [None] * len(picked)  # (storage key, entries view)
         self.on_error = on_error
         self.active = False
@@ -97,6 +107,9 @@ class UpdateMonitor:
         self._bins: dict[torch.device, torch.Tensor] = {}  # int32 4 * the parameter (row in its group) of each entry
         self._masks: dict[Any, torch.Tensor] = {}
         self._found_inf: torch.Tensor | None = None
+        # per device group, from the last step's post-hook when the next step's pre-hook is to check what became of
+        # its fp32 masters' updates: (entries before, after, moved, half dtype of each member or None); or None
+        self._after_step: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple] | None] | None = None
         self._counts: torch.Tensor | None = None  # [P, 4]: the _LOST_DENOMINATOR ... _MOVED columns
         self._finite: torch.Tensor | None = None  # [P]: 1 where the sampled entries were finite after the last step
         self._stepped = 0   # optimizer steps counted into _counts
@@ -104,6 +117,7 @@ class UpdateMonitor:
         # host-side totals per parameter
         self.with_grad = [0] * len(picked)
         self.lost = [0] * len(picked)
+        self.masters = [False] * len(picked)   # counted after the step, on the fp32 master (see the module doc)
         self.steps = 0
         self.moved_steps: list[tuple[int, int, int]] = []   # (step, entries expected to move, of those moved)
         self.nonfinite: dict[str, int] = {}   # parameter -> the first sampled step it was inf/NaN after
@@ -133,6 +147,7 @@ class UpdateMonitor:
             except Exception:
                 pass
         self._params, self._views, self._before, self._counts, self._found_inf = [], [], None, None, None
+        self._after_step = None
         self._by_device, self._bins, self._masks = None, {}, {}
         self.active = False
 
@@ -145,7 +160,7 @@ class UpdateMonitor:
         once from now on; :meth:`detach` removes them."""
         self.broken = True
         self.active = False
-        self._before = None
+        self._before = self._after_step = None
         self._counts = self._finite = None
 
     # ---- hooks: device work only ----------------------------------------------------------------------------
@@ -155,22 +170,31 @@ class UpdateMonitor:
     # cost about 14 ops a parameter, 750 on the 54-tensor bench model, every sampled step.
     def _pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.active or self.broken:
+            self._after_step = None   # what became of an update is checked at the very next step only
             return None
         start = time.perf_counter()
         try:
             resting = _resting(optimizer)
             with torch.no_grad():
-                before = []
-                for device, members in self._groups():
+                before, after_step, self._after_step = [], self._after_step, None
+                lost_after_step = []
+                for g, (device, members) in enumerate(self._groups()):
                     views = [self._weights(k) for k in members]  # the post-hook reads the kept ones again
                     values = _joined([view for view, _ in views])
                     grads = _joined([self._sampled_grad(k) for k in members])
                     # only a half-precision weight loses updates to rounding; one that is fp32 now (a MasterWeights
-                    # master between backward and step, an upcast model) keeps them
+                    # master between backward and step, an upcast model) keeps them in the step
                     meant = [id(self._params[k]) not in resting for k in members]
                     lossy = [m and self._params[k].dtype in HALF for k, m in zip(members, meant)]
-                    before.append((views, values, grads != 0, self._flags(device, lossy, meant)))
+                    # ... but a master can lose them after it: the next step's pre-hook looks (_lost_after_step)
+                    halves = tuple(compute_dtype(self._params[k]) if m and self._params[k].dtype not in HALF else None
+                                   for k, m in zip(members, meant))
+                    before.append((views, values, grads != 0, self._flags(device, lossy, meant), halves))
+                    if after_step is not None:   # the last step was sampled, and it had fp32 masters
+                        lost_after_step.append(self._lost_after_step(device, members, after_step[g], values))
                 self._before = before
+                if after_step is not None:
+                    self._add_counts(self._in_order(lost_after_step))
                 found_inf = getattr(optimizer, "found_inf", None)  # set by GradScaler for fused optimizers
                 self._found_inf = found_inf.detach().clone() if isinstance(found_inf, torch.Tensor) else None
         except Exception as exc:
@@ -230,27 +254,80 @@ class UpdateMonitor:
         start = time.perf_counter()
         try:
             with torch.no_grad():
-                counts, finite = [], []
-                for (device, members), (views, values, nonzero, flags) in zip(self._groups(), before):
+                counts, finite, after_step = [], [], []
+                for (device, members), (views, values, nonzero, flags, halves) in zip(self._groups(), before):
                     # an optimizer step changes no storage: a kept view reads the entries after it
                     after = _joined([view if kept else self._weights(k)[0] for k, (view, kept) in zip(members, views)])
                     # per parameter, how many entries have each code (see _codes): [P, 4]
-                    code = _codes(values, after, nonzero).add_(self._bins[device])
+                    code = _codes(values, after, nonzero)
+                    after_step.append(self._keep_for_next_step(device, members, values, after, code, halves))
+                    code.add_(self._bins[device])
                     hist = torch.zeros(len(members) * 4, dtype=torch.int64, device=device).index_add_(
                         0, code, self._ones(device, code.numel())).view(-1, 4).float()
                     moved, same = hist[:, 2], hist[:, 3]
                     expected = moved + same
                     counts.append(torch.stack([expected, same, expected, moved], 1) * flags)
                     finite.append((hist[:, 0] == 0).float())
+                self._after_step = after_step if any(kept is not None for kept in after_step) else None
                 counts_t, finite_t = self._in_order(counts), self._in_order(finite)
                 if self._found_inf is not None:  # the fused kernel skipped this step: nothing was meant to change
                     counts_t = counts_t * (self._found_inf.to(counts_t.device) == 0)
-                self._counts = counts_t if self._counts is None else self._counts + counts_t
+                self._add_counts(counts_t)
                 self._finite = finite_t   # after the last step: "finite now"
                 self._stepped += 1
         except Exception as exc:
             self._fail(exc)
         self.seconds += time.perf_counter() - start
+
+    def _keep_for_next_step(self, device: torch.device, members: list[int], values: torch.Tensor,
+                            after: torch.Tensor, code: torch.Tensor, halves: tuple) -> tuple | None:
+        """Return what the next step's pre-hook needs to see whether this step's updates of fp32 masters stayed:
+        the entries before and after, those of the masters the step moved to a finite value, and the half dtypes;
+        or None without a master among ``members``.
+
+        The entries the step moved, not those with a gradient: a ``step(closure)`` (Lightning's) computes the
+        gradients after the pre-hook, and MasterWeights has used them up (None) by the post-hook."""
+        masters = tuple(d is not None for d in halves)
+        if not any(masters):
+            return None
+        moved = (code >= 1).logical_and_(after != values).logical_and_(self._entry_mask(device, members, masters))
+        return values, after, moved, halves
+
+    def _add_counts(self, counts: torch.Tensor) -> None:
+        self._counts = counts if self._counts is None else self._counts + counts
+
+    def _lost_after_step(self, device: torch.device, members: list[int], kept: tuple | None,
+                         now: torch.Tensor) -> torch.Tensor:
+        """Return the ``[P, 4]`` counts (denominator, lost, 0, 0) of the fp32 masters' entries the last step moved,
+        and of those undone by now: back at their value before that step, which is also what the half copy rounds
+        the step's result to (a master reset from its half copy). A write that changed the half copy (a ``clamp_``
+        holding the weight at its bound) leaves another value there: the user's, not counted."""
+        if kept is None:
+            return torch.zeros(len(members), 4, device=device)
+        before, after, moved, halves = kept
+        rounded = None
+        for dtype in dict.fromkeys(d for d in halves if d is not None):   # one cast for one half dtype
+            cast = after.to(dtype).float()
+            rounded = cast if rounded is None else torch.where(
+                self._entry_mask(device, members, tuple(d == dtype for d in halves)), cast, rounded)
+        undone = (now == before).logical_and_(now == rounded).logical_and_(moved)
+        for k, dtype in zip(members, halves):
+            self.masters[k] = self.masters[k] or dtype is not None
+        code = moved.to(torch.int32).add_(undone.to(torch.int32)).add_(self._bins[device])   # 1 kept, 2 undone
+        hist = torch.zeros(len(members) * 4, dtype=torch.int64, device=device).index_add_(
+            0, code, self._ones(device, code.numel())).view(-1, 4).float()
+        zero = torch.zeros_like(hist[:, 0])
+        return torch.stack([hist[:, 1] + hist[:, 2], hist[:, 2], zero, zero], 1)
+
+    def _entry_mask(self, device: torch.device, members: list[int], flags: tuple[bool, ...]) -> torch.Tensor:
+        """Return a bool mask over a device group's sampled entries: those of the members whose flag is set (made
+        once per set of flags)."""
+        key = (device, "entries", flags)
+        mask = self._masks.get(key)
+        if mask is None:
+            sizes = torch.tensor([self._picks[k][2] * self._picks[k][3] for k in members])
+            mask = self._masks[key] = torch.repeat_interleave(torch.tensor(key[2]), sizes).to(device)
+        return mask
 
     def _ones(self, device: torch.device, n: int) -> torch.Tensor:
         """Return ``n`` int64 ones on ``device`` (what the histogram adds), made once."""
@@ -331,14 +408,21 @@ class UpdateMonitor:
 
     def _check(self, step: int) -> None:
         reported = {f.where for f in self._findings}
-        for name, dtype, moved, lost in zip(self.names, self.dtypes, self.with_grad, self.lost):
+        for k, (name, moved, lost) in enumerate(zip(self.names, self.with_grad, self.lost)):
             # every parameter the lost-updates table shows above LOST_FRACTION is named (the views group them)
             if moved and lost / moved > LOST_FRACTION and name not in reported:
-                self._findings.append(get_rule("AMP607").finding(
-                    name,
-                    f"{lost / moved:.0%} of sampled {dtype} entries with a non-zero gradient did not change in the "
-                    f"optimizer step ({lost} of {moved} over {counted(self.steps, 'sampled step')} with a learning "
-                    f"rate above 0): each update was below half an ulp of its weight", step))
+                self._findings.append(get_rule("AMP607").finding(name, self._lost_detail(k), step))
+
+    def _lost_detail(self, k: int) -> str:
+        moved, lost, dtype = self.with_grad[k], self.lost[k], self.dtypes[k]
+        if self.masters[k]:
+            return (f"{lost / moved:.0%} of the sampled entries of its fp32 master weight that an optimizer step "
+                    f"moved were back at their old value by the next step ({lost} of {moved} over "
+                    f"{counted(self.steps, 'sampled step')} with a learning rate above 0): something reset the master "
+                    f"to its rounded {dtype} copy after the step, and each update below half an ulp was lost")
+        return (f"{lost / moved:.0%} of sampled {dtype} entries with a non-zero gradient did not change in the "
+                f"optimizer step ({lost} of {moved} over {counted(self.steps, 'sampled step')} with a learning "
+                f"rate above 0): each update was below half an ulp of its weight")
 
     def findings(self) -> list[Finding]:
         """Return AMP607 findings: one per parameter whose sampled updates were mostly lost."""

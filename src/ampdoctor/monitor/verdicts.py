@@ -65,7 +65,7 @@ def _all_skipped(s: WatchSummary) -> Iterator[Finding]:
         # the lowest scale a step's backward ran with (the scale after the last step was never tried)
         lowest = min((v for _, v in scale.history), default=None)
         yield get_rule("AMP612").finding(
-            "GradScaler", f"every one of the {n} optimizer steps was skipped (inf/NaN gradients at every loss scale "
+            scale.scaler, f"every one of the {n} optimizer steps was skipped (inf/NaN gradients at every loss scale "
             f"tried, down to {scale_text(lowest)}): no weight was updated" if lowest is not None else
             f"every one of the {n} optimizer steps was skipped: no weight was updated", n - 1,
             severity=Severity.ERROR)
@@ -242,7 +242,7 @@ def verified(summary: WatchSummary) -> Verified:
     measured: list[str] = []
     missing: list[str] = []
     if scale is not None and scale.steps:   # its own count: steps it took no part in (a direct step) are not its
-        measured.append(f"{scale.steps - scale.skipped} updated, {scale.skipped} skipped by the GradScaler")
+        measured.append(f"{scale.steps - scale.skipped} updated, {scale.skipped} skipped by the {scale.scaler}")
     if loss is not None and loss.dropped:
         measured.append(f"{loss.dropped} of {loss.backwards} backward calls skipped with no optimizer step")
     sampled = updates.sampled_steps if updates is not None else 0
@@ -278,7 +278,8 @@ def watch_findings(summary: WatchSummary, found: Sequence[Finding], invariants: 
     thing gives way. Every step skipped is said once, as the error it is (AMP612 hides AMP604); an AMP601 that shows
     where the inf/NaN loss starts says it once (it folds in AMP613: `loss_explained`)."""
     out = list(found)
-    if any(f.code == "AMP612" and f.where == "GradScaler" for f in invariants):
+    scaler = summary.scale.scaler if summary.scale is not None else None
+    if any(f.code == "AMP612" and f.where == scaler for f in invariants):
         out = [f for f in out if f.code != "AMP604"]
     first = [f for f in out if f.code == "AMP601"]
     if first and loss_explained(summary, first):

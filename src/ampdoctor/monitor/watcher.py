@@ -5,7 +5,9 @@ for everything it measures:
 
 * **The step clock.** A step ends when ``scaler.update()`` returns (without a scaler: ``optimizer.step()``, or a
   DeepSpeed optimizer's ``step()``, which steps it once per group; with one, also a direct ``optimizer.step()`` it
-  took no part in before its first ``update()``: AMP412's loop, or a scaler never used, calls none). On a sampled
+  took no part in before its first ``update()``: AMP412's loop, or a scaler never used, calls none). A library's own
+  loss scaler (fairseq's, DeepSpeed's, ...: ``_compat.loss_scalers``) skips a step by not stepping the optimizer:
+  its decision to skip ends that step (unless an engine's ``step()`` ends every step anyway). On a sampled
   step the gradients are final just before ``scaler.step(optimizer)`` (observed, pass-through) with an enabled
   GradScaler, else in an optimizer step pre-hook (or when a ``step(closure)``'s closure returns; also with a
   GradScaler that never scaled a loss): clipped, if the loop clips, and not yet used; the scaler's stage for this
@@ -35,6 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.distributed import fsdp1_layouts, param_layout
 from ampdoctor._torch.scaler import OptState, live_scale, stage
 from ampdoctor.core.dtypes import dtype_name
@@ -109,6 +112,8 @@ class Watch:
         optimizer: the optimizer stepping it, or a wrapper that delegates to one (accelerate's, ``MasterWeights``);
             the statistics cover its parameters.
         scaler: the ``torch.amp.GradScaler``, if any (default: an ``AcceleratedOptimizer``'s). A disabled one is none.
+            A library's own loss scaler given here (fairseq's ``DynamicLossScaler``, DeepSpeed's, apex's,
+            Megatron-LM's: ``ampdoctor._compat.loss_scalers``) is followed as ``loss_scaler``.
         every: look closely at every ``every``-th optimizer step (step 0 first); 1 = every step.
         dense: also look closely at each of the first ``dense`` steps (see ``ampdoctor.monitor.sampling``).
         log_dir: write the JSON-lines flight recorder ``ampdoctor.jsonl`` there (or to this ``.jsonl`` file).
@@ -122,12 +127,15 @@ class Watch:
         frozen: returns the models that ran a forward with nothing to train (a teacher, a VAE; ``ampdoctor run``'s):
             the look at the forward covers them and ``others`` (``ActivationMonitor``'s ``others``).
         names: how the run names what the script holds (``core.names.Names``; a watch alone has its own).
+        loss_scaler: a library's own loss scaler (``ampdoctor run`` finds it among the live objects): without an
+            enabled GradScaler, its scale and skipped steps are the loss scale's part's, and a skip ends the step.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
                  fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = (),
-                 frozen: Callable[[], Sequence[nn.Module]] | None = None, names: Names | None = None) -> None:
+                 frozen: Callable[[], Sequence[nn.Module]] | None = None, names: Names | None = None,
+                 loss_scaler: Any = None) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
         check_every(every)
@@ -138,7 +146,10 @@ class Watch:
         self._model: nn.Module | None = model
         self._optimizer: torch.optim.Optimizer | None = optimizer
         self._chain: list[Any] = chain  # the optimizer as given, the ones it wraps, ..., self._optimizer
+        if loss_scaler is None and loss_scaler_shape(scaler) is not None:
+            scaler, loss_scaler = None, scaler   # a library's own loss scaler, given as the scaler
         self._scaler = scaler_of(chain, scaler)  # None: an AcceleratedOptimizer's, if it holds one
+        self._loss_scaler = loss_scaler if self._scaler is None and loss_scaler_shape(loss_scaler) is not None else None
         self.steps = 0  # completed optimizer steps (scaler.update() calls with a scaler, and direct steps)
         self.sampled_steps = 0
         self.reads = HostReads("watch")  # every host read of the watch and its parts: host_syncs (core.host_reads)
@@ -187,7 +198,7 @@ class Watch:
             modules=modules, dtypes=dtypes, prefix=prefix, every=self.every, stats=self.stats, sample=self.sample,
             dense=dense, activations=activations, reads=self.reads, fail=self._fail, steps=lambda: self.steps,
             run_names=names, models=models, owners=param_owners(models, params), others=list(others), frozen=frozen,
-            layouts=[param_layout(p, layouts) for p in params], padding=copies.padding,
+            layouts=[param_layout(p, layouts) for p in params], padding=copies.padding, loss_scaler=self._loss_scaler,
             left_out={} if params else {type(optimizer).__name__: copies.why_empty()}), copies.stepper
 
     @property
@@ -219,6 +230,8 @@ class Watch:
             ended = self._step_done if scaler is None else self._after_direct_step
             self._handles.append(opt.register_step_post_hook(ended) if self._stepper is None else
                                  observe(self._stepper, "step", after=ended, on_error=lambda e: self._fail("watch", e)))
+            if scaler is None and self._loss_scaler is not None and self._stepper is None:
+                self._handles.append(self._end_skipped_steps(self._loss_scaler))
             self._note_forwards()
             if self.log_dir is not None:  # an unwritable log_dir must not stop the training: AMP001 says so
                 self._guard("recorder", self._open_recorder)
@@ -280,7 +293,7 @@ class Watch:
             call_safely(part.detach, on_error=functools.partial(self._fail, part.name))
         if self._recorder is not None:
             self._guard("recorder", self._close_recorder)
-        self._model = self._optimizer = self._scaler = self._stepper = self._ctx = None
+        self._model = self._optimizer = self._scaler = self._loss_scaler = self._stepper = self._ctx = None
         self._chain = []
         self.attached = False
 
@@ -304,6 +317,22 @@ class Watch:
             return
         scaler = self._scaler  # its stage is kept for the object it is given, wrapper or not
         self._read_point(live_scale(scaler), scaled=stage(scaler, optimizer) is OptState.READY)
+
+    def _end_skipped_steps(self, loss_scaler: Any) -> Any:
+        """Observe the decision of a library's loss scaler: a skip ends the step, since the optimizer does not step
+        (after the loss scale's part, whose observer this one wraps, recorded it). Return the handle."""
+        shape = loss_scaler_shape(loss_scaler)
+
+        def returned(result: Any, *args: Any, **kwargs: Any) -> None:
+            if shape.skipped(args, kwargs, result, None):
+                self._step_done()
+
+        def raised(exc: BaseException, *args: Any, **kwargs: Any) -> None:
+            if shape.skipped(args, kwargs, None, exc):   # fairseq's OverflowError, or the FloatingPointError that
+                self._step_done()                        # stops the run at its minimum scale
+
+        return observe(loss_scaler, shape.method, after=returned, raised=raised,
+                       on_error=lambda e: self._fail("watch", e))
 
     def _discarded_now(self) -> bool:
         """The step starts: tell the parts; whether the gradients of its backward calls were reset before it

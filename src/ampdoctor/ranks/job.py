@@ -108,7 +108,7 @@ def _show(report: Report, own: Report, end: JobEnd, exchange: RankExchange | Non
     mine_first = not report.exception or report.exception.get("rank") in (None, str(own_rank))
     # the traceback printed above ends with this process's own exception; another rank's is shown with its rank
     exception = not mine_first or end.traceback == "follows"
-    if left or end.exit_code or report.exception or report.saw_nothing or report.missing_ranks:
+    if left or end.exit_code or report.exception or report.saw_nothing or report.missing_ranks or report.unwatched:
         say(ReportView(exchange.shown(report) if exchange else report, exception=exception, watch=False))
     elif report.changes:
         say(_repaired_line(report, end))

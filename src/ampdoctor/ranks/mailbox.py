@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from ampdoctor.core.io import read_json, write_json_atomic
+from ampdoctor.core.strict_json import json_text
 
 __all__ = ["Mailbox", "StoreMailbox", "FolderMailbox", "private_folder", "agent_store_address", "alive"]
 
@@ -70,7 +71,7 @@ class StoreMailbox:
 
     def put(self, name: str, data: dict[str, Any]) -> None:
         try:
-            self._store.set(name, json.dumps(data, default=str))
+            self._store.set(name, json_text(data))
         except Exception as exc:
             raise OSError(f"cannot write {name!r} to {self.where}: {exc}") from None
 

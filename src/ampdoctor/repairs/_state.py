@@ -6,6 +6,7 @@ Both repairs (`upcast` and `master_weights`) build on this module and never on e
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -16,7 +17,8 @@ from ampdoctor._torch.distributed import is_flat_param
 from ampdoctor._torch.engines import ddp_wrappers
 from ampdoctor.core.dtypes import HALF
 
-# Parameters with an attached MasterWeights. Keyed by identity: a WeakSet would compare tensors with ==.
+# Parameters with an attached MasterWeights, each to a weak reference to it (a strong one would keep the wrapper, and
+# through it the parameter, alive for good). Keyed by identity: a WeakSet would compare tensors with ==.
 _MANAGED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
@@ -50,12 +52,18 @@ def is_managed(param: torch.Tensor) -> bool:
     return param in _MANAGED
 
 
-def set_managed(param: torch.Tensor, managed: bool) -> None:
-    """Record that a ``MasterWeights`` now manages ``param`` (or no longer does)."""
-    if managed:
-        _MANAGED[param] = True
+def set_managed(param: torch.Tensor, owner: Any | None) -> None:
+    """Record that the ``MasterWeights`` ``owner`` now manages ``param`` (None: that none does any more)."""
+    if owner is not None:
+        _MANAGED[param] = weakref.ref(owner)
     else:
         _MANAGED.pop(param, None)
+
+
+def manager_of(param: torch.Tensor) -> Any | None:
+    """Return the attached ``MasterWeights`` that manages ``param``, or None."""
+    owner = _MANAGED.get(param)
+    return None if owner is None else owner()
 
 
 def upcast_refusal(name: str, param: torch.Tensor) -> Exception | None:

@@ -11,6 +11,11 @@ parameter swaps its ``.data`` between two tensors.
 
 An fp16 update ``w + lr*g`` rounds back to ``w`` when ``|lr*g|`` is below half a unit in the last place of ``w``
 (``|w|·2**-12`` for fp16, ``|w|·2**-9`` for bf16: ``core.formats.lost_below``); the fp32 master keeps those small steps.
+
+A write into the half copy between steps (open_clip's ``logit_scale.clamp_(0, math.log(100))`` after every step, a
+``load_state_dict``, an EMA swap) reaches the master entry by entry: an entry the write changed takes the written
+value, one it left as it was keeps its master. Reloading every master from the half copy instead loses the step
+each time: open_clip's bf16 temperature stayed at 14.25 for good.
 """
 
 from __future__ import annotations
@@ -32,13 +37,14 @@ from ampdoctor.core.training import optimizer_tensors
 from ampdoctor.repairs._state import (
     check_master_state_dict,
     is_managed,
+    manager_of,
     master_refusal,
     migrate_state_,
     owner_refusal,
     set_managed,
 )
 
-__all__ = ["MasterWeights", "is_managed"]  # is_managed is re-exported from repairs._state
+__all__ = ["MasterWeights", "is_managed", "compute_dtype", "accumulating_grad"]  # is_managed: from repairs._state
 
 _AMP_ATTRS = ("grad_scale", "found_inf")  # set on the optimizer by GradScaler.step for fused optimizers
 
@@ -56,8 +62,10 @@ class MasterWeights(torch.optim.Optimizer):
     * After a successful ``step()`` the gradients have been used up: ``p.grad`` is None, as after
       ``zero_grad()``. Keep a reading of them (a norm, a histogram) from before the step.
     * Between ``backward()`` and ``step()`` the parameters are fp32 (the masters); outside that window they are
-      half. Write weights through the parameter (``model.load_state_dict``, ``p.copy_`` under ``no_grad``);
-      writes through ``p.data`` in the half phase are not seen by the master.
+      half. Write weights through the parameter (``model.load_state_dict``, ``p.copy_`` or ``clamp_`` under
+      ``no_grad``): each entry the write changes reaches its master exactly, and one it leaves as it was keeps its
+      master's fp32 value (a ``clamp_`` that moves nothing loses no update). Writes through ``p.data`` in the
+      half phase are not seen by the master.
     * Do not move or recast the model (``.to``, ``.half()``, ``.float()``) while attached; ``detach()`` first.
     * ``create_graph=True`` backward and sparse gradients are not supported.
 
@@ -92,7 +100,7 @@ class MasterWeights(torch.optim.Optimizer):
         self._halves: list[torch.Tensor] = []
         self._masters: list[torch.Tensor] = []
         self._index: list[int] = []  # position in optimizer.state_dict() numbering, the key of the saved master
-        self._ids: set[int] = set()
+        self._position: dict[int, int] = {}  # id(parameter) -> its index in the lists here
         # Compute-phase bookkeeping, per wrapped parameter; see _to_compute and _to_update.
         self._stash: list[torch.Tensor | None] = []
         self._marker: list[torch.Tensor | None] = []
@@ -231,7 +239,7 @@ class MasterWeights(torch.optim.Optimizer):
             handle.remove()
         self._handles.clear()
         for p in self._params:
-            set_managed(p, False)
+            set_managed(p, None)
         self._in_update = False
         self._detached = True
 
@@ -269,13 +277,13 @@ class MasterWeights(torch.optim.Optimizer):
                 self._halves.append(half)
                 self._masters.append(master)
                 self._index.append(index)
-                self._ids.add(id(p))
+                self._position[id(p)] = i
                 self._stash.append(None)
                 self._marker.append(None)
                 self._marker_version.append(0)
                 self._accumulated.append(0)
                 self._param_version.append(version_counter(p))
-                set_managed(p, True)
+                set_managed(p, self)
                 hook = functools.partial(_on_grad_accumulated, weakref.ref(self), i)
                 self._handles.append(p.register_post_accumulate_grad_hook(hook))
 
@@ -306,7 +314,7 @@ class MasterWeights(torch.optim.Optimizer):
         # Only a module that owns a wrapped parameter ends the update phase, so a metric or an EMA model run
         # between backward and step leaves the fp32 gradients in place for unscale_ and clipping.
         for p in own_parameters(module):
-            if id(p) in self._ids:
+            if id(p) in self._position:
                 self._to_compute(keep_grads=True)
                 return
 
@@ -332,11 +340,25 @@ class MasterWeights(torch.optim.Optimizer):
         self._in_update = True
 
     def _follow_half_writes(self) -> None:
-        """Copy into the masters the half copies written since the last switch (half -> fp32 is exact)."""
+        """Carry into the masters what was written into the half copies since the last switch, entry by entry.
+
+        The half copy held round(master) when it was last written here (``_to_compute``). An entry the write changed
+        takes the written value exactly (half -> fp32 is exact): a ``clamp_`` that moved it (also when the master
+        was past the bound: it is clamped too), ``fill_``, a loaded checkpoint. An entry the write left at
+        round(master) keeps its master: a ``clamp_`` that moved nothing, an EMA swap and its swap back. Copying the
+        whole half copy would throw the master's extra bits away at every write, and with them every update below
+        half an ulp (open_clip clamps ``logit_scale`` after each step: its bf16 temperature never moved).
+        """
         # A write into the half copy (model.load_state_dict, an EMA copy-back) bumps the parameter's version counter.
         written = [i for i, p in enumerate(self._params) if version_counter(p) != self._param_version[i]]
-        if written:
-            foreach.copy_([self._masters[i] for i in written], [self._halves[i] for i in written])
+        if not written:
+            return
+        masters, halves = [self._masters[i] for i in written], [self._halves[i] for i in written]
+        ours = [torch.empty_like(half) for half in halves]
+        foreach.copy_(ours, masters)  # what _to_compute wrote: fp32 -> half, round to nearest even
+        for master, half, rounded in zip(masters, halves, ours):
+            # NaN != NaN: a NaN entry takes the half copy's value, which is what it was
+            master.copy_(torch.where(half == rounded, master, half))
 
     def _fp32_grads(self) -> list[torch.Tensor | None]:
         """Return each parameter's fp32 gradient: a held one plus what backward added to its marker, or the half
@@ -345,11 +367,8 @@ class MasterWeights(torch.optim.Optimizer):
         grads: list[torch.Tensor | None] = [None] * len(params)
         add_to, add_from, convert_at, convert_from = [], [], [], []
         for i, p in enumerate(params):
-            grad, stash, marker = p.grad, self._stash[i], self._marker[i]
-            # The marker is the zeroed half gradient placed next to a held fp32 gradient. If it is still
-            # p.grad and was only written by backward (one version bump per accumulation), nobody zeroed it.
-            held = stash is not None and grad is marker
-            if held and version_counter(grad) == self._marker_version[i] + self._accumulated[i]:
+            grad, stash = p.grad, self._stash[i]
+            if self._holds(i, grad):
                 grads[i] = stash
                 if self._accumulated[i]:
                     add_to.append(stash)
@@ -371,6 +390,20 @@ class MasterWeights(torch.optim.Optimizer):
             for i, buffer in zip(convert_at, buffers):
                 grads[i] = buffer
         return grads
+
+    def _holds(self, i: int, grad: torch.Tensor | None) -> bool:
+        """Return whether the fp32 gradient held aside for parameter ``i`` still counts, ``grad`` being its
+        ``.grad``: the marker placed next to it is still there, and only backward wrote it."""
+        # The marker is the zeroed half gradient placed next to a held fp32 gradient. If it is still
+        # p.grad and was only written by backward (one version bump per accumulation), nobody zeroed it.
+        return (self._stash[i] is not None and grad is not None and grad is self._marker[i]
+                and version_counter(grad) == self._marker_version[i] + self._accumulated[i])
+
+    def _accumulating_grad(self, p: torch.Tensor) -> torch.Tensor | None:
+        i = self._position.get(id(p))
+        if i is None or self._in_update or not self._holds(i, p.grad):
+            return p.grad
+        return self._stash[i]
 
     def _to_compute(self, keep_grads: bool) -> None:
         """Switch to half: refresh the half copies from the masters; hold the fp32 gradients aside if kept."""
@@ -400,6 +433,45 @@ class MasterWeights(torch.optim.Optimizer):
                     self._marker[i] = marker
                     self._marker_version[i] = version_counter(marker)
         self._in_update = False
+
+
+def compute_dtype(param: torch.Tensor) -> torch.dtype | None:
+    """Return the dtype forward and backward see ``param`` in when a ``MasterWeights`` keeps its fp32 master (its
+    half copy's), else None.
+
+    >>> model = torch.nn.Linear(2, 1).to(torch.bfloat16)
+    >>> opt = MasterWeights(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> compute_dtype(model.weight), compute_dtype(torch.zeros(1))
+    (torch.bfloat16, None)
+    >>> opt.detach(); compute_dtype(model.weight) is None
+    True
+    """
+    wrapper = manager_of(param)
+    if not isinstance(wrapper, MasterWeights):
+        return None
+    i = wrapper._position.get(id(param))
+    return None if i is None else wrapper._halves[i].dtype
+
+
+def accumulating_grad(param: torch.Tensor) -> torch.Tensor | None:
+    """Return the gradient the next backward adds ``param``'s gradient to: ``param.grad``, except under a
+    ``MasterWeights`` that holds the fp32 sum of the earlier micro-batches aside.
+
+    Between micro-batches (from the next forward on) the wrapper keeps that sum aside and puts a zeroed half
+    placeholder in ``param.grad``; backward adds to the placeholder, and the sum is what the micro-batches
+    accumulated so far. Once a ``zero_grad()`` removed or zeroed the placeholder, it is ``param.grad`` again.
+
+    >>> model = torch.nn.Linear(2, 1).to(torch.bfloat16)
+    >>> opt = MasterWeights(torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> model(torch.ones(1, 2, dtype=torch.bfloat16)).float().sum().backward()
+    >>> summed = model.weight.grad
+    >>> _ = model(torch.ones(1, 2, dtype=torch.bfloat16))   # the next micro-batch's forward
+    >>> model.weight.grad.dtype, accumulating_grad(model.weight) is summed
+    (torch.bfloat16, True)
+    >>> opt.detach()
+    """
+    wrapper = manager_of(param)
+    return wrapper._accumulating_grad(param) if isinstance(wrapper, MasterWeights) else param.grad
 
 
 def _on_grad_accumulated(master_weights: weakref.ref[MasterWeights], i: int, param: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""Find what a process trains: its real optimizers, the models they train, its GradScalers.
+"""Find what a process trains: its real optimizers, the models they train, its GradScalers (or a library's own loss
+scaler: fairseq's, DeepSpeed's, ..., recognised by its class name and attributes, ``_compat.loss_scalers``).
 
 torch offers no global hook for the construction of an optimizer or a module, so the live objects are read in one
 garbage-collector scan when the Doctor first needs them (and again for an optimizer it has not seen before: a new
@@ -13,13 +14,14 @@ import gc
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Container, Iterable
+from typing import Any, Container, Iterable, Sequence
 
 import torch
 from torch import nn
 
 from ampdoctor._compat.engines import engine_family
 from ampdoctor._compat.lightning import fabric_module_of, is_fabric_module
+from ampdoctor._compat.loss_scalers import SCALER_NAMES, loss_scaler_shape
 from ampdoctor._torch.modules import delegate_of, is_delegating_wrapper, own_children, own_parameters
 from ampdoctor.core.training import optimizer_chain, optimizer_tensors
 
@@ -31,6 +33,7 @@ class LiveObjects:
     optimizers: list[Any] = field(default_factory=list)   # the real ones: wrappers resolved, each once
     modules: list[nn.Module] = field(default_factory=list)
     scalers: list[Any] = field(default_factory=list)
+    loss_scalers: list[Any] = field(default_factory=list)   # the libraries' own (fairseq's, DeepSpeed's, ...)
 
 
 def scaler_classes() -> tuple[type, ...]:
@@ -42,16 +45,18 @@ def scaler_classes() -> tuple[type, ...]:
     return tuple(classes)
 
 
-def instances(*classes: type) -> list[Any]:
-    """Return the live instances of ``classes`` after a collection (so an earlier run's garbage is not seen)."""
+def instances(*classes: type, names: Container[str] = ()) -> list[Any]:
+    """Return the live instances of ``classes`` after a collection (so an earlier run's garbage is not seen), and
+    the objects whose class has one of ``names`` (a library's class, found without importing the library)."""
     gc.collect()
     with warnings.catch_warnings():  # isinstance() on deprecated proxies (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
-        return [o for o in gc.get_objects() if isinstance(o, classes)]
+        return [o for o in gc.get_objects() if isinstance(o, classes) or type(o).__name__ in names]
 
 
 def scan(leave_out: Container[Any] = ()) -> LiveObjects:
-    """Return the live optimizers (deduplicated through their wrappers), modules and GradScalers.
+    """Return the live optimizers (deduplicated through their wrappers), modules, GradScalers and libraries' own loss
+    scalers.
 
     Args:
         leave_out: real optimizers and GradScalers of an ended stage that something else still holds (IPython keeps
@@ -59,10 +64,11 @@ def scan(leave_out: Container[Any] = ()) -> LiveObjects:
             they are not what the process trains now.
     """
     scalers = scaler_classes()
-    found = instances(torch.optim.Optimizer, nn.Module, *scalers)
+    found = instances(torch.optim.Optimizer, nn.Module, *scalers, names=SCALER_NAMES)
     return LiveObjects(live_optimizers((o for o in found if isinstance(o, torch.optim.Optimizer)), leave_out),
                        [o for o in found if isinstance(o, nn.Module)],
-                       [o for o in found if isinstance(o, scalers) and o not in leave_out])
+                       [o for o in found if isinstance(o, scalers) and o not in leave_out],
+                       [o for o in found if loss_scaler_shape(o) is not None and o not in leave_out])
 
 
 def live_optimizers(optimizers: Iterable[Any], leave_out: Container[Any] = ()) -> list[Any]:
@@ -163,6 +169,33 @@ def trained_models(seen: Iterable[nn.Module], optimizers: Iterable[Any],
             if id(root) not in roots and any(p.requires_grad for p in root.parameters()):
                 roots.setdefault(id(root), root)
     return list(roots.values())
+
+
+def unseen_tensors(optimizer: Any, seen: Sequence[nn.Module],
+                   models: Sequence[nn.Module]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Return the trainable tensors of ``optimizer`` that no model seen running a forward pass holds: those of
+    ``models`` (the outermost owners, `trained_models`) none of whose modules was ``seen``, and those no model holds,
+    when none was seen at all.
+
+    Every tensor an optimizer trains should belong to a model seen running forward: that is what the watch follows.
+    A model counts as seen when any part of it ran (a step that calls ``self.encoder(...)`` and uses the model's own
+    ``logit_scale`` directly); a tensor no module holds, trained beside a model that ran (a learnable temperature,
+    an engine's fp32 copy), is used by that forward pass.
+
+    >>> model, free = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), nn.Parameter(torch.zeros(2))
+    >>> opt = torch.optim.SGD([*model.parameters(), free], lr=0.1)
+    >>> [len(t) for t in unseen_tensors(opt, [], [model])], [len(t) for t in unseen_tensors(opt, [model[0]], [model])]
+    ([4, 1], [0, 0])
+    """
+    ran = {id(p) for m in seen for p in m.parameters()}
+    covered, held = set(ran), set()
+    for model in models:
+        ids = {id(p) for p in model.parameters()}
+        held |= ids
+        if not ran.isdisjoint(ids):
+            covered |= ids
+    unseen = [p for p in optimizer_tensors(optimizer) if p.requires_grad and id(p) not in covered]
+    return [p for p in unseen if id(p) in held], [p for p in unseen if not seen and id(p) not in held]
 
 
 def _parents_and_owners(modules: Iterable[nn.Module]) -> tuple[dict[int, nn.Module], dict[int, nn.Module]]:

@@ -1,7 +1,8 @@
 """Discovery for ``ampdoctor run``: find what a whole process trains through torch's global hooks.
 
-`Doctor` discovers the models (root modules run with grad enabled), optimizers and GradScalers of a process
-without any change to the training code, and hands them to the run's `ampdoctor.session.session.Session` before the
+`Doctor` discovers the models (modules run with grad enabled that are no part of a model running then: called by the
+loop, or inside a loss module or wrapper that does not hold them), optimizers and GradScalers of a process without
+any change to the training code, and hands them to the run's `ampdoctor.session.session.Session` before the
 first update (and again for objects first seen later), which runs the pre-flight rules, the fix, the guard, the
 watch and the crash explanation.
 """
@@ -24,9 +25,10 @@ from ampdoctor.core.callsite import is_user_file
 from ampdoctor.core.dtypes import HALF
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.isolation import call_safely
+from ampdoctor.core.names import script_bindings
 from ampdoctor.core.options import RunOptions
 from ampdoctor.core.patch import observe
-from ampdoctor.core.training import TrainingSetup, owns_any, unwrap_optimizer
+from ampdoctor.core.training import TrainingSetup, optimizer_tensors, owns_any, unwrap_optimizer
 from ampdoctor.monitor.watched import closure_calls_back
 from ampdoctor.ranks.info import RankInfo, from_process_group
 from ampdoctor.runner.discovery import (
@@ -36,6 +38,7 @@ from ampdoctor.runner.discovery import (
     scaler_classes,
     scan,
     trained_models,
+    unseen_tensors,
     unwrap_module,
 )
 from ampdoctor.session.frameworks import autocast_ahead, framework_autocast
@@ -45,6 +48,7 @@ from ampdoctor.session.stages import Stages
 
 _MAX_EARLY_SCANS = 3  # gc scans for optimizers from forward hooks before waiting for the first step
 _MAX_SCANS = 64       # under --fix, scans for the optimizer of a model first seen after the start (folds)
+_MAX_FAMILIES = 256   # models whose modules discovery remembers; more (modules built in a forward): start again
 
 
 class Doctor:
@@ -85,6 +89,16 @@ class Doctor:
         self._depth = self._scans = self._in_scaler_step = 0
         self._handles: list[Any] = []
         self._forward_handles: list[Any] = []
+        # The models whose forward runs now, with the depth it began at and the ids of their modules: a module called
+        # inside one of them is its part, any other is a model (fairseq's criterion(model, sample) calls the model).
+        self._roots: list[tuple[int, frozenset[int]]] = []
+        self._families: dict[int, tuple[Any, frozenset[int]]] = {}   # by id: (weakref to the model, its modules)
+        # Per optimizer that stepped: (weakref to it, what it trains that no model seen running holds, or None,
+        # and how many models were seen when that was read). What is left at the end is the report's `unwatched`.
+        self._unseen: dict[int, tuple[Any, dict[str, Any] | None, int]] = {}
+        # The optimizers that stepped before any model was seen (held until the first look, at most to the end): a
+        # step before any forward pass builds a checkpoint's state; a second one, the loop's, is looked at blind.
+        self._stepped_unseen: list[Any] = []
         self._accelerator_found: Any = None
         self._attached = False
         self._internal: weakref.WeakSet = weakref.WeakSet()  # optimizers inside others' steps (ZeRO's own)
@@ -115,13 +129,8 @@ class Doctor:
         if self._attached:
             return self
         self._attached = True
-        # only ours: torch.compile would warn about them on every script (the filter goes when they go)
-        quiet = [] if any_global_module_hook() else [silence_compile_hook_warning()]
-        m = torch.nn.modules.module
-        self._forward_handles = [
-            m.register_module_forward_pre_hook(self._on_forward_pre),
-            m.register_module_forward_hook(self._on_forward_post, always_call=True), *quiet]
-        self._handles += [*self._forward_handles, register_optimizer_step_pre_hook(self._on_optimizer_step)]
+        self._hook_forwards()
+        self._handles.append(register_optimizer_step_pre_hook(self._on_optimizer_step))
         for cls in scaler_classes():
             if "scale" in vars(cls):
                 self._handles.append(observe(cls, "scale", before=self._on_scale,
@@ -138,10 +147,21 @@ class Doctor:
         return self
 
     def detach(self) -> None:
+        if self.setup is None and self._stepped_unseen and not self.session.broken and not self.session.finished:
+            # stepped, and never a model seen: the pre-flight still reads what the optimizers hold
+            stepped = self._stepped_unseen
+            call_safely(self._start, blind=True, at_end=True, on_error=self.session.internal_error)
+            for optimizer in stepped:
+                call_safely(self._note_unseen, optimizer, on_error=self.session.internal_error)
+        unwatched = [entry for _, entry, _ in self._unseen.values() if entry is not None]
+        if unwatched and not self.session.finished:
+            self.session.report.extra["unwatched"] = unwatched
         self.session.finish()   # the watch, the guard, the repairs and the session's own observers
         for handle in reversed(self._handles):
             handle.remove()
         self._handles = []
+        self._unhook_forwards()
+        self._unseen, self._stepped_unseen = {}, []
         # Keep the report; drop every reference to the user's objects.
         self.models = []
         self._autocast = {}
@@ -156,23 +176,62 @@ class Doctor:
         self.detach()
 
     # ---- discovery -------------------------------------------------------------------------------------------
+    def _hook_forwards(self) -> None:
+        """Register the global forward hooks that find the models (again where a look leaves a tensor unseen)."""
+        if self._forward_handles:
+            return
+        # only ours: torch.compile would warn about them on every script (the filter goes when they go)
+        quiet = [] if any_global_module_hook() else [silence_compile_hook_warning()]
+        m = torch.nn.modules.module
+        self._forward_handles = [
+            m.register_module_forward_pre_hook(self._on_forward_pre),
+            m.register_module_forward_hook(self._on_forward_post, always_call=True), *quiet]
+
+    def _unhook_forwards(self) -> None:
+        """Remove the global forward hooks. (Safe inside a forward hook: torch iterates over a copy of them.)"""
+        for handle in self._forward_handles:
+            handle.remove()
+        self._forward_handles = []
+        self._depth = 0   # this forward's post-hook is gone with them: the count would stay at 1
+        self._roots, self._families = [], {}
+
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         self._depth += 1
-        if self._depth != 1 or self.session.broken:
-            return
+        if self.session.broken or any(id(module) in family for _, family in self._roots):
+            return   # a part of a model whose forward runs now
+        family = call_safely(self._family, module, on_error=self.session.internal_error)
+        if family:
+            self._roots.append((self._depth, family))
         if not torch.is_grad_enabled():   # a frozen teacher, a VAE encoding the batch: its forward is looked at too
             call_safely(self._note_frozen, module, on_error=self.session.internal_error)
             return
         call_safely(self._on_root_forward, module, on_error=self.session.internal_error)  # never reach the forward
 
     def _on_forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._roots and self._roots[-1][0] == self._depth:
+            self._roots.pop()
         self._depth = max(0, self._depth - 1)
+
+    def _family(self, module: nn.Module) -> frozenset[int] | None:
+        """Return the ids of ``module``'s modules (read once per model), or None when it holds no parameter: a loss
+        module, a wrapper that holds the model in a closure; the modules it calls are looked at in turn."""
+        cached = self._families.get(id(module))
+        if cached is not None and cached[0]() is module:
+            return cached[1]
+        if next(module.parameters(), None) is None:
+            return None
+        if len(self._families) >= _MAX_FAMILIES:
+            self._families = {}
+        family = frozenset(id(m) for m in module.modules())
+        self._families[id(module)] = (weakref.ref(module), family)
+        return family
 
     def _on_root_forward(self, module: nn.Module) -> None:
         first = next(module.parameters(), None)
         if first is None:
             return
-        if all(m is not module for m in self.models):
+        new, looked = all(m is not module for m in self.models), self.setup is not None
+        if new:
             if not any(p.requires_grad for p in module.parameters()):
                 self._note_frozen(module)
                 return
@@ -193,6 +252,8 @@ class Doctor:
                 self._start()
         if self.fix and self.setup is not None:
             self.session.reapply(self.setup, module, dtype)
+        elif new and looked:
+            self._follow_unseen()   # a model the last look had not seen run: it may be the last one
 
     def _note_frozen(self, module: nn.Module) -> None:
         if self.stages.note_frozen(module):   # the first time: its name in the user's frames (`vae.encoder`)
@@ -210,7 +271,8 @@ class Doctor:
         self.session.seen["scalers"].add(id(scaler))
         self.stages.trains_again(scaler)   # an ended stage's scaler scales again: it is this stage's
         if self.setup is None and not self.session.broken and self._attached:
-            self._start(scaler)
+            # an optimizer stepped already, and no model was seen running: look at what the optimizers hold
+            self._start(scaler, blind=bool(self._stepped_unseen))
             guard = self.session.guard
             if guard is not None and guard.scaler is scaler:
                 self.session.scale_called(*args, **kwargs)   # the guard attached during this very call
@@ -245,14 +307,24 @@ class Doctor:
         if not self._in_scaler_step:   # counted there
             self.session.optimizer_stepped(real)   # the watch follows what trains now (a resume, a second stage)
         self.session.confirm_wiring(real)   # its first step: the gradients are there now
-        if self.session.broken or (self.setup is not None and real in self.stages.diagnosed):
+        if self.session.broken:
             return None
+        hooked = bool(self._forward_handles)   # since its last step: the forward pass of this one was visible
         if self.setup is None and not self.models:
             # step(closure) before any forward (Lightning, LBFGS): the forward runs in the closure, where the first
             # look attaches the watch after this step's hooks; the watch reads this step when the closure returns.
-            return closure_calls_back(args, kwargs, lambda: self._caught_up(optimizer))
-        # The first step, or an optimizer never diagnosed: a new fold, a resume, a second stage.
-        call_safely(self._start, on_error=self.session.internal_error)
+            wrapped = closure_calls_back(args, kwargs, lambda: self._after_closure(optimizer))
+            if wrapped is not None:
+                return wrapped
+            if self._stepped_before(real):
+                return None
+        if self.setup is None or real not in self.stages.diagnosed:
+            # The first step (with no model seen: its second one, whose gradients came from no forward pass ampdoctor
+            # could see; the pre-flight reads what the optimizers hold), or an optimizer never diagnosed: a new
+            # fold, a resume, a second stage.
+            call_safely(self._start, blind=True, on_error=self.session.internal_error)
+        if hooked and self._forward_handles:   # something the optimizers hold was not seen in a forward pass yet
+            call_safely(self._note_unseen, real, on_error=self.session.internal_error)
         return None
 
     def _on_scaler_step(self, scaler: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -268,10 +340,25 @@ class Doctor:
     def _left_scaler_step(self) -> None:
         self._in_scaler_step = max(0, self._in_scaler_step - 1)
 
-    def _caught_up(self, optimizer: Any) -> None:
+    def _stepped_before(self, optimizer: Any) -> bool:
+        """Note a step of ``optimizer`` before any model was seen; return whether it is its first: a checkpoint's
+        state built before the training (one ``step()`` on set gradients), not yet the loop to look at blind."""
+        if any(o is optimizer for o in self._stepped_unseen):
+            return False
+        self._stepped_unseen.append(optimizer)
+        return True
+
+    def _after_closure(self, optimizer: Any) -> None:
+        """A step's closure returned: start without a model if it ran none ampdoctor could see (from its second
+        step on), then read the step."""
+        if self.setup is None and not self.models and not self.session.broken \
+                and not self._stepped_before(unwrap_optimizer(optimizer)):
+            call_safely(self._start, blind=True, on_error=self.session.internal_error)
         watch = self.session.watch
         if watch is not None:
             call_safely(watch.read_step, optimizer, on_error=self.session.internal_error)
+        if self._forward_handles:
+            call_safely(self._note_unseen, unwrap_optimizer(optimizer), on_error=self.session.internal_error)
 
     # ---- the looks: what the process trains now, handed to the session ---------------------------------------
     def _build_setup(self, scaler: Any = None) -> TrainingSetup:
@@ -283,12 +370,16 @@ class Doctor:
         scaler = next((s for s in scalers if is_enabled(s)), scalers[0] if scalers else None)
         dtypes = [d for d in (self._autocast.get(id(m)) for m in self.models) if d is not None]
         return TrainingSetup(models, live.optimizers, scaler, dtypes[0] if dtypes else None, _accelerator(),
-                             facts=self.session.observers.facts, names=self.session.names)
+                             facts=self.session.observers.facts, names=self.session.names,
+                             loss_scaler=next(iter(live.loss_scalers), None))
 
-    def _start(self, scaler: Any = None) -> None:
-        if not self.models:
+    def _start(self, scaler: Any = None, blind: bool = False, at_end: bool = False) -> None:
+        """Look at what the process trains and hand it to the session; ``blind``: also when no model was seen running
+        a forward pass (the pre-flight reads the optimizers' tensors, --fix repairs nothing, and the report says what
+        was not watched); ``at_end``: the run is over (no watch)."""
+        if not self.models and not blind:
             return
-        first = self.setup is None
+        self._stepped_unseen = []   # looked at now: the optimizers are the setup's
         self._read_rank()
         if self.on_first_look is not None:
             call_safely(self.on_first_look)
@@ -296,13 +387,44 @@ class Doctor:
         setup = self._build_setup(scaler)
         self.stages.handed_over(setup.optimizers, setup.scaler)
         self._internal.update(internal_optimizers(setup.optimizers))
-        self.session.start(setup, self.models, self._autocast)
-        if first and not self.fix:
-            # Discovery is done: stop paying two Python calls per module call. (Safe inside a forward hook:
-            # torch iterates over a copy of the global forward hooks.) --fix keeps them to re-apply after a downcast.
-            for handle in self._forward_handles:
-                handle.remove()
-            self._depth = 0   # this forward's post-hook is gone with them: the count would stay at 1
+        self.session.start(setup, self.models, self._autocast, repair=bool(self.models), watch=not at_end)
+        self._follow_unseen()
+
+    def _follow_unseen(self) -> None:
+        """Keep the global forward hooks while a tensor the optimizers hold belongs to no model seen running a forward
+        pass, so that its model is found when it runs (a model called only inside a loss module, a part called
+        directly, a new stage's model); once every one does, discovery is done: stop paying two Python calls per
+        module call. --fix keeps them to re-apply after a downcast."""
+        setup = self.setup
+        if setup is None:
+            return
+        for ref, entry, _ in list(self._unseen.values()):
+            optimizer = ref()
+            if entry is not None and optimizer is not None:
+                self._note_unseen(optimizer)   # a model seen since: what it trains is watched now
+        if any(held or free for held, free in (unseen_tensors(o, self.models, setup.models)
+                                               for o in setup.optimizers)):
+            self._hook_forwards()
+        elif not self.fix:
+            self._unhook_forwards()
+
+    def _note_unseen(self, optimizer: Any) -> None:
+        """At ``optimizer``'s step (its gradients came from a forward pass that ran before): note what it trains that
+        no model seen running holds, named while the script's frames are there to name its models."""
+        setup, known = self.setup, self._unseen.get(id(optimizer))
+        if setup is None or (known is not None and known[0]() is optimizer and known[2] == len(self.models)):
+            return   # read already, and no model seen since
+        held, free = unseen_tensors(optimizer, self.models, setup.models)
+        entry = None
+        if held or free:
+            ids = {id(p) for p in held}
+            owners = [m for m in setup.models if any(id(p) in ids for p in m.parameters())]
+            watch = self.session.watch
+            entry = {"optimizer": setup.optimizer_label(optimizer), "tensors": len(held) + len(free),
+                     "trained": sum(p.requires_grad for p in optimizer_tensors(optimizer)),
+                     "models": [_script_name(m) for m in owners], "held": len(held), "free": len(free),
+                     "followed": watch is not None and watch.follows(optimizer)}
+        self._unseen[id(optimizer)] = (weakref.ref(optimizer), entry, len(self.models))
 
     def _read_rank(self) -> None:
         if self.rank_info is None:
@@ -352,6 +474,17 @@ def _user_namespaces() -> Iterator[dict[str, Any]]:
         frame = frame.f_back
     for frame in reversed(frames):
         yield dict(frame_values(frame))
+
+
+def _script_name(module: nn.Module) -> str:
+    """Return ``model (Sequential)``: the name the user's frames give ``module``, and its class (the class alone
+    where none does)."""
+    kind = type(module).__name__
+    for namespace in _user_namespaces():
+        name = script_bindings(namespace, unwrap_module).get(id(module))
+        if name is not None:
+            return f"{name} ({kind})"
+    return kind
 
 
 def _accelerator() -> Any:

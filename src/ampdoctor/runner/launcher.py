@@ -119,7 +119,10 @@ def _run(body: Callable[[], Any], argv: list[str], path0: str, shown_path: str, 
             # own reading of the error text the child's failure was re-raised with adds nothing to it.
             from_children = [f for f in doctor.report.findings if f.process is not None or (ranks and f.ranks)]
             codes = {f.code for f in from_children}
-            doctor.report.findings = [f for f in doctor.report.findings if not (f in relayed and f.code in codes)]
+            # by what they say: the report holds them with its own fix command (Report.add), not as found
+            said = {(f.code, f.where, f.detail) for f in relayed}
+            doctor.report.findings = [f for f in doctor.report.findings
+                                      if not ((f.code, f.where, f.detail) in said and f.code in codes)]
             explained = explained or bool(from_children)
     doctor.report.exit_status = exit_code or None
     return RunResult(exit_code, doctor.report, explained)

@@ -17,11 +17,16 @@ import torch
 import torch.nn.utils
 import torch.nn.utils.clip_grad
 
+from ampdoctor._compat.lightning import precision_of
 from ampdoctor.core.facts import ProcessFacts
-from ampdoctor.core.patch import PatchHandle, observe
+from ampdoctor.core.patch import ImportHandle, PatchHandle, observe
 from ampdoctor.guard.clipping import CLIP_FUNCTIONS
 from ampdoctor.session.events import RunEvents
 from ampdoctor.session.frameworks import is_placement_reload
+
+# where Lightning's classes that take a precision live (lightning, and the standalone packages)
+_PRECISION_OWNERS = (("lightning.fabric.fabric", "Fabric"), ("lightning_fabric.fabric", "Fabric"),
+                     ("lightning.pytorch.trainer.trainer", "Trainer"), ("pytorch_lightning.trainer.trainer", "Trainer"))
 
 
 class GlobalObservers:
@@ -51,6 +56,9 @@ class GlobalObservers:
                                                  after=self._after_clip, on_error=err, finally_=self._leave_clip))
         self._handles.append(observe(torch.optim.Optimizer, "load_state_dict", after=self._after_optimizer_load,
                                      on_error=err))
+        for module, name in _PRECISION_OWNERS:   # installed if the script imports Lightning
+            self._handles.append(ImportHandle(module, functools.partial(self._observe_precision, module, name),
+                                              on_error=err))
         for cls in scaler_classes:
             if "load_state_dict" in vars(cls):
                 self._handles.append(observe(cls, "load_state_dict", after=self._after_scaler_load, on_error=err))
@@ -62,7 +70,7 @@ class GlobalObservers:
         """Observe FSDP's ``FullyShardedDataParallel.clip_grad_norm_`` once FSDP is imported; return new handles."""
         fsdp = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
         cls = getattr(fsdp, "FullyShardedDataParallel", None)
-        if cls is None or any(h.owner is cls for h in self._handles):
+        if cls is None or self._observes(cls):
             return []
         handle = observe(cls, "clip_grad_norm_", before=self._before_fsdp_clip, after=self._after_clip,
                          on_error=self.on_error, finally_=self._leave_clip)
@@ -77,12 +85,31 @@ class GlobalObservers:
         inside it still reach the GradScaler guard (they run after the wrapper's own ``unscale_gradients()``)."""
         module = sys.modules.get("accelerate.accelerator")
         cls = getattr(module, "Accelerator", None)
-        if cls is None or not callable(vars(cls).get("clip_grad_norm_")) or any(h.owner is cls for h in self._handles):
+        if cls is None or not callable(vars(cls).get("clip_grad_norm_")) or self._observes(cls):
             return []
         handle = observe(cls, "clip_grad_norm_", before=self._before_wrapper_clip, after=self._after_wrapper_clip,
                          on_error=self.on_error, finally_=self._leave_wrapper_clip)
         self._handles.append(handle)
         return [handle]
+
+    def _observes(self, cls: type) -> bool:
+        return any(isinstance(h, PatchHandle) and h.owner is cls for h in self._handles)
+
+    def _observe_precision(self, module: str, name: str) -> list[PatchHandle]:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is None or "__init__" not in vars(cls):
+            return []
+        return [observe(cls, "__init__", after=functools.partial(self._after_precision_owner_init, name),
+                        on_error=self.on_error)]
+
+    def _after_precision_owner_init(self, name: str, result: Any, owner: Any, *args: Any, **kwargs: Any) -> None:
+        # Fabric(precision=...) and Trainer(precision=...) take it by keyword only; on a CPU both replace
+        # "16-mixed" by "bf16-mixed" (lightning 2.x, fabric/connector.py and trainer/connectors/
+        # accelerator_connector.py), with one warning among many and nothing left on the object that says so
+        asked = str(kwargs.get("precision"))
+        got = precision_of(owner)
+        if asked in ("16", "16-mixed") and got is not None and got != "16-mixed":
+            self.facts.record_precision_fallback(name, "16-mixed" if asked == "16" else asked, got)
 
     def _before_wrapper_clip(self, accelerator: Any, parameters: Any = None, max_norm: Any = None, *args: Any,
                              **kwargs: Any) -> None:

@@ -114,7 +114,8 @@ class Session:
     # ---- 2. the start: pre-flight, fix, guard, watch ----------------------------------------------------------
     def start(self, setup: TrainingSetup, parts: Sequence[nn.Module] | None = None,
               autocast: dict[int, torch.dtype | None] | None = None, *, checks: Checks | None = None,
-              watch_model: nn.Module | None = None, watch_optimizers: Sequence[Any] | None = None) -> None:
+              watch_model: nn.Module | None = None, watch_optimizers: Sequence[Any] | None = None,
+              repair: bool = True, watch: bool = True) -> None:
         """Diagnose ``setup`` before its first update: pre-flight, fix, guard, watch.
 
         Args:
@@ -124,15 +125,19 @@ class Session:
             checks: an entry point's own checks of the setup, run with the rules (and again after a fix).
             watch_model: the model the watch follows (default: the one with the most entries it can summarise).
             watch_optimizers: the optimizers as the loop steps them (wrappers kept; default: ``setup.optimizers``).
+            repair: whether ``fix`` may repair now: not where no model was seen running a forward pass (under which
+                autocast it runs is unknown, so which repair fits is too).
+            watch: whether to attach the watch now (not at the run's end: no step is left to watch).
         """
         if self.broken or self.finished:
             return
         self.started = True
         self.parts.guard("run", self._start, setup, list(parts or setup.models), autocast, checks, watch_model,
-                         watch_optimizers)
+                         watch_optimizers, repair, watch)
 
     def _start(self, setup: TrainingSetup, parts: list[nn.Module], autocast: dict[int, torch.dtype | None] | None,
-               checks: Checks | None, watch_model: nn.Module | None, watch_optimizers: Sequence[Any] | None) -> None:
+               checks: Checks | None, watch_model: nn.Module | None, watch_optimizers: Sequence[Any] | None,
+               repair: bool = True, watch: bool = True) -> None:
         from ampdoctor.preflight.engine import run_preflight  # looked up at call time: tests inject faults there
 
         self.setup = setup
@@ -143,7 +148,7 @@ class Session:
             return run_preflight(setup) + (checks(setup) if checks is not None else [])
 
         found = look()
-        if self.options.fix:
+        if self.options.fix and repair:
             dtypes = autocast if autocast is not None else {id(m): setup.autocast_dtype for m in parts}
             found = self.repairs.repair(setup, parts, dtypes, found, look,
                                         on_error=lambda exc: self.parts.fail("fix", exc))
@@ -152,7 +157,7 @@ class Session:
         if any(f.code in ("AMP301", "AMP302") for f in found):
             self._unconfirmed.update(unwrap_optimizer(o) for o in setup.optimizers)
         self.parts.guard("run", self._attach_guard)
-        if self.options.watch and self.watch is None:
+        if self.options.watch and watch and self.watch is None:
             self.parts.guard("run", self._attach_watch, watch_model, watch_optimizers)
 
     def _note_setup(self, setup: TrainingSetup) -> None:
@@ -193,7 +198,7 @@ class Session:
         options = self.options
         self.watch = Watch(model, optimizer, setup.scaler, every=options.every, log_dir=options.log_dir,
                            activations=options.activations, others=models, frozen=self.stages.frozen_models,
-                           names=self.names).attach()
+                           names=self.names, loss_scaler=setup.loss_scaler).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)

@@ -49,9 +49,10 @@ exit status:
      command.
   1  `run`: the script failed (its own status is passed on, 1 if it had
      none). --strict (run, report): also 1 when a finding is at error
-     severity (training is broken or about to crash) or nothing was trained
-     where ampdoctor could see. `explain`: no rule explains the text (like
-     grep finding nothing).
+     severity (training is broken or about to crash), nothing was trained
+     where ampdoctor could see, or an optimizer stepped tensors of a model
+     it never saw run. `explain`: no rule explains the text (like grep
+     finding nothing).
   2  ampdoctor could not do what was asked: bad arguments (a rule code
      that is not in the catalog), an unreadable input, an output path that
      cannot be written (checked before the script starts).
@@ -102,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("path", help="report.json or ampdoctor.jsonl")
     report.add_argument("--strict", action="store_true", help="exit 1 when the report has a finding at error "
-                        "severity, a crash, or saw nothing trained")
+                        "severity, a crash, saw nothing trained, or an unwatched model")
     report.add_argument("--html", metavar="OUT", help="also write an HTML report with plots to OUT")
     report.add_argument("--png", metavar="DIR", help="also write the report's figures as PNG files into DIR (needs "
                         "matplotlib: pip install matplotlib)")
@@ -385,11 +386,14 @@ def _export(out: Printer, what: str, write: Callable[[], Any], said: Callable[[A
 
 
 def _strict_status(report: object, out: Printer) -> int:
-    """Return 1 for ``--strict`` when ``report`` has a finding at error severity, a crash, or saw nothing."""
+    """Return 1 for ``--strict`` when ``report`` has a finding at error severity, a crash, saw nothing, or trained
+    tensors of models it never saw run (``Report.unwatched``)."""
     errors = [f for f in getattr(report, "findings", []) if f.severity.value == "error"]
     why = (f"{counted(len(errors), 'finding')} at error severity ({', '.join(dict.fromkeys(f.code for f in errors))})"
            if errors else "the script crashed" if getattr(report, "exception", None)
-           else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False) else None)
+           else "nothing was trained where ampdoctor could see" if getattr(report, "saw_nothing", False)
+           else "an optimizer stepped tensors of a model ampdoctor never saw run" if getattr(report, "unwatched", None)
+           else None)
     if why is None:
         return 0
     _say(out, f"ampdoctor: --strict: exit 1: {why}")

@@ -9,8 +9,7 @@ numbers are never cut: lines break between words only.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -23,7 +22,7 @@ from rich.text import Text
 from ampdoctor.core.catalog import RULES, Rule, get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
-from ampdoctor.core.report import missing_ranks_sentence, rank_spans, verdict
+from ampdoctor.core.report import missing_ranks_sentence, rank_spans, unwatched_sentence, verdict
 from ampdoctor.core.words import word_for
 from ampdoctor.ui.plain import INDENT, PlainLines, Sentence, wrap, wrap_code
 
@@ -168,8 +167,9 @@ def findings_table(findings: Iterable[Finding], title: str = "ampdoctor findings
 class RuleView(PlainLines):
     """One rule: why it hurts, then the fix as code; a panel on a terminal, plain lines elsewhere."""
 
-    def __init__(self, rule: Rule, severity: bool = False) -> None:
+    def __init__(self, rule: Rule, severity: bool = False, fixes: Sequence[str] = ()) -> None:
         self.rule, self.severity = rule, severity
+        self.fixes = list(fixes) or [rule.fix]   # several: the fixes that fit each finding, one after the other
 
     def lines(self, width: int) -> Iterator[Text]:
         rule = self.rule
@@ -177,13 +177,17 @@ class RuleView(PlainLines):
         if self.severity:
             yield from map(Text, wrap(f"severity: {rule.severity_text()}", width, INDENT, INDENT))
         yield from map(Text, wrap(rule.why, width, INDENT, INDENT))
-        yield from (Text(INDENT + line) for line in fix_lines(rule.fix, width))
+        for i, fix in enumerate(self.fixes):
+            if i:
+                yield Text("")
+            yield from (Text(INDENT + line) for line in fix_lines(fix, width))
 
     def table(self, width: int) -> RenderableType:
         rule = self.rule
         said = [Text(f"severity: {rule.severity_text()}")] if self.severity else []
+        fixes = [Syntax(fix, "python", theme="ansi_dark", word_wrap=True) for fix in self.fixes]
         body = Group(Text(rule.title, style="bold"), *said, Text(rule.why), Text(""),
-                     Syntax(rule.fix, "python", theme="ansi_dark", word_wrap=True))
+                     *[part for i, fix in enumerate(fixes) for part in ([Text("")] if i else []) + [fix]])
         return Panel(body, title=f"[bold]{rule.code} {escape(rule.name)}[/]", title_align="left")
 
 
@@ -198,15 +202,20 @@ def fix_lines(fix: str, width: int) -> list[str]:
 
 
 def fixes_panel(findings: Iterable[Finding]) -> RenderableType | None:
-    """Return one panel per distinct rule and fix with why it hurts and the fix as code: a finding's own fix (the
-    one that fits what it saw) in place of its rule's."""
+    """Return one panel per rule with why it hurts and the fix as code: a finding's own fix (the one that fits what
+    it saw) in place of its rule's; findings of one rule with different fixes show each, under one heading."""
+    fixes: dict[str, list[str | None]] = {}
+    for f in findings:
+        fixes.setdefault(f.code, [])
+        if f.fix not in fixes[f.code]:
+            fixes[f.code].append(f.fix)
     parts: list[RenderableType] = []
-    for code, fix in dict.fromkeys((f.code, f.fix) for f in findings):
+    for code, own in fixes.items():
         try:
             rule = get_rule(code)
         except KeyError:
             continue
-        parts.append(rule_panel(rule if fix is None else replace(rule, fix=fix)))
+        parts.append(RuleView(rule, fixes=list(dict.fromkeys(rule.fix if fix is None else fix for fix in own))))
     return Group(_FixesHeading(), *parts) if parts else None
 
 
@@ -263,6 +272,8 @@ def render_report(report: Any, show_exception: bool = True) -> RenderableType:
         panel = fixes_panel(ordered)
         if panel is not None:
             parts.append(panel)
+    if getattr(report, "unwatched", None):   # with findings or without: they cover only what was seen
+        parts.append(Sentence(f"ampdoctor: {unwatched_sentence(report.unwatched)}", style="bold yellow"))
     closing = verdict(report)
     if closing is not None:
         parts.append(Sentence(f"ampdoctor: {closing.text}", style="green" if closing.kind == "ok" else "bold yellow"))

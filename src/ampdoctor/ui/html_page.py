@@ -20,7 +20,7 @@ from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Severity
 from ampdoctor.core.grouping import FindingGroup, group_findings
 from ampdoctor.core.records import ActivationModule
-from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence, repaired_codes
+from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence, repaired_codes, unwatched_sentence
 from ampdoctor.core.report import verdict as closing_sentence
 from ampdoctor.core.words import counted, scale_text, word_for
 from ampdoctor.ui.run_data import RunData
@@ -127,6 +127,8 @@ def _report_lines(loaded: Any, groups: list[FindingGroup], errors: int, warnings
         lines.append(f"the script crashed: {report.crash.line}")
     if report.missing_ranks:
         lines.append(missing_ranks_sentence(report.missing_ranks))
+    if report.unwatched:
+        lines.append(unwatched_sentence(report.unwatched))
     if closing is not None:
         lines.append(closing.text)
     elif report.saw_nothing:

@@ -237,6 +237,17 @@ def test_amp103_fires_for_pure_bf16_training_and_names_the_optimizer_group():
     assert "0.weight (bfloat16, [10, 10])" in findings[0].detail and "lr=0.0001" in findings[0].detail
 
 
+def test_amp103_at_a_warmup_start_names_the_base_lr_not_lr_0():
+    # torchtune's and the Trainer's linear warmups start at lr 0; AMP103 is judged at the first step
+    model = mlp().to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda step: step / 100)   # lr 0 at step 0
+    assert opt.param_groups[0]["lr"] == 0
+    (finding,) = pure_half_without_master(TrainingSetup(model, opt, autocast_dtype=torch.bfloat16))
+    assert "AdamW (base lr=0.0003, 0 at this step) updates 4 of 4 tensors" in finding.detail, finding.detail
+    assert "lr=0)" not in finding.detail
+
+
 def test_amp103_fires_for_fp16_autocast_and_fp16_params_without_a_scaler():
     model = mlp().half()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -279,6 +290,52 @@ def test_amp103_quiet_for_fp32_params():
 
 
 # ---- AMP104 -----------------------------------------------------------------------------------------------------
+class FairseqStyleAdam(torch.optim.Optimizer):
+    """An Adam that steps half parameters in float32, as fairseq's own does (facebookresearch/fairseq
+    fairseq/optim/adam.py at 3d262bb25690e4eb2e7d3c1309b1e9c406ca4b99, used by --memory-efficient-fp16): an fp32
+    copy of the parameter, fp32 moments, eps added in fp32, the result copied back. Written for this test."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                wide, grad, state = p.float(), p.grad.float(), self.state[p]
+                if not state:
+                    state["step"], state["exp_avg"], state["exp_avg_sq"] = 0, torch.zeros_like(wide), \
+                        torch.zeros_like(wide)
+                state["step"] += 1
+                state["exp_avg"].mul_(b1).add_(grad, alpha=1 - b1)
+                state["exp_avg_sq"].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+                wide.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
+                p.copy_(wide)
+
+
+def test_amp104_quiet_for_an_adam_that_adds_eps_in_fp32():
+    # fairseq's --memory-efficient-fp16 trains a pure fp16 model with its own Adam: eps=1e-8 never meets fp16
+    model = mlp().half()
+    FairseqStyleAdam.__module__ = "fairseq.optim.adam"   # its class, by where it lives and its name
+    FairseqStyleAdam.__name__ = "Adam"
+    try:
+        opt = FairseqStyleAdam(model.parameters())
+        assert list(adam_eps_underflow(TrainingSetup(model, opt))) == []
+    finally:
+        FairseqStyleAdam.__module__, FairseqStyleAdam.__name__ = __name__, "FairseqStyleAdam"
+    # any other Adam whose state shows fp32 moments for fp16 parameters, once it has stepped
+    opt = FairseqStyleAdam(model.parameters())
+    assert [f.code for f in adam_eps_underflow(TrainingSetup(model, opt))] == ["AMP104"]   # no state yet: unknown
+    model(torch.randn(4, 10).half()).float().sum().backward()
+    opt.step()
+    assert list(adam_eps_underflow(TrainingSetup(model, opt))) == []
+    assert [f.code for f in adam_eps_underflow(TrainingSetup(model, torch.optim.AdamW(model.parameters())))] \
+        == ["AMP104"]
+
+
 def test_amp104_fires_for_default_adam_eps_on_fp16_params():
     model = mlp()
     model[2].half()

@@ -6,8 +6,9 @@ rest. ``os.fsync`` per line would also survive a power loss or kernel panic, but
 1-10 ms, more on network filesystems) and would cost more than the statistics themselves with ``every=1``; it is
 off by default (``fsync=False``), and the file is fsynced once when the recorder closes.
 
-Format. Lines are JSON objects written by ``json.dumps``; non-finite floats use Python's ``NaN`` / ``Infinity`` /
-``-Infinity`` tokens, which ``json.loads`` reads back. What the lines hold (a header line with its schema, step
+Format. Lines are strict JSON objects (``core.strict_json.json_text``): an inf or NaN is the string ``"inf"``,
+``"-inf"`` or ``"nan"``, which the readers turn back into the float; files written before that hold Python's ``NaN``
+/ ``Infinity`` tokens, which ``json.loads`` reads as floats. What the lines hold (a header line with its schema, step
 lines, an end line, a report line) is defined in ``ampdoctor.core.records``, which also reads them
 (``read_recording``); this module only writes and parses the file. Reading never unpickles or evaluates anything.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ampdoctor.core.records.lines import WATCH_SCHEMA, end_line, header_line, header_problem, report_line
+from ampdoctor.core.strict_json import json_text
 
 __all__ = ["SCHEMA", "LOG_NAME", "FlightRecorder", "LogRun", "log_name", "rank_of_log", "read_log", "read_runs"]
 
@@ -93,7 +95,7 @@ class FlightRecorder:
         """Append ``record`` as one line and flush it; raise ``ValueError`` once closed."""
         if self._file is None:
             raise ValueError(f"flight recorder {str(self.path)!r} is closed")
-        line = json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n"
+        line = json_text(record, separators=(",", ":")) + "\n"
         self._file.write(line)  # one write of the whole line: a kill leaves at most this line torn
         self._file.flush()
         if self.fsync:
@@ -129,16 +131,9 @@ def append_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
 
     `ampdoctor report LOG` then shows the same findings and counts as the console and the JSON of that run.
     """
-    line = json.dumps(report_line(report), separators=(",", ":"), default=_jsonable) + "\n"
+    line = json_text(report_line(report), separators=(",", ":")) + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
-
-
-def _jsonable(value: Any) -> Any:
-    """Turn what json cannot write (dtypes, devices, paths, tensors of one value) into plain values."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 def _ends_with_newline(path: Path) -> bool:

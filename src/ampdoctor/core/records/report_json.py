@@ -40,6 +40,8 @@ class Extras(TypedDict, total=False):
         fix_refused: why ``--fix`` left a model alone.
         clipping: the gradient clip's norms (``session.clip_norms``).
         child_processes: the child processes that reported; child_exceptions: their crashes.
+        unwatched: per optimizer that stepped tensors no model seen running a forward pass holds, how many and
+            whose (``core.report.unwatched_sentence``): the watch could not follow them, so the run is not ``ok``.
     """
 
     watch: WatchSummary
@@ -54,6 +56,7 @@ class Extras(TypedDict, total=False):
     clipping: dict[str, Any]
     child_processes: list[str]
     child_exceptions: list[dict[str, Any]]
+    unwatched: list[dict[str, Any]]
 
 REPORT_SCHEMA = "ampdoctor.core.report/1"
 _KNOWN_REPORT_KEYS = {"schema", "ok", "findings", "exception", "environment", "changes", "observed", "why_not_ok",

@@ -132,7 +132,7 @@ class Stats:
     def from_dict(cls, data: Mapping[str, Any]) -> "Stats":
         known = ("params", "numel", "absmax", "l2", "min_nonzero", "nonfinite", "zero_frac", "sampled",
                  "negligible_frac")
-        shares = {str(k): v for k, v in data.items() if k not in known and num(v) is not None}
+        shares = {str(k): number(v) for k, v in data.items() if k not in known and number(v) is not None}
         return cls(number(data.get("absmax")) or 0.0, number(data.get("l2")) or 0.0, integer(data.get("params")),
                    number(data.get("numel")), number(data.get("min_nonzero")), number(data.get("nonfinite")),
                    number(data.get("zero_frac")), number(data.get("sampled")), number(data.get("negligible_frac")),
@@ -231,7 +231,7 @@ class GradientSummary(Section):
 # ---- the loss scale -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ScaleSummary(Section):
-    """The GradScaler's section: its steps and skipped steps, the scale now, at its peak and lowest, and where it
+    """The loss scaler's section: its steps and skipped steps, the scale now, at its peak and lowest, and where it
     changed (``monitor.loss_scale.ScaleMonitor``).
 
     Attributes:
@@ -241,6 +241,8 @@ class ScaleSummary(Section):
         peak, lowest: ``(step, scale)``, or None.
         history: ``(step, scale used from then)`` where the scale changed, the last 200.
         skipped_steps: the skipped steps, the last 200.
+        scaler: what scaled the loss: ``"GradScaler"``, or a library's own scaler (``"DynamicLossScaler (fairseq)"``);
+            the JSON has it only for the latter.
     """
 
     steps: int = 0
@@ -252,6 +254,7 @@ class ScaleSummary(Section):
     lowest: tuple[int, float] | None = None
     history: tuple[tuple[int, float], ...] = ()
     skipped_steps: tuple[int, ...] = ()
+    scaler: str = "GradScaler"
 
     def to_dict(self) -> dict[str, Any]:
         def point(p: tuple[int, float] | None) -> dict[str, Any] | None:
@@ -260,7 +263,8 @@ class ScaleSummary(Section):
         return {"steps": self.steps, "skipped": self.skipped, "skipped_fraction": self.skipped_fraction,
                 "longest_skip_run": {"length": self.longest_skip_run[0], "first_step": self.longest_skip_run[1]},
                 "current": self.current, "peak": point(self.peak), "lowest": point(self.lowest),
-                "history": [list(h) for h in self.history], "skipped_steps": list(self.skipped_steps)}
+                "history": [list(h) for h in self.history], "skipped_steps": list(self.skipped_steps),
+                **({} if self.scaler == "GradScaler" else {"scaler": self.scaler})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ScaleSummary":
@@ -276,7 +280,8 @@ class ScaleSummary(Section):
                    num(data.get("current")), point(data.get("peak")), point(data.get("lowest")),
                    tuple((int(s), float(v)) for s, v in _pairs(data.get("history"), 2)
                          if integer(s) is not None and num(v) is not None),
-                   tuple(s for s in items(data.get("skipped_steps")) if integer(s) is not None))
+                   tuple(s for s in items(data.get("skipped_steps")) if integer(s) is not None),
+                   text(data.get("scaler")) or "GradScaler")
 
 
 # ---- the optimizer's updates -----------------------------------------------------------------------------------
@@ -415,13 +420,6 @@ class LossSummary(Section):
 
 
 # ---- the activations -------------------------------------------------------------------------------------------
-def _json_float(value: Any) -> float | None:
-    """A number as ``monitor.replay.json_float`` writes it: a float, or ``"inf"``/``"-inf"``/``"nan"``."""
-    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
-        return float(value)
-    return num(value)
-
-
 @dataclass(frozen=True)
 class TensorSeen:
     """A tensor the op-level re-run saw: its role (``input 0``, ``output``), dtype, shape and largest |value|."""
@@ -435,7 +433,7 @@ class TensorSeen:
     def from_dict(cls, data: Mapping[str, Any]) -> "TensorSeen":
         return cls(str(data.get("role")), str(data.get("dtype")), tuple(v for v in items(data.get("shape"))
                                                                        if integer(v) is not None),
-                   _json_float(data.get("abs_max")))
+                   num(data.get("abs_max")))
 
 
 @dataclass(frozen=True)
@@ -468,7 +466,7 @@ class FrameSeen:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "FrameSeen":
-        rows = tuple((str(r.get("role")), _json_float(r.get("abs_min")), _json_float(r.get("abs_max")))
+        rows = tuple((str(r.get("role")), num(r.get("abs_min")), num(r.get("abs_max")))
                      for r in items(data.get("rows")) if isinstance(r, dict))
         return cls(str(data.get("module")), str(data.get("class")), rows)
 
@@ -593,7 +591,7 @@ class AverageCopy:
     def from_dict(cls, data: Mapping[str, Any]) -> "AverageCopy":
         return cls(text(data.get("label")) or "", *(integer(data.get(k)) or 0 for k in
                                                     ("calls", "sampled", "unread", "apart", "lost")),
-                   {str(n): v for n, v in mapping(data.get("tensors")).items() if num(v) is not None},
+                   {str(n): number(v) for n, v in mapping(data.get("tensors")).items() if number(v) is not None},
                    {str(n): str(v) for n, v in mapping(data.get("dtypes")).items()})
 
 

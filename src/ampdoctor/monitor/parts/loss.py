@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.modules import delegate_of
 from ampdoctor.core.records import Step
 from ampdoctor.monitor.backward import BackwardMonitor
@@ -42,7 +43,10 @@ class LossPart(WatchPart, name="loss", codes=(), order=40):
         owners: list[Any] = [*ctx.chain, ctx.model]   # whose zero_grad() resets the watched gradients
         while owners[-1] is not None and len(owners) < len(ctx.chain) + 4:   # the model inside DDP, compile
             owners.append(delegate_of(owners[-1]))
-        return cls(BackwardMonitor(probes, ctx.scaler, on_error=functools.partial(ctx.fail, "loss"), owners=owners))
+        shape = loss_scaler_shape(ctx.loss_scaler)   # a library's own loss scaler: its scale divides the loss
+        library_scale = functools.partial(shape.scale, ctx.loss_scaler) if shape is not None else None
+        return cls(BackwardMonitor(probes, ctx.scaler, on_error=functools.partial(ctx.fail, "loss"), owners=owners,
+                                   library_scale=library_scale))
 
     def attach(self) -> None:
         self.monitor.attach()

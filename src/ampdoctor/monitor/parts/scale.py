@@ -1,8 +1,9 @@
-"""The loss scale's part of a watch: the GradScaler's scale and skipped steps at every step (AMP603, AMP604).
+"""The loss scale's part of a watch: the loss scaler's scale and skipped steps at every step (AMP603, AMP604).
 
-``monitor.loss_scale.ScaleMonitor`` records each step's scale and found-inf flags on the device; the sampled steps'
-host copies read them. Where the forward of a skipped step was looked at (the activations' entry of its line), what
-it showed is noted for AMP603 to say where the inf/NaN come from.
+``monitor.loss_scale.ScaleMonitor`` records each step's scale and found-inf flags on the device (a library's own
+loss scaler: its scale and skip decision, on the host); the sampled steps' host copies read them. Where the forward
+of a skipped step was looked at (the activations' entry of its line), what it showed is noted for AMP603 to say where
+the inf/NaN come from.
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ __all__ = ["ScalePart"]
 
 @register_part
 class ScalePart(WatchPart, name="scale", codes=("AMP603", "AMP604"), order=20):
-    """The loss scale and skipped steps of the watch's enabled GradScaler (none without one)."""
+    """The loss scale and skipped steps of the watch's enabled GradScaler, else of a library's own loss scaler
+    (none without either)."""
 
     def __init__(self, monitor: ScaleMonitor) -> None:
         self.monitor = monitor
 
     @classmethod
     def create(cls, ctx: WatchContext) -> "ScalePart | None":
-        if ctx.scaler is None:
+        scaler = ctx.scaler if ctx.scaler is not None else ctx.loss_scaler
+        if scaler is None:
             return None
-        return cls(ScaleMonitor(ctx.scaler, capacity=min(ctx.every, 1024),
+        return cls(ScaleMonitor(scaler, capacity=min(ctx.every, 1024),
                                 on_error=functools.partial(ctx.fail, "scale")))
 
     def attach(self) -> None:

@@ -89,12 +89,16 @@ def cuda_scaler_disabled(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
         # enabled=False was passed (nanoGPT's GradScaler('cuda', enabled=(dtype == 'float16'))), or the
         # construction was not observed: a disabled scaler by choice is no problem.
         return
+    half = any(p.dtype == torch.float16 for p in setup.params)   # trainable or frozen: both make fp16 gradients
     if setup.autocast_dtype == torch.float16:
         effect = ("the forward runs under fp16 autocast, so fp16 gradients get no loss scaling: values below "
                   "2**-24 ≈ 6e-8 flush to zero and the run can stall")
+    elif half:
+        effect = ("the model's float16 layers make float16 gradients with no loss scaling: values below "
+                  "2**-24 ≈ 6e-8 flush to zero")
     else:
-        effect = ("no fp16 autocast is running either, so the run trains in plain fp32: slower and larger than the "
-                  "mixed precision that was asked for, with nothing scaled")
+        # no fp16 in play (nanoGPT on a CPU: no autocast there, fp32 weights): the run is plain fp32, unharmed
+        return
     yield rule.finding(
         "GradScaler",
         f"{scaler_label(scaler)} was built with enabled=True, but torch.cuda.is_available() is False, so torch "
@@ -185,6 +189,25 @@ def accelerate_fp16_not_in_effect(setup: TrainingSetup, rule: Rule) -> Iterator[
         f"{_what_runs(setup)}",
         fix=_PRECISION_FIX[framework] + ("   # on CPU; keep fp16 for CUDA runs" if device_type == "cpu" else ""),
     )
+
+
+@check("AMP213")
+def lightning_fp16_became_bf16(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
+    """Say that a Lightning ``Trainer`` or ``Fabric`` built with ``precision="16-mixed"`` set up something else (on
+    a CPU: ``bf16-mixed``), as the process-wide observers saw at its construction.
+
+    >>> list(lightning_fp16_became_bf16(TrainingSetup(torch.nn.Linear(2, 2))))   # no construction seen
+    []
+    """
+    if setup.facts is None:
+        return
+    for framework, asked, got in setup.facts.precision_fallbacks():
+        yield rule.finding(
+            framework,
+            f"{framework}(precision={asked!r}) set up precision={got!r}: Lightning does so on a CPU, where it "
+            f"has no fp16 autocast. The run computes in {'bf16' if got.startswith('bf16') else got} with no "
+            "GradScaler, so the loss scale and the fp16 overflows of the run to come are not tested here.",
+        )
 
 
 # the line that asks each framework for bf16 mixed precision, which accelerate sets up on CPU too

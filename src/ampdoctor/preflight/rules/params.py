@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from ampdoctor._compat.loss_scalers import loss_scaler_shape
 from ampdoctor._torch.scaler import patched_to_allow_fp16, unscales_itself
 from ampdoctor.core.catalog import Rule
 from ampdoctor.core.dtypes import dtype_name
@@ -40,6 +41,25 @@ from ampdoctor.core.words import counted, word_for
 from ampdoctor.preflight.rules import check, findings_by_module
 from ampdoctor.preflight.rules.config import plain_scaler_enabled, scaler_label
 from ampdoctor.preflight.rules.wiring import stale_tensors
+
+
+def _lr_said(group: dict) -> str:
+    """Return how a finding names a group's learning rate: `` (lr=3e-05)``; a scheduler's base rate where the
+    group's rate is 0 at this step (a warmup's start), since an lr of 0 says nothing about the updates to come;
+    nothing where neither is known.
+
+    >>> _lr_said({"lr": 3e-5}), _lr_said({"lr": 0.0, "initial_lr": 6e-4}), _lr_said({"lr": 0.0})
+    (' (lr=3e-05)', ' (base lr=0.0006, 0 at this step)', '')
+    """
+    lr = group.get("lr")
+    if isinstance(lr, torch.Tensor) and lr.numel() == 1:
+        lr = to_host(lr.reshape(()), "preflight")
+    if lr is None:
+        return ""
+    if lr != 0:
+        return f" (lr={_lr(lr)})"
+    base = group.get("initial_lr")
+    return f" (base lr={_lr(base)}, 0 at this step)" if isinstance(base, (int, float)) and base else ""
 
 
 def _lr(value: Any) -> str:
@@ -222,7 +242,7 @@ def pure_half_without_master(setup: TrainingSetup, rule: Rule) -> Iterator[Findi
     half = tuple(d for d in HALF if d not in _reported_elsewhere(setup))
     if not half:
         return
-    scaler = scaler_label(setup.scaler) if setup.scaler_enabled else "no enabled GradScaler"
+    scaler = scaler_label(setup.scaler) if setup.scaler_enabled else _library_scaler(setup) or "no enabled GradScaler"
     if setup.scaler_enabled and patched_to_allow_fp16(setup.scaler):
         scaler += " (its _unscale_grads_ patched to accept float16 gradients, so unscale_() does not raise)"
     mastered = has_master(setup)
@@ -246,7 +266,7 @@ def pure_half_without_master(setup: TrainingSetup, rule: Rule) -> Iterator[Findi
                        if t.requires_grad and t.dtype in half and not mastered(t)]
             if members:
                 groups.append((f"optimizer[{oi}] group {gi}", type(unwrap_optimizer(opt)).__name__,
-                               _lr(group.get("lr")), len(group["params"]), members, "updates"))
+                               _lr_said(group), len(group["params"]), members, "updates"))
     if len(setup.optimizers) > 3 and len(groups) > 3 and len({(g[1], g[2]) for g in groups}) == 1:
         # one optimizer per parameter (torchtune's optimizer in backward): one finding, not one per parameter
         groups = [(f"{len(setup.optimizers)} optimizers", f"{len(groups)} {groups[0][1]} optimizers (as when each "
@@ -256,11 +276,22 @@ def pure_half_without_master(setup: TrainingSetup, rule: Rule) -> Iterator[Findi
         dtypes = sorted({t.dtype for _, t in members}, key=str)
         yield rule.finding(
             where,
-            f"{name} (lr={lr}) {verb} {len(members)} of {total} tensors in place in "
+            f"{name}{lr} {verb} {len(members)} of {total} tensors in place in "
             f"half precision ({_dtype_counts(t for _, t in members)}), with {scaler} and no fp32 master copy: "
             f"{listing([setup.describe(t) for _, t in members])}. An update smaller than "
             f"{' or '.join(_LOST_BELOW[d] for d in dtypes)} rounds away.",
         )
+
+
+def _library_scaler(setup: TrainingSetup) -> str | None:
+    """Return how a library's own live loss scaler is named (``DynamicLossScaler (fairseq)``), None without one."""
+    shape = loss_scaler_shape(setup.loss_scaler) if setup.loss_scaler is not None else None
+    return None if shape is None else shape.label(setup.loss_scaler)
+
+
+# Adam classes that step half parameters in float32 (an fp32 copy of the parameter, fp32 exp_avg/exp_avg_sq, eps
+# added in fp32, the result written back): fairseq's own Adam (fairseq/optim/adam.py, 3d262bb2), by module and name
+_STEPS_IN_FP32 = {("fairseq.optim.adam", "Adam")}
 
 
 def _is_adam_family(group: dict) -> bool:
@@ -292,6 +323,8 @@ def adam_eps_underflow(setup: TrainingSetup, rule: Rule) -> Iterator[Finding]:
             floors = {d: _smallest_subnormal(d) for d in HALF if eps < _smallest_subnormal(d)}
             if not floors:
                 continue  # e.g. eps=1e-8 is fine for everything but fp16
+            if (type(inner).__module__, type(inner).__name__) in _STEPS_IN_FP32:
+                continue  # eps is added in float32 whatever the parameter's dtype
             state = inner.state if len(inner.state) else {}  # fp32 params may still keep half state
             for dtype, names in _half_tensors(setup, group, state, floors, mastered).items():
                 yield _eps_finding(rule, f"optimizer[{oi}] group {gi}", type(inner).__name__, eps, dtype, names)
@@ -305,10 +338,12 @@ def _half_tensors(setup: TrainingSetup, group: dict, state: dict, floors: dict[t
     for t in group["params"]:
         if not t.requires_grad or mastered(t):
             continue
+        sq = state.get(t, {}).get("exp_avg_sq") if state else None
+        if isinstance(sq, torch.Tensor) and sq.dtype == torch.float32:
+            continue  # the optimizer keeps fp32 state for it: eps is added in float32
         if t.dtype in floors:
             by_dtype.setdefault(t.dtype, []).append(setup.name_of(t, f"{list(t.shape)} tensor"))
             continue
-        sq = state.get(t, {}).get("exp_avg_sq") if state else None
         if isinstance(sq, torch.Tensor) and sq.dtype in floors:
             by_dtype.setdefault(sq.dtype, []).append(f"exp_avg_sq of {setup.name_of(t, 'a tensor')}")
     return by_dtype
