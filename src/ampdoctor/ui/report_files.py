@@ -101,6 +101,18 @@ def _load_report(path: str, target: str) -> Loaded:
     return Loaded(path, Report.from_dict(data))
 
 
+def _starts_with_a_header(target: str) -> bool:
+    """Return whether the file begins as a flight recorder's header line does (``{"type":"header"``)."""
+    try:
+        with open(target, "rb") as f:
+            return f.read(len(_HEADER_START)) == _HEADER_START
+    except OSError:
+        return False
+
+
+_HEADER_START = b'{"type":"header"'
+
+
 def _load_log(path: str, target: str) -> Loaded:
     from ampdoctor.core.records import read_runs
 
@@ -112,6 +124,8 @@ def _load_log(path: str, target: str) -> Loaded:
         return Loaded(path, Report(environment={}), None, ["empty file: no header line"])
     if all(run.header is None and not run.records for run in runs):   # not one line of ours: nothing to report on
         problems = [p for run in runs for p in run.problems]
+        if _starts_with_a_header(target):   # ours, killed while it wrote its header: say so, as for an empty file
+            return Loaded(path, Report(environment={}), None, problems)
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise ValueError(f"{path!r} holds no ampdoctor record ({shown}); pass a report.json from `ampdoctor run "
                          "--json` or the ampdoctor.jsonl of `ampdoctor run --log-dir`")
