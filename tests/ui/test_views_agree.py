@@ -9,26 +9,11 @@ import io
 import json
 import re
 import textwrap
+from pathlib import Path
 
 from ampdoctor.ui.cli import main
 
-COLLAPSE = textwrap.dedent("""\
-    import torch
-    from torch import nn
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    scaler = torch.amp.GradScaler("cpu")
-    x = torch.randn(32, 8)
-    for step in range(60):
-        with torch.autocast("cpu", dtype=torch.float16):
-            out = model(x)
-            loss = torch.sqrt((out - out.detach()).pow(2).mean())   # sqrt(0): a NaN gradient in any dtype
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-""")
+COLLAPSE = Path(__file__).parents[1] / "scripts" / "sqrt_of_zero.py"   # 60 steps, every one skipped
 
 # pure bf16 with a learning rate too small for bf16 weights: most updates of every tensor round away, the
 # 1-entry bias of the last layer's too
@@ -69,9 +54,7 @@ def _joined(text: str) -> str:
 
 
 def test_the_run_and_its_log_say_the_same_step_counts_and_last_loss_scale(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(COLLAPSE)
-    code, run = _run("--log-dir", str(tmp_path / "logs"), str(script))
+    code, run = _run("--log-dir", str(tmp_path / "logs"), str(COLLAPSE))
     assert code == 0, run
     said = _joined(run)
     assert "ampdoctor watch: 60 steps, 11 sampled (every 50)" in said
