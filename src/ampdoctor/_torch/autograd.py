@@ -9,7 +9,7 @@ answer is then None, as it would be on a torch without the counter: the caller c
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -71,3 +71,16 @@ def constant_factor(tensor: torch.Tensor) -> float | None:
     if not isinstance(other, torch.Tensor) or other.numel() != 1 or other.device.type != "cpu" or other.requires_grad:
         return None
     return float(other)
+
+
+_CURRENT_NODE = getattr(torch._C, "_current_autograd_node", None)
+
+
+def current_node() -> Any:
+    """Return the autograd node whose backward runs now on this thread (``MulBackward0``), None in a forward or
+    on a torch without the probe.
+
+    >>> current_node() is None
+    True
+    """
+    return _CURRENT_NODE() if _CURRENT_NODE is not None else None

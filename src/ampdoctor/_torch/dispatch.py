@@ -13,17 +13,30 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 try:
     from torch.utils._python_dispatch import TorchDispatchMode
 except ImportError:  # pragma: no cover - a torch without Python dispatch modes
     TorchDispatchMode = object  # type: ignore[assignment,misc]
 
 try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+except ImportError:  # pragma: no cover
+    _get_current_dispatch_mode = None
+
+try:
+    from torch.utils.flop_counter import flop_registry as _FLOP_REGISTRY
+except ImportError:  # pragma: no cover - torch < 2.1
+    _FLOP_REGISTRY = None
+
+try:
     from torch.utils._pytree import tree_leaves as _pytree_leaves
 except ImportError:  # pragma: no cover
     _pytree_leaves = None
 
-__all__ = ["TorchDispatchMode", "dispatch_modes_available", "op_schema", "op_writes_in_place", "tree_leaves"]
+__all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "op_flops", "op_schema",
+           "op_writes_in_place", "op_is_random", "tree_leaves"]
 
 
 def dispatch_modes_available() -> bool:
@@ -33,6 +46,45 @@ def dispatch_modes_available() -> bool:
     True
     """
     return TorchDispatchMode is not object
+
+
+def innermost_mode() -> Any:
+    """Return the dispatch mode that sees the next op first (the last one entered), None when none is on."""
+    return _get_current_dispatch_mode() if _get_current_dispatch_mode is not None else None
+
+
+def op_is_random(func: Any) -> bool:
+    """Return whether an ATen op draws from the random generator (dropout, ``bernoulli_``, ``randn``): its tags say so.
+
+    >>> import torch
+    >>> op_is_random(torch.ops.aten.bernoulli_.float), op_is_random(torch.ops.aten.mul.Tensor)
+    (True, False)
+    """
+    tag = getattr(getattr(torch, "Tag", None), "nondeterministic_seeded", None)
+    return tag is not None and tag in getattr(func, "tags", ())
+
+
+def op_flops(func: Any, args: Any, kwargs: Any) -> int | None:
+    """Return the FLOPs of a matmul or convolution op on these arguments (torch's flop counter's formulas), None
+    for an op it has no formula for.
+
+    >>> import torch
+    >>> op_flops(torch.ops.aten.mm.default, (torch.ones(3, 4), torch.ones(4, 5)), {})
+    120
+    """
+    if _FLOP_REGISTRY is None:
+        return None
+    packet = getattr(func, "overloadpacket", None)
+    formula = _FLOP_REGISTRY.get(packet)
+    name = getattr(packet, "__name__", "")
+    if formula is None and name.endswith("_"):   # addmm_: the formula of addmm
+        formula = _FLOP_REGISTRY.get(getattr(torch.ops.aten, name[:-1], None))
+    if formula is None:
+        return None
+    try:
+        return int(formula(*args, **kwargs, out_val=None))
+    except Exception:  # noqa: BLE001 - a formula that needs the output's shape, or an odd overload
+        return None
 
 
 def op_schema(func: Any) -> Any:

@@ -643,6 +643,91 @@ RULES: tuple[Rule, ...] = (
         "averaged = AveragedModel(model).float()       # torch.optim.swa_utils",
         WARNING, "watch",
     ),
+    # ---- AMP7xx: the numerics audit (each low-precision op re-run in fp32 on audited steps) --------------------
+    Rule(
+        "AMP701", "constant-not-held", "A constant of an op is 0 or inf in the op's dtype",
+        "An eps, a clamp floor or a fill value is converted to the tensor's dtype: 1e-12 (F.normalize's eps) and "
+        "torch.finfo(torch.float32).tiny are 0 in fp16, -1e9 is -inf. The guard then guards nothing: a zero norm "
+        "divides 0 by 0, a probability clamped at 0 gives log(0) = -inf, a fully masked row gives NaN.",
+        "# a constant the dtype holds:\n"
+        "eps = torch.finfo(x.dtype).tiny      # 6.1e-05 in fp16, 1.2e-38 in bf16\n"
+        "x = x.clamp_min(eps)\n"
+        "# or compute the op in fp32:\n"
+        "y = torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)",
+        WARNING, "watch", escalates=((ERROR, "NaN or inf follows it in the same step"),),
+    ),
+    Rule(
+        "AMP702", "op-overflow", "An op gave inf/NaN where fp32 gives finite values",
+        "The op's result does not fit the format (fp16's largest number is 65504): x.pow(2) of activations above "
+        "256, exp of scores above 11, a variance of large values. Inside a norm the inf becomes rsqrt(inf) = 0, so "
+        "the output is silently 0 rather than NaN.",
+        "# compute the op in fp32, as LlamaRMSNorm does:\n"
+        "variance = x.float().pow(2).mean(-1, keepdim=True)\n"
+        "# or run the module outside autocast / keep a frozen half module in fp32:\n"
+        "with torch.autocast(device_type, enabled=False):\n    y = module(x.float())",
+        ERROR, "watch",
+    ),
+    Rule(
+        "AMP703", "op-lost-values", "An op gave 0 where fp32 gives a normal number",
+        "No rounding turns a normal number into 0: the op lost the value inside (an overflow in an intermediate "
+        "of a fused kernel, a product with a constant that is 0 in the format).",
+        "# compute the op in fp32:\n"
+        "with torch.autocast(device_type, enabled=False):\n    y = op(x.float())",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP704", "integer-precision-lost", "Positions, timesteps or indices lose whole units in a cast",
+        "bf16 holds whole numbers exactly only up to 256 and fp16 up to 2048: position 299 becomes 300 in bf16, "
+        "a diffusion timestep 998.4 becomes 1000, so rotary angles and timestep embeddings of neighbours collide.",
+        "# compute positions and timesteps in fp32, outside autocast:\n"
+        "with torch.autocast(device_type, enabled=False):\n"
+        "    angles = positions.float()[..., None] * inv_freq.float()\n"
+        "# diffusers: keep timesteps int64/float32: do not .to(dtype=weight_dtype) them",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP705", "op-precision-loss", "An op lost far more precision than rounding explains",
+        "Rounding an op's result costs at most half a unit of the format's roundoff; an op many units away from "
+        "the same op in fp32 on the same inputs accumulates or cancels in the low-precision format.",
+        "# compute the op in fp32 (a reduction: its dtype= argument):\n"
+        "y = x.sum(dim, dtype=torch.float32)\n"
+        "with torch.autocast(device_type, enabled=False):\n    y = op(x.float())",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP706", "autocast-bypassed", "A matmul or convolution computes in fp32 inside an autocast region",
+        "Autocast casts the inputs of out-of-place matmuls and convolutions; an out= or in-place variant "
+        "(torch.mm(a, b, out=buf), buf.addmm_(a, b)) or a kernel autocast does not know receives fp32 and runs at "
+        "fp32 speed and memory.",
+        "# let autocast see the op: the out-of-place call\n"
+        "y = bias + a @ b            # not buf.addmm_(a, b) or torch.mm(a, b, out=buf)\n"
+        "# or cast the inputs yourself:\n"
+        "y = torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16))",
+        WARNING, "watch",
+    ),
+    Rule(
+        "AMP707", "state-not-finite", "A buffer or optimizer state holds inf/NaN",
+        "BatchNorm's running statistics are updated by the forward, also on a step the GradScaler skips, so one "
+        "overflowing batch writes inf/NaN into them and every evaluation after it is NaN. Optimizer state that holds "
+        "NaN writes NaN into the weights at the next step.",
+        "# keep the norm in fp32 and its input finite; after a skipped step, restore the statistics:\n"
+        "for m in model.modules():\n"
+        "    if isinstance(m, torch.nn.modules.batchnorm._BatchNorm): m.reset_running_stats()\n"
+        "# or update the running statistics only on steps the scaler did not skip",
+        ERROR, "watch",
+    ),
+    Rule(
+        "AMP708", "recompute-autocast-mismatch", "An activation checkpoint recomputes under another autocast state",
+        "The recompute in the backward must see the forward's autocast state; a hand-written checkpoint that does "
+        "not save it recomputes under whatever is on when backward() runs, so the gradients belong to other "
+        "activations than the forward used (an fp16 recompute of an fp32 forward overflows: NaN gradients with a "
+        "finite loss).",
+        "# torch's checkpoint saves and restores the autocast state:\n"
+        "y = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)\n"
+        "# a hand-written one: save torch.is_autocast_enabled()/get_autocast_dtype() in forward\n"
+        "# and recompute inside torch.autocast(device_type, dtype=..., enabled=...)",
+        ERROR, "watch",
+    ),
 )
 
 _BY_CODE = {r.code: r for r in RULES}

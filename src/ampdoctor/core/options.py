@@ -15,7 +15,9 @@ from typing import Any
 
 from ampdoctor.core.usage import UsageError, check_outputs
 
-__all__ = ["RunOptions", "check_every"]
+__all__ = ["RunOptions", "check_every", "check_audit", "AUDIT_AUTO", "AUDIT_ALL", "AUDIT_OFF"]
+
+AUDIT_AUTO, AUDIT_ALL, AUDIT_OFF = "auto", "all", "off"   # the numerics audit's policies (``monitor.parts.audit``)
 
 
 def check_every(value: Any, name: str = "every") -> int:
@@ -35,6 +37,34 @@ def check_every(value: Any, name: str = "every") -> int:
     return value
 
 
+def check_audit(value: Any, name: str = "audit") -> str | tuple[int, ...]:
+    """Return which steps the numerics audit re-runs: ``"auto"`` (the first sampled step and the step after the first
+    anomaly), ``"all"`` (every sampled step), ``"off"``, or step numbers (a list, or ``"3,7"`` as ``--audit`` takes
+    them), else raise a usage error that says so with the value.
+
+    >>> check_audit("auto"), check_audit("0, 5"), check_audit([2]), check_audit(True), check_audit(False)
+    ('auto', (0, 5), (2,), 'all', 'off')
+    >>> check_audit("sometimes", "--audit")
+    Traceback (most recent call last):
+    ...
+    ampdoctor.core.usage.UsageError: --audit takes all, auto, off or step numbers such as 0,5, got 'sometimes'
+    """
+    if value is True:
+        return AUDIT_ALL
+    if value is False or value is None:
+        return AUDIT_OFF
+    if isinstance(value, str) and value.strip().lower() in (AUDIT_AUTO, AUDIT_ALL, AUDIT_OFF):
+        return value.strip().lower()
+    parts = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    try:
+        steps = tuple(sorted({int(str(p).strip()) for p in parts})) if parts else ()
+    except ValueError:
+        steps = ()
+    if not steps or any(s < 0 for s in steps) or any(isinstance(p, (bool, float)) for p in parts or ()):
+        raise UsageError(f"{name} takes all, auto, off or step numbers such as 0,5, got {value!r}")
+    return steps
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """What a run was asked to do, the same for every entry point.
@@ -46,6 +76,7 @@ class RunOptions:
         log_dir: the watch's JSON-lines flight recorder folder, or a ``.jsonl`` file (``--log-dir``).
         activations: also watch every module's activations (``--activations``).
         json_path: where the JSON report is written at the end (``--json``).
+        audit: which steps the numerics audit re-runs in fp32 (``--audit [STEPS]``, ``--no-audit``: `check_audit`).
         fix_command: how this run is asked for ``--fix`` where it was started, for the fixes to say
             (``ampdoctor run --fix finetune.py --lr 1e-4``, ``%ampdoctor --fix``); None: the catalog's words.
 
@@ -66,9 +97,11 @@ class RunOptions:
     activations: bool = False
     json_path: str | None = None
     fix_command: str | None = None
+    audit: Any = AUDIT_AUTO
 
     def __post_init__(self) -> None:
         check_every(self.every)
+        object.__setattr__(self, "audit", check_audit(self.audit))
         for name in ("fix", "watch", "activations"):
             object.__setattr__(self, name, bool(getattr(self, name)))
         for name in ("log_dir", "json_path"):
@@ -102,4 +135,7 @@ class RunOptions:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunOptions":
         """Return the options of `to_dict` output; keys it does not know are refused (``TypeError``)."""
+        data = dict(data)
+        if isinstance(data.get("audit"), list):   # JSON has no tuples
+            data["audit"] = tuple(data["audit"])
         return cls(**data)

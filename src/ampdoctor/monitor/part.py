@@ -47,7 +47,7 @@ class WatchContext:
         params: the watched tensors (the optimizer's), with their ``names``, ``modules`` and ``dtypes`` as the
             findings name them; owners: per tensor, the index in ``models`` of the model that holds it (None: none).
         prefix: what the names of ``model``'s modules start with in a run of several models.
-        every, stats, sample, dense, activations: the watch's settings (``Watch``).
+        every, stats, sample, dense, activations, audit: the watch's settings (``Watch``).
         reads: the watch's host-read counter: a part's own reads count there too (``core.host_reads``).
         names: how the run names the script's objects (``core.names.Names``).
         others, frozen: the run's other models, and what returns the models that ran a forward with nothing to
@@ -90,6 +90,7 @@ class WatchContext:
     off: set[str] = field(default_factory=set)
     left_out: dict[str, str] = field(default_factory=dict)
     loss_scaler: Any = None
+    audit: Any = "off"
 
 
 @dataclass

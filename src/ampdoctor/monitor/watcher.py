@@ -47,7 +47,7 @@ from ampdoctor.core.formats import run_formats
 from ampdoctor.core.host_reads import HostReads
 from ampdoctor.core.isolation import call_safely
 from ampdoctor.core.names import Names
-from ampdoctor.core.options import check_every
+from ampdoctor.core.options import AUDIT_OFF, check_audit, check_every
 from ampdoctor.core.patch import observe
 from ampdoctor.core.records import FlightRecorder, GradientSummary, WatchSummary, read_step, step_line
 from ampdoctor.core.report import Report
@@ -91,7 +91,7 @@ class WatchView(Drawn):
 
 def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
           log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
-          fsync: bool = False, dense: int = DENSE_STEPS) -> "Watch":
+          fsync: bool = False, dense: int = DENSE_STEPS, audit: Any = AUDIT_OFF) -> "Watch":
     """Attach a :class:`Watch` to a training loop and return it; use it as a context manager or call ``detach()``.
 
     >>> model = nn.Linear(4, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -101,7 +101,7 @@ def watch(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None
     (1, 1)
     """
     return Watch(model, optimizer, scaler, every=every, log_dir=log_dir, activations=activations, stats=stats,
-                 sample=sample, fsync=fsync, dense=dense).attach()
+                 sample=sample, fsync=fsync, dense=dense, audit=audit).attach()
 
 
 class Watch:
@@ -129,13 +129,15 @@ class Watch:
         names: how the run names what the script holds (``core.names.Names``; a watch alone has its own).
         loss_scaler: a library's own loss scaler (``ampdoctor run`` finds it among the live objects): without an
             enabled GradScaler, its scale and skipped steps are the loss scale's part's, and a skip ends the step.
+        audit: the steps the numerics audit re-runs in fp32 (``core.options.check_audit``): off unless asked here;
+            ``ampdoctor run`` and ``attach()`` ask for ``"auto"``.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any = None, *, every: int = 50,
                  log_dir: str | None = None, activations: bool = False, stats: str = "full", sample: int = 4096,
                  fsync: bool = False, dense: int = DENSE_STEPS, others: Sequence[nn.Module] = (),
                  frozen: Callable[[], Sequence[nn.Module]] | None = None, names: Names | None = None,
-                 loss_scaler: Any = None) -> None:
+                 loss_scaler: Any = None, audit: Any = AUDIT_OFF) -> None:
         chain = watched_chain(model, optimizer)
         optimizer = chain[-1]  # the torch optimizer that applies the update: its step hooks fire
         check_every(every)
@@ -156,6 +158,7 @@ class Watch:
         self._ctx: WatchContext | None
         self._ctx, self._stepper = self._context(model, optimizer, chain, others, frozen, names or Names(),
                                                  activations, dense)
+        self._ctx.audit = check_audit(audit)
         self.param_names, self.param_modules, self.param_dtypes = self._ctx.names, self._ctx.modules, self._ctx.dtypes
         self._through_scaler = False   # scaler.step() of the watched optimizer since the last update()
         self._ended_directly = False   # a step ended at a direct optimizer.step() since the last update()

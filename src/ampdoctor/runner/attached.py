@@ -80,7 +80,7 @@ def diagnosed_by() -> str | None:
 
 
 def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | os.PathLike[str] | None = None,
-           json_path: str | os.PathLike[str] | None = None, activations: bool = False,
+           json_path: str | os.PathLike[str] | None = None, activations: bool = False, audit: Any = "auto",
            announce: str = "attach") -> "Attached":
     """Diagnose this process as ``ampdoctor run`` would, from now until it exits (or the ``with`` block ends).
 
@@ -92,6 +92,8 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
         log_dir: the watch's JSON-lines flight recorder folder (``--log-dir``).
         json_path: where the JSON report is written at the end (``--json``).
         activations: also watch activations (``--activations``).
+        audit: the steps the numerics audit re-runs in fp32: ``"auto"`` (the first sampled step and the step after
+            the first anomaly), ``"all"`` (``--audit``), step numbers, or ``"off"`` (``--no-audit``).
         announce: ``"attach"`` for a call in the code; ``"environment"`` for ``AMPDOCTOR=...`` (then a process that
             trained nothing, a launcher or a DataLoader worker, says nothing).
 
@@ -107,7 +109,7 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
     asks = (f"{ENV}=--fix python {shlex.join(sys.argv)}" if announce == "environment" and sys.argv
             else "ampdoctor.attach(fix=True)")
     options = RunOptions(fix=fix, watch=watch, every=every, log_dir=log_dir, json_path=json_path,
-                         activations=activations, fix_command=asks)
+                         activations=activations, fix_command=asks, audit=audit)
     if _watchers:
         return Attached(options, watched_by=_watchers[-1])
     if _active:

@@ -99,13 +99,16 @@ def options_from_environment(value: str) -> dict[str, Any]:
     except ValueError as exc:
         raise ValueError(f"{ENV}={value!r} cannot be read ({exc}); {_USE}") from None
     options: dict[str, Any] = {}
-    flags = {"--fix": ("fix", True), "--activations": ("activations", True), "--no-watch": ("watch", False)}
-    valued = {"--json": "json_path", "--log-dir": "log_dir", "--every": "every"}
+    flags = {"--fix": ("fix", True), "--activations": ("activations", True), "--no-watch": ("watch", False),
+             "--no-audit": ("audit", "off"), "--audit": ("audit", "all")}
+    valued = {"--json": "json_path", "--log-dir": "log_dir", "--every": "every", "--audit": "audit"}
     while words:
         word = words.pop(0)
         name, _, given = word.partition("=")
         if word in flags:
             options[flags[word][0]] = flags[word][1]
+        elif name == "--audit" and given:
+            options["audit"] = given
         elif name in valued and (given or words):
             text = given or words.pop(0)
             if name == "--every":
@@ -124,7 +127,7 @@ def options_from_environment(value: str) -> dict[str, Any]:
 
 
 _USE = ("use AMPDOCTOR=1, or ampdoctor run's options, e.g. AMPDOCTOR='--fix --json report.json --log-dir logs' "
-        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --no-watch)")
+        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit[=STEPS], --no-audit, --no-watch)")
 
 
 def install_from_environment() -> None:

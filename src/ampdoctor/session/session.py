@@ -198,7 +198,7 @@ class Session:
         options = self.options
         self.watch = Watch(model, optimizer, setup.scaler, every=options.every, log_dir=options.log_dir,
                            activations=options.activations, others=models, frozen=self.stages.frozen_models,
-                           names=self.names, loss_scaler=setup.loss_scaler).attach()
+                           names=self.names, loss_scaler=setup.loss_scaler, audit=options.audit).attach()
         hidden_by = hidden_losses(setup.accelerator)
         if hidden_by is not None:   # the framework's log leaves NaN/inf losses out: check every one (AMP610)
             self.watch.count_every_loss(hidden_by)

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from ampdoctor.core.options import RunOptions, check_every
+from ampdoctor.core.options import RunOptions, check_audit, check_every
 from ampdoctor.core.usage import UsageError as _UsageError
 from ampdoctor.core.usage import check_writable as _check_writable
 from ampdoctor.core.usage import write_text as _write
@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-dir", metavar="DIR", help="write the JSON-lines flight recorder to DIR")
     run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
     run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
+    run.add_argument("--audit", nargs="?", const="all", default="auto", metavar="STEPS",
+                     help="re-run each fp16/bf16 op in fp32 on every sampled step, or on STEPS (e.g. 0,5); default: "
+                     "the first sampled step and the step after the first anomaly")
+    run.add_argument("--no-audit", action="store_true", help="no numerics audit")
     run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
     run.add_argument("--strict", action="store_true", help="exit 1 when a finding is at error severity, even if "
                      "the script exited 0 (for CI)")
@@ -219,17 +223,22 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
                           "e.g. `ampdoctor run train.py --epochs 1`.")
     check_every(args.every, "--every")
-    if args.no_watch and (args.log_dir or args.activations):
-        given = " and ".join(o for o, v in (("--log-dir", args.log_dir), ("--activations", args.activations)) if v)
+    audit = "off" if args.no_audit else check_audit(args.audit, "--audit")
+    if args.no_audit and args.audit != "auto":
+        raise _UsageError("--audit and --no-audit ask for opposite things: drop one of them")
+    asked = (("--log-dir", args.log_dir), ("--activations", args.activations), ("--audit", args.audit != "auto"))
+    if args.no_watch and any(v for _, v in asked):
+        given = " and ".join(o for o, v in asked if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
     options = RunOptions(fix=args.fix, watch=not args.no_watch, every=args.every, log_dir=args.log_dir,
-                         activations=args.activations, json_path=args.json, fix_command=_fix_command(args))
+                         activations=args.activations, json_path=args.json, fix_command=_fix_command(args),
+                         audit=audit)
     options.check_outputs("--json", "--log-dir")
     return options
 
 
-_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--no-watch", "--strict",
-                "--no-children")
+_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--audit", "--no-audit", "--no-watch",
+                "--strict", "--no-children")
 
 
 def _given_to_the_script(args: argparse.Namespace) -> list[str]:

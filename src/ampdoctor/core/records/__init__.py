@@ -51,6 +51,7 @@ from ampdoctor.core.records.lines import (
     step_line,
     updates_entry,
 )
+from ampdoctor.core.records.numerics import AuditedOp, AuditSection, StateSection
 from ampdoctor.core.records.report_json import (
     REPORT_SCHEMA,
     Extras,
@@ -88,4 +89,5 @@ __all__ = ["WATCH_SCHEMA", "OLD_WATCH_SCHEMAS", "REPORT_SCHEMA", "header_line", 
            "FlightRecorder", "LogRun", "append_report", "log_name", "rank_of_log", "read_log", "read_runs", "Extras",
            "RanksExtra", "Section", "GenericSection", "register_section", "Stats", "ScaleSummary", "Arrival",
            "GradientSummary", "LostSummary", "UpdatesSummary", "LossSummary", "FirstNonfinite", "ActivationModule",
-           "ActivationSummary", "AverageCopy", "Verified", "Coverage", "StageSummary", "WatchSummary"]
+           "ActivationSummary", "AverageCopy", "Verified", "Coverage", "StageSummary", "WatchSummary",
+           "AuditedOp", "AuditSection", "StateSection"]

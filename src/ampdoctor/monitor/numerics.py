@@ -1,0 +1,617 @@
+"""Re-run each low-precision ATen op of an audited step in higher precision, and say where precision is lost.
+
+On an audited step an `AuditMode` (a ``TorchDispatchMode``, below autograd and autocast) sees every ATen op of the
+forward, the backward and an activation checkpoint's recompute. Each op that computes in fp16, bf16 or fp8 runs once
+more on copies of its inputs upcast to fp32 (the *reference*; fp32 ops against float64 with ``reference=float64``),
+and the two results are compared on the device, with no host read until the step's one host copy:
+
+* **inf or NaN where the reference is finite**, and **0 where the reference is a normal number** (no rounding makes
+  a normal number 0: the op lost it, an overflow inside a norm's ``x.pow(2)`` for one);
+* **the error** ``max |out - ref| / max |ref|`` in units of the format's unit roundoff (2**-11 fp16, 2**-8 bf16):
+  rounding the result alone costs at most 0.5;
+* **a scalar argument the op's dtype cannot hold** (``clamp_min(x, 1e-12)`` in fp16: the floor is 0), read on the
+  host from the op's arguments;
+* **a cast that moves positions, timesteps or indices by a whole unit** (bf16 holds whole numbers exactly only up
+  to 256, fp16 up to 2048): a cast, ``arange`` or ``linspace`` into a half format of whole numbers (or of a vector
+  such as a batch's timesteps) that no gradient flows into.
+
+Alongside, a ``TorchFunctionMode`` notes autocast's state at each torch call (inside the dispatcher autocast's keys
+are excluded, so a dispatch mode cannot read it): a matmul or convolution that arrives in fp32 while autocast to a
+half format is on for its device did not get autocast (an ``out=`` or in-place variant, a custom kernel), which
+costs its FLOPs at fp32 speed. Global module hooks, on only while the audit is, keep the module stack (the names in
+findings) and the autocast state of each module's forward: a module whose forward runs again inside the backward
+(a checkpoint's recompute) under another autocast state computes gradients of other activations than the forward
+used. A backward op is named after the forward op whose node it runs (the node's ``metadata``).
+
+Do no harm: the op's own result is what training uses; the reference runs on copies (an in-place or ``out=`` op
+writes into them), random ops (dropout) are never re-run, so the random stream is the user's. Memory: one op's
+inputs in higher precision at a time. The cost is one more op (and a few reductions) per low-precision op, on
+audited steps only; the modes and hooks are not installed on other steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ampdoctor._torch.autograd import current_node, in_backward
+from ampdoctor._torch.dispatch import (
+    TorchDispatchMode,
+    innermost_mode,
+    op_flops,
+    op_is_random,
+    op_schema,
+    op_writes_in_place,
+    tree_leaves,
+)
+from ampdoctor.core.dtypes import dtype_name
+
+__all__ = ["NumericsAudit", "Site", "OpRecord", "Event", "LOW_DTYPES", "unit_roundoff", "GRADED_ULPS"]
+
+LOW_DTYPES = frozenset({torch.float16, torch.bfloat16} | {getattr(torch, n) for n in (
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n)})
+
+# An op whose result is many times the format's unit roundoff away from its own inputs' reference lost precision
+# itself. Rounding the result costs at most 0.5 units; fp32-accumulated matmuls and reductions stay near that: the
+# healthy real-model runs of tests/real (MiniLM, a diffusers UNet and VAE, a tiny Llama, bf16 and fp16) stay below
+# 4 units (bench/audit.py prints their largest).
+GRADED_ULPS = 64.0
+
+# Ops whose result is exact (data movement, selection, comparisons) or none of the audit's business.
+_EXACT = frozenset({
+    "clone", "contiguous", "detach", "alias", "lift_fresh", "lift_fresh_copy", "cat", "stack", "split", "chunk",
+    "index", "index_select", "gather", "scatter", "scatter_add", "index_put", "index_add", "index_copy", "embedding",
+    "embedding_dense_backward", "select_backward", "slice_backward", "slice_scatter", "select_scatter",
+    "as_strided_scatter", "diagonal_backward", "zeros", "zeros_like", "ones", "ones_like", "empty", "empty_like",
+    "empty_strided", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "zero", "constant_pad_nd", "relu",
+    "threshold_backward", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "neg", "abs", "sign",
+    "max", "min", "amax", "amin", "sort", "topk", "argmax", "argmin", "flip", "roll", "repeat", "tril", "triu",
+    "masked_select", "nonzero", "where", "masked_fill", "masked_scatter", "_local_scalar_dense", "item",
+    "resize", "set", "copy", "fill", "full", "full_like", "new_full", "scalar_tensor", "_unsafe_index",
+    "unfold", "im2col", "col2im", "pixel_shuffle", "pixel_unshuffle", "native_dropout", "native_dropout_backward",
+    "_pin_memory", "_to_dense", "to_dense", "_assert_tensor_metadata", "sym_size", "sym_stride", "sym_numel",
+})
+# ...but their scalar arguments are still read (a fill value that is -inf in fp16): see _CONSTANT_OPS
+_CONSTANT_OPS = frozenset({
+    "clamp", "clamp_min", "clamp_max", "add", "sub", "rsub", "mul", "div", "masked_fill", "fill", "full",
+    "full_like", "new_full", "where", "addcmul", "addcdiv", "lerp", "hardtanh", "threshold", "nan_to_num",
+    "scalar_tensor",
+})
+_FILLS = frozenset({"masked_fill", "fill", "full", "full_like", "new_full", "where", "scalar_tensor"})
+_CASTS = frozenset({"_to_copy", "copy", "arange", "linspace"})
+_GEMMS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "convolution", "_convolution",
+                    "_scaled_mm"})
+_DEVICES = ("cpu", "cuda")
+_AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
+# calls (``torch.autograd.backward`` observed by the loss's part)
+_PASSED_THROUGH = (os.path.abspath(__file__), os.path.join(_AMPDOCTOR, "core", "patch.py"))
+_SKIPPED_FILES = (os.path.dirname(torch.__file__) + os.sep, *_PASSED_THROUGH,
+                  os.path.dirname(os.__file__) + os.sep + "contextlib.py",
+                  os.path.dirname(os.__file__) + os.sep + "functools.py")
+_STATS = 7   # per op: new non-finite, NaN in the result, lost normals, largest error, largest |ref|, whole numbers,
+#              zeros in the result
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Return the unit roundoff of a floating format: half the distance from 1 to the next number.
+
+    >>> unit_roundoff(torch.float16), unit_roundoff(torch.bfloat16)
+    (0.00048828125, 0.00390625)
+    """
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where an op ran: the ATen op, the phase, the innermost named module and the source line that called it.
+
+    Attributes:
+        op: the ATen overload (``aten.pow.Tensor_Scalar``).
+        phase: ``forward``, ``backward`` or ``recompute`` (a module's forward run again inside the backward).
+        dtype: the format it computed in (``float16``).
+        module: the innermost running module, as the findings name it (``encoder.norm``); ``""``: none.
+        module_class: its class (``T5LayerNorm``).
+        where: the innermost source line outside torch and ampdoctor (``model.py:42``), of the forward op for a
+            backward op.
+        node: a backward op's autograd node (``PowBackward0``); forward: the forward op a backward op belongs to.
+    """
+
+    op: str
+    phase: str
+    dtype: str
+    module: str = ""
+    module_class: str = ""
+    where: str = ""
+    node: str = ""
+    forward: str = ""
+
+    def describe(self) -> str:
+        """Return the op as a finding names it: ``aten.pow.Tensor_Scalar at model.py:12`` (the backward of ...)."""
+        what = self.op if self.phase != "backward" else \
+            f"{self.op} in the backward of {self.forward or self.node}"
+        if self.phase == "recompute":
+            what += " (recomputed in the backward)"
+        return f"{what} at {self.where}" if self.where else what
+
+    def module_text(self) -> str:
+        """Return the module as findings name it: ``encoder.norm (T5LayerNorm)``, or ``(outside any module)``."""
+        if not self.module:
+            return "(outside any module)"
+        return f"{self.module} ({self.module_class})" if self.module_class else self.module
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One audited op: its site, and what its device values are about (``cast``: a cast, ``arange`` or
+    ``linspace`` into a half format of a tensor no gradient flows into; ``source``: its dtype and shape, ``rank``: its
+    number of dimensions)."""
+
+    site: Site
+    cast: bool = False
+    source: str = ""
+    rank: int = 0
+
+
+@dataclass(frozen=True)
+class Event:
+    """What the audit saw at one op: ``kind`` is ``nonfinite``, ``zeros``, ``constant``, ``integer``, ``graded``,
+    ``fp32-gemm`` or ``recompute``; ``text`` says it with the values; ``ulps`` the op's error in roundoff units."""
+
+    kind: str
+    site: Site
+    text: str
+    index: int = 0
+    ulps: float = 0.0
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def _autocast_state() -> tuple[tuple[str, bool, torch.dtype | None], ...]:
+    """Return autocast's state for each device type: (device, enabled, its dtype)."""
+    state = []
+    for device in _DEVICES:
+        try:
+            enabled = torch.is_autocast_enabled(device)
+            state.append((device, enabled, torch.get_autocast_dtype(device) if enabled else None))
+        except (RuntimeError, TypeError, AttributeError):   # an unknown device type on this torch
+            continue
+    return tuple(state)
+
+
+def _state_text(state: Sequence[tuple[str, bool, Any]]) -> str:
+    on = [f"{dtype_name(dtype)} ({device})" for device, enabled, dtype in state if enabled]
+    return f"autocast to {', '.join(on)}" if on else "no autocast"
+
+
+@functools.lru_cache(maxsize=4096)
+def _held(value: float, dtype: torch.dtype) -> float:
+    """Return ``value`` as ``dtype`` holds it (1e-12 -> 0.0 in fp16)."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype).to(torch.float64))
+
+
+def _caller() -> tuple[str, bool]:
+    """Return ``file:line`` of the innermost frame outside torch, this module, ampdoctor's call wrappers and
+    contextlib ("" when none), and whether that frame is ampdoctor's own (a monitor's hook: not the user's op)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if path.startswith(_AMPDOCTOR) and not path.startswith(_PASSED_THROUGH):
+            return path, True
+        if not path.startswith(_SKIPPED_FILES) and not path.startswith("<"):
+            try:
+                shown = os.path.relpath(path)
+            except ValueError:   # another drive (Windows)
+                shown = path
+            return f"{shown if not shown.startswith('..') else os.path.basename(path)}:{frame.f_lineno}", False
+        frame = frame.f_back
+    return "", False
+
+
+class _AutocastTracker(torch.overrides.TorchFunctionMode):
+    """Note autocast's state at each torch call, for the dispatch mode below it."""
+
+    def __init__(self, audit: "NumericsAudit") -> None:
+        super().__init__()
+        self.audit = audit
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.audit.region = _autocast_state()
+        return func(*args, **(kwargs or {}))
+
+
+class AuditMode(TorchDispatchMode):
+    """See every ATen op of an audited step; `NumericsAudit.observe` re-runs and compares it."""
+
+    def __init__(self, audit: "NumericsAudit") -> None:
+        super().__init__()
+        self.audit = audit
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.audit.observe(func, args, kwargs or {})
+
+
+class NumericsAudit:
+    """The audit of one or more steps: `start` it before the step's first forward, `stop` it once its gradients
+    are final, hand `pending` to the step's host copy and read the `events` of what came back.
+
+    Args:
+        labels: the findings' names of the run's modules, by module.
+        reference: the higher precision fp16/bf16/fp8 ops are compared with (fp32), and the one fp32 ops are
+            compared with when ``audit_fp32`` (float64).
+        audit_fp32: also compare fp32 ops with float64 (on request: it doubles the cost of an fp32 model).
+        max_ops: the ops audited per step at most (the rest are counted, not re-run).
+        on_error: told an exception raised inside the audit (the op is named); the audit is off from then on.
+
+    >>> audit = NumericsAudit({})
+    >>> x = torch.tensor([300.0, 1e-12], dtype=torch.float16)
+    >>> audit.start()
+    >>> _ = x.clamp_min(1e-12)
+    >>> audit.stop()
+    >>> [e.text for e in audit.events(audit.pending().tolist())]
+    ['min=1e-12 is 0 in float16: aten.clamp_min.default sets a floor of 0']
+    """
+
+    def __init__(self, labels: dict[nn.Module, str] | None = None, *, audit_fp32: bool = False, max_ops: int = 20000,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self._labels = {id(m): (label, type(m).__name__) for m, label in (labels or {}).items()}
+        self._keep = list((labels or {}).keys())   # the ids above stay valid while the audit lives
+        self.audit_fp32, self.max_ops, self._on_error = audit_fp32, max_ops, on_error
+        self.region: tuple[tuple[str, bool, Any], ...] = ()
+        self.off = False
+        self.ops = 0          # ops seen that computed in a low-precision format (or fp32, with audit_fp32)
+        self.truncated = 0    # of those, not re-run (over max_ops)
+        self.gemm_flops = 0   # the forward's matmul and convolution FLOPs
+        self.records: list[OpRecord] = []
+        self._stats: list[torch.Tensor] = []
+        self._host_events: list[Event] = []
+        self._stack: list[tuple[nn.Module, bool]] = []
+        self._first_state: dict[int, tuple[Any, ...]] = {}
+        self._mismatched: set[int] = set()
+        self._recent: tuple[list[torch.Tensor], Site] | None = None
+        self._modes: list[Any] = []
+        self._handles: list[Any] = []
+
+    # ---- on and off -----------------------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """Whether the audit's modes are on now."""
+        return bool(self._modes)
+
+    def start(self, root: nn.Module | None = None) -> None:
+        """Switch the modes and module hooks on; ``root``: a module whose forward is starting now (its own
+        pre-hooks ran before the global ones were registered)."""
+        if self.running or self.off:
+            return
+        self.region = _autocast_state()
+        hooks = nn.modules.module
+        self._handles = [hooks.register_module_forward_pre_hook(self._module_starts),
+                         hooks.register_module_forward_hook(self._module_ends, always_call=True)]
+        if root is not None:
+            self._module_starts(root, ())
+        self._modes = [_AutocastTracker(self), AuditMode(self)]
+        for mode in self._modes:
+            mode.__enter__()
+
+    def stop(self) -> None:
+        """Switch the modes and hooks off (the innermost dispatch mode must be the audit's: a mode the user entered
+        after it and still holds keeps both on, and the audit says so through ``on_error`` when it detaches)."""
+        if not self.running:
+            return
+        if innermost_mode() is not self._modes[1]:
+            raise RuntimeError("another dispatch mode was entered after the audit's and is still on: the audit "
+                               "cannot leave without removing it")
+        self._tag_nodes()
+        for mode in reversed(self._modes):
+            mode.__exit__(None, None, None)
+        self._modes = []
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._stack, self._recent = [], [], None
+
+    def _fail(self, exc: BaseException, func: Any = None) -> None:
+        self.off = True
+        if self._on_error is not None:
+            self._on_error(RuntimeError(f"auditing {func}: {type(exc).__name__}: {exc}") if func else exc)
+
+    # ---- the module stack and recomputed forwards ------------------------------------------------------------------
+    def _module_starts(self, module: nn.Module, args: Any) -> None:
+        if self.off:
+            return
+        try:
+            state, recompute = _autocast_state(), in_backward()
+            if not recompute:
+                self._first_state.setdefault(id(module), state)
+            elif id(module) not in self._mismatched:
+                first = self._first_state.get(id(module))
+                inside = any(id(m) in self._mismatched for m, again in self._stack if again)
+                if first is not None and first != state and id(module) in self._labels and not inside:
+                    self._mismatched.add(id(module))
+                    where, _ = _caller()
+                    label, cls = self._labels[id(module)]
+                    site = Site("forward", "recompute", "", label, cls, where)
+                    self._host_events.append(Event(
+                        "recompute", site, f"its forward ran under {_state_text(first)}; the recompute of the "
+                        f"activation checkpoint in the backward runs it under {_state_text(state)}",
+                        len(self.records)))
+            if not (self._stack and self._stack[-1][0] is module):   # the root, pushed by start()
+                self._stack.append((module, recompute))
+        except Exception as exc:  # noqa: BLE001 - the audit steps aside, the forward goes on
+            self._fail(exc)
+
+    def _module_ends(self, module: nn.Module, args: Any, output: Any) -> None:
+        for i in range(len(self._stack) - 1, -1, -1):
+            if self._stack[i][0] is module:
+                del self._stack[i:]
+                return
+
+    def _module(self) -> tuple[str, str]:
+        for module, _ in reversed(self._stack):
+            named = self._labels.get(id(module))
+            if named is not None:
+                return named
+        return ("", "")
+
+    # ---- each op ---------------------------------------------------------------------------------------------------
+    def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``func`` as asked and return its result; on the way, audit it (never raising: `on_error`)."""
+        if self.off or getattr(func, "namespace", "aten") != "aten":
+            return func(*args, **kwargs)
+        try:
+            plan = self._plan(func, args, kwargs)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc, func)
+            plan = None
+        out = func(*args, **kwargs)
+        if plan is not None:
+            try:
+                self._compare(plan, func, out)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc, func)
+        return out
+
+    def _plan(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Before the op runs: decide whether it is audited, and copy its inputs upcast (they may be written)."""
+        self._tag_nodes()
+        seen = self._seen(func, args, kwargs)
+        if seen is None:
+            return None
+        base, tensors, low, floating, where = seen
+        node = current_node()
+        phase = "forward" if node is None else ("recompute" if self._stack and self._stack[-1][1] else "backward")
+        if base in _GEMMS and phase == "forward":
+            self._count_gemm(func, args, kwargs, floating, low, where)
+        if low is None and not (self.audit_fp32 and floating and all(t.dtype == torch.float32 for t in floating)):
+            return None
+        if base in _EXACT and base not in _CONSTANT_OPS and base != "copy":
+            return None
+        self.ops += 1
+        if len(self.records) >= self.max_ops:
+            self.truncated += 1
+            return None
+        dtype = low or torch.float32
+        site = self._site(func, phase, dtype, node, where)
+        if base in _CONSTANT_OPS:
+            self._constants(func, args, kwargs, dtype, site)
+        if base in _EXACT and base != "copy":
+            return None
+        ref_dtype = torch.float32 if low is not None else torch.float64
+        source = tensors[-1] if base == "copy" and len(tensors) > 1 else (tensors[0] if tensors else None)
+        cast = base in _CASTS and low is not None and (source is None or (
+            source.dtype not in LOW_DTYPES and not source.requires_grad))
+        upcast = functools.partial(_upcast, ref_dtype=ref_dtype, copy_all=op_writes_in_place(func) or "out" in kwargs)
+        ref_args, ref_kwargs = (_map(upcast, args), _map(upcast, kwargs))
+        return site, ref_args, ref_kwargs, dtype, (source if cast else None), base, cast
+
+    def _seen(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Return what the audit needs of an op of the user's with floating tensors (its base name, tensors, the
+        low-precision format it computes in or None, its floating tensors, its source line), None for any other
+        (a view, a random op, a monitor's own reading)."""
+        base = func.overloadpacket.__name__
+        base = base[:-1] if base.endswith("_") and not base.endswith("__") else base
+        if getattr(func, "is_view", False) or op_is_random(func):
+            return None
+        leaves = tree_leaves((args, kwargs))
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        low = next((t.dtype for t in tensors if t.dtype in LOW_DTYPES), None)
+        if low is None:
+            low = next((v for v in leaves if isinstance(v, torch.dtype) and v in LOW_DTYPES), None)
+        floating = [t for t in tensors if t.is_floating_point()]
+        if low is None and not floating:
+            return None
+        where, ours = _caller()
+        if ours:
+            return None   # a monitor's own reading (a hook's aminmax), not the user's computation
+        return base, tensors, low, floating, where
+
+    def _count_gemm(self, func: Any, args: Any, kwargs: Any, floating: list[torch.Tensor], low: torch.dtype | None,
+                    where: str) -> None:
+        flops = op_flops(func, args, kwargs)
+        self.gemm_flops += flops or 0
+        if low is not None or not floating or any(t.dtype != torch.float32 for t in floating):
+            return
+        device = floating[0].device.type
+        region = [dtype for d, enabled, dtype in self.region if d == device and enabled and dtype in LOW_DTYPES]
+        if region:
+            site = self._site(func, "forward", torch.float32, None, where)
+            self._host_events.append(Event("fp32-gemm", site, f"computes in float32 inside autocast to "
+                                           f"{dtype_name(region[0])}", len(self.records),
+                                           numbers={"flops": flops or 0, "autocast": dtype_name(region[0])}))
+
+    def _site(self, func: Any, phase: str, dtype: torch.dtype, node: Any, where: str) -> Site:
+        name = f"aten.{func.__name__}" if not str(func).startswith("aten.") else str(func)
+        if phase != "backward":
+            label, cls = self._module()
+            return Site(name, phase, dtype_name(dtype), label, cls, where)
+        forward = node.metadata.get("ampdoctor") if node is not None else None
+        if isinstance(forward, Site):
+            return Site(name, phase, dtype_name(dtype), forward.module, forward.module_class, forward.where,
+                        node.name(), forward.op)
+        return Site(name, phase, dtype_name(dtype), node=node.name() if node is not None else "")
+
+    def _constants(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+                   site: Site) -> None:
+        schema = op_schema(func)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        given = [*zip(names, args), *kwargs.items()]
+        for name, value in given:
+            if not isinstance(value, float) or value == 0 or not math.isfinite(value):
+                continue
+            held = _held(value, dtype)
+            if held == 0 or math.isinf(held):
+                shown = "0" if held == 0 else f"{held:g}"
+                effect = "sets a floor of 0" if func.overloadpacket.__name__.startswith("clamp") and held == 0 \
+                    else f"computes with {shown}"
+                self._host_events.append(Event(
+                    "constant", site, f"{name}={value:g} is {shown} in {dtype_name(dtype)}: {site.op} {effect}",
+                    len(self.records), numbers={"argument": name, "value": value, "held": held}))
+
+    def _compare(self, plan: Any, func: Any, out: Any) -> None:
+        site, ref_args, ref_kwargs, dtype, source, base, cast = plan
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if site.phase != "backward" and outs:
+            self._recent = (outs, site)
+        try:
+            ref = func(*ref_args, **ref_kwargs)
+        except (RuntimeError, TypeError, NotImplementedError):   # no kernel for the higher precision: not compared
+            return
+        refs = [t for t in tree_leaves(ref) if isinstance(t, torch.Tensor)]
+        pair = next(((o, r) for o, r in zip(outs, refs) if o.is_floating_point() and r.shape == o.shape
+                     and o.numel() > 0), None)
+        if pair is None:
+            return
+        o, r = pair[0].detach(), pair[1].detach()
+        of, rf = o.to(_wide(o)), r.to(_wide(o))
+        fin_r, fin_o = torch.isfinite(rf), torch.isfinite(of)
+        tiny = torch.finfo(o.dtype).tiny
+        both = fin_o & fin_r
+        whole = torch.ones((), device=o.device)
+        if source is not None and source.is_floating_point() and source.numel():
+            whole = (source == source.round()).all().to(whole.dtype)
+        stats = torch.stack([(fin_r & ~fin_o).sum().float(), torch.isnan(of).sum().float(),
+                             ((of == 0) & (rf.abs() >= tiny)).sum().float(),
+                             torch.where(both, (of - rf).abs(), 0).amax().float(),
+                             torch.where(fin_r, rf.abs(), 0).amax().float(), whole.float(), (of == 0).sum().float()])
+        self._stats.append(stats)
+        self.records.append(OpRecord(site, cast=cast,
+                                     source="" if source is None else f"{dtype_name(source.dtype)}"
+                                     f"{list(source.shape)}", rank=1 if source is None else source.dim()))
+
+    def _tag_nodes(self) -> None:
+        """Name the autograd nodes of the last forward op after it: its backward ops are named by them."""
+        if self._recent is None:
+            return
+        outs, site = self._recent
+        self._recent = None
+        for t in outs:
+            node = t.grad_fn
+            if node is not None:
+                node.metadata.setdefault("ampdoctor", site)
+
+    # ---- the results ----------------------------------------------------------------------------------------------
+    def pending(self) -> torch.Tensor | None:
+        """Return the device values of the ops audited since the last call, flat (None: none), for the host copy."""
+        if not self._stats:
+            return None
+        values, self._stats = torch.stack(self._stats).reshape(-1), []
+        return values
+
+    def events(self, host: Sequence[float]) -> list[Event]:
+        """Return what the audit saw in the ops whose values `pending` handed over (``host``: them, read), with
+        the events found on the host; the records are consumed."""
+        records, self.records = self.records, []
+        events, self._host_events = list(self._host_events), []
+        rows = [host[i:i + _STATS] for i in range(0, len(host), _STATS)]
+        nan_after = _first_nan(records, rows)
+        for i, (record, row) in enumerate(zip(records, rows)):
+            events += _op_events(i, record, row)
+        for event in events:   # a constant that is 0 or inf in the format matters when NaN/inf follows it
+            if event.kind == "constant":
+                event.numbers["nan_after"] = nan_after(event.index)
+                row = rows[event.index] if event.index < len(rows) and records[event.index].site is event.site \
+                    else None
+                event.numbers["zeros_out"] = int(row[6]) if row is not None else 0
+        return sorted(events, key=lambda e: e.index)
+
+    def worst(self, host: Sequence[float], records: Sequence[OpRecord]) -> list[tuple[Site, float]]:
+        """Return the audited ops with their error in roundoff units, worst first."""
+        rows = [host[i:i + _STATS] for i in range(0, len(host), _STATS)]
+        return sorted(((rec.site, _ulps(rec, row)) for rec, row in zip(records, rows)), key=lambda x: -x[1])
+
+
+def _wide(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _ulps(record: OpRecord, row: Sequence[float]) -> float:
+    """The op's error in roundoff units: 0 where the reference's largest value is below the format's smallest
+    normal number (subnormal results carry less precision by design)."""
+    diff, scale = row[3], row[4]
+    dtype = getattr(torch, record.site.dtype, torch.float32)
+    if diff <= 0 or scale < torch.finfo(dtype).tiny:
+        return 0.0
+    return diff / scale / unit_roundoff(dtype)
+
+
+def _first_nan(records: Sequence[OpRecord], rows: Sequence[Sequence[float]]) -> Callable[[int], str | None]:
+    """Return what tells, for an op index, the first later op whose result holds NaN or inf (its description)."""
+    bad = [(i, rec.site) for i, (rec, row) in enumerate(zip(records, rows)) if row[0] > 0 or row[1] > 0]
+
+    def after(index: int) -> str | None:
+        return next((f"{site.describe()}" for i, site in bad if i >= index), None)
+    return after
+
+
+def _op_events(index: int, record: OpRecord, row: Sequence[float]) -> list[Event]:
+    nonfinite, _, zeros, diff, scale, whole = row[:6]
+    site, out = record.site, []
+    base = site.op.split(".")[1] if site.op.count(".") >= 1 else site.op
+    base = base[:-1] if base.endswith("_") else base
+    dtype = getattr(torch, site.dtype, torch.float32)
+    if nonfinite > 0 and base not in _FILLS:
+        out.append(Event("nonfinite", site, f"gave inf/NaN in {int(nonfinite)} entries where {_ref(dtype)} gives "
+                         f"finite values (the largest |value| there: {scale:.3g}; {site.dtype}'s largest finite "
+                         f"number is {torch.finfo(dtype).max:.5g})", index, numbers={"entries": int(nonfinite),
+                                                                                     "ref_absmax": scale}))
+    if zeros > 0 and base not in _FILLS:
+        out.append(Event("zeros", site, f"gave 0 in {int(zeros)} entries where {_ref(dtype)} gives a normal "
+                         f"{site.dtype} number", index, numbers={"entries": int(zeros)}))
+    if record.cast and diff >= 1 and (whole > 0 or record.rank <= 1):
+        exact = round(2 / torch.finfo(dtype).eps)   # 2**(mantissa bits + 1): 256 bf16, 2048 fp16
+        out.append(Event("integer", site, f"casts {record.source} {'of whole numbers ' if whole > 0 else ''}(up "
+                         f"to {scale:.6g}) to {site.dtype}, which moves values by up to {diff:.3g} ({site.dtype} "
+                         f"holds whole numbers exactly only up to {exact})", index,
+                         numbers={"moved": diff, "largest": scale}))
+    ulps = _ulps(record, row)
+    if ulps >= GRADED_ULPS and not record.cast and nonfinite == 0:
+        out.append(Event("graded", site, f"is {ulps:.0f} units of {site.dtype} roundoff away from the same op in "
+                         f"{_ref(dtype)} on the same inputs (rounding alone costs 0.5)", index, ulps=ulps))
+    return out
+
+
+def _ref(dtype: torch.dtype) -> str:
+    return "float64" if dtype == torch.float32 else "float32"
+
+
+def _upcast(value: Any, ref_dtype: torch.dtype, copy_all: bool) -> Any:
+    if isinstance(value, torch.dtype):
+        return ref_dtype if value in LOW_DTYPES or (ref_dtype == torch.float64 and value == torch.float32) else value
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dtype in LOW_DTYPES or (ref_dtype == torch.float64 and value.dtype == torch.float32):
+        return value.detach().to(ref_dtype)
+    return value.detach().clone() if copy_all else value
+
+
+def _map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map(fn, v) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _map(fn, v) for k, v in tree.items()}
+    return fn(tree)

@@ -1,0 +1,199 @@
+"""The numerics audit, as a part of a watch: audited steps re-run their low-precision ops in fp32 (AMP701 to AMP706,
+AMP708).
+
+``monitor.numerics.NumericsAudit`` does the work; this part says which steps it audits and turns what it saw into
+findings. By default (``audit="auto"``) it audits the first step the watch samples and, once, the step after the
+first anomaly (a skipped step, a non-finite gradient norm or loss); ``"all"`` audits every sampled step, a tuple of
+step numbers those steps, ``"off"`` none. An audited step starts at the first forward of one of the run's models
+(a forward pre-hook on each, which on other steps returns at once) and ends when its optimizer step starts. Its
+device values travel in the sampled step's one host copy. A compiled model (``torch.compile``) is not audited.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from ampdoctor.core.catalog import get_rule
+from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.names import module_label
+from ampdoctor.core.options import AUDIT_AUTO, AUDIT_OFF
+from ampdoctor.core.records import AuditedOp, AuditSection, Step, WatchSummary
+from ampdoctor.monitor.numerics import Event, NumericsAudit, Site
+from ampdoctor.monitor.part import Reading, WatchContext, WatchPart, register_part
+
+__all__ = ["AuditPart"]
+
+_CODES = {"constant": "AMP701", "nonfinite": "AMP702", "zeros": "AMP703", "integer": "AMP704", "graded": "AMP705",
+          "fp32-gemm": "AMP706", "recompute": "AMP708"}
+_WORST = 10      # the worst ops the summary keeps
+_MODULES = 40    # the modules whose worst error it keeps
+
+
+def _compiled(models: list[nn.Module]) -> bool:
+    return any(hasattr(m, "_orig_mod") for m in models)
+
+
+@register_part
+class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70):
+    """The numerics audit of a watch, on the steps its policy names."""
+
+    def __init__(self, ctx: WatchContext, policy: Any) -> None:
+        self._ctx: WatchContext | None = ctx
+        self.policy = policy
+        prefixes = ctx.run_names.prefixes(ctx.models) if len(ctx.models) > 1 else [ctx.prefix] * len(ctx.models)
+        labels = {module: module_label(name, prefix) for model, prefix in zip(ctx.models, prefixes)
+                  for name, module in model.named_modules()}
+        self.audit = NumericsAudit(labels, on_error=functools.partial(ctx.fail, "audit"))
+        self._scaled = ctx.scaler is not None or ctx.loss_scaler is not None
+        self._handles: list[Any] = []
+        self._sampled = True
+        self._armed: set[int] = set()     # auto: steps audited after an anomaly
+        self._anomaly_seen = False
+        self._audited: list[int] = []
+        self._step: int | None = None     # the step being audited, until its values are read
+        self._events: list[tuple[int, Event]] = []
+        self._worst: list[AuditedOp] = []
+        self._modules: dict[str, float] = {}
+
+    @classmethod
+    def create(cls, ctx: WatchContext) -> "AuditPart | None":
+        if ctx.audit == AUDIT_OFF or _compiled(ctx.models):
+            return None
+        return cls(ctx, ctx.audit)
+
+    def attach(self) -> None:
+        assert self._ctx is not None
+        for model in self._ctx.models:
+            self._handles.append(model.register_forward_pre_hook(self._forward_starts))
+
+    def set_sampling(self, active: bool) -> None:
+        self._sampled = active
+
+    def _due(self, step: int) -> bool:
+        if step in self._audited:
+            return False
+        if self.policy == AUDIT_AUTO:
+            return (self._sampled and not self._audited) or step in self._armed
+        if self.policy == "all":
+            return self._sampled
+        return step in self.policy
+
+    def _forward_starts(self, module: nn.Module, args: Any) -> None:
+        if self.audit.running or self.audit.off or self._ctx is None or torch.compiler.is_compiling():
+            return
+        step = self._ctx.steps()
+        if self._due(step):
+            self._audited.append(step)
+            self._step = step
+            self.audit.start(module)
+
+    # ---- the step clock -------------------------------------------------------------------------------------------
+    def step_starting(self) -> bool:
+        self.audit.stop()   # the step's gradients are final: its optimizer's own ops are not audited
+        return False
+
+    def trouble(self, next_step: int) -> None:
+        self._anomaly(next_step)
+
+    def check(self, record: Step, partial: bool) -> None:
+        loss = record.loss
+        if loss is not None and loss.value is not None and loss.value != loss.value or record.skipped:
+            self._anomaly(record.step + 1)
+
+    def _anomaly(self, next_step: int) -> None:
+        if self.policy == AUDIT_AUTO and not self._anomaly_seen:
+            self._anomaly_seen = True
+            self._armed.add(next_step)
+
+    # ---- the host copy --------------------------------------------------------------------------------------------
+    def pending(self, partial: bool) -> dict[str, torch.Tensor] | None:
+        if partial:
+            self.audit.stop()
+        if self.audit.running:
+            return None   # an audited step whose optimizer step has not started: read at the next copy
+        values = self.audit.pending()
+        if values is None and not self.audit.records and self._step is None:
+            return None
+        return {"ops": values if values is not None else torch.zeros(0)}
+
+    def consume(self, host: dict[str, list[float]], reading: Reading) -> dict[str, Any]:
+        values = host.get("ops", [])
+        records = list(self.audit.records)
+        step = self._step if self._step is not None else reading.step
+        self._step = None
+        events = self.audit.events(values)
+        self._events += [(step, e) for e in events]
+        for site, ulps in self.audit.worst(values, records):
+            if site.module:
+                self._modules[site.module] = max(self._modules.get(site.module, 0.0), ulps)
+            self._worst.append(_audited(site, ulps))
+        self._worst = sorted(self._worst, key=lambda op: -op.ulps)[:_WORST]
+        worst = max((op.ulps for op in self._worst), default=0.0)
+        return {"audit": {"ops": len(records), "worst_ulps": round(worst, 3), "events": len(events)}}
+
+    # ---- results --------------------------------------------------------------------------------------------------
+    def sections(self) -> dict[str, Any]:
+        modules = tuple(sorted(self._modules.items(), key=lambda kv: -kv[1])[:_MODULES])
+        return {"audit": AuditSection(tuple(self._audited), self.audit.ops, "float32", tuple(self._worst),
+                                      tuple((m, round(u, 3)) for m, u in modules), len(self.findings(None)),
+                                      self.audit.truncated, self.audit.gemm_flops)}
+
+    def findings(self, summary: WatchSummary | None) -> list[Finding]:
+        out: list[Finding] = []
+        seen: set[tuple[str, str, str]] = set()
+        constant_ops = {(step, e.index) for step, e in self._events if e.kind == "constant"}
+        for step, event in self._events:
+            if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
+                continue   # the constant explains the op's result
+            if event.kind == "nonfinite" and event.site.phase == "backward" and self._scaled:
+                continue   # scaled gradients that overflow are the loss scaler's to skip (AMP604)
+            finding = self._finding(step, event)
+            if finding is None:
+                continue
+            key = (finding.code, finding.where, event.site.op + event.site.where)
+            if key not in seen:
+                seen.add(key)
+                out.append(finding)
+        return out
+
+    def _finding(self, step: int, event: Event) -> Finding | None:
+        rule, site = get_rule(_CODES[event.kind]), event.site
+        where, severity = site.module_text(), None
+        if event.kind == "constant":
+            after = event.numbers.get("nan_after")
+            if after is None and not event.numbers.get("zeros_out"):
+                return None   # the constant never mattered in this step: no harm seen, no finding
+            detail = f"{event.text} at {site.where}" if site.where else event.text
+            detail += f"; NaN/inf follows in {after}" if after else "; its result holds zeros the constant was to " \
+                                                                     "prevent"
+            severity = Severity.ERROR if after else None
+        elif event.kind == "fp32-gemm":
+            flops, total = event.numbers.get("flops", 0), max(self.audit.gemm_flops, 1)
+            detail = f"{site.describe()} {event.text}: {flops:,} FLOPs, {flops / total:.0%} of the step's " \
+                     f"matmul and convolution FLOPs in the forward"
+        elif event.kind == "recompute":
+            detail = f"{site.module_text()} at {site.where}: {event.text}" if site.where else event.text
+        else:
+            detail = f"{site.describe()} ({site.phase}, {site.dtype}) {event.text}"
+        return rule.finding(where, detail, step, severity=severity)
+
+    def stop(self) -> None:
+        self.audit.off = True
+        try:
+            self.audit.stop()
+        except RuntimeError:
+            pass   # another mode is innermost: detach removes ours
+
+    def detach(self) -> None:
+        self.audit.stop()
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._ctx = [], None
+
+
+def _audited(site: Site, ulps: float) -> AuditedOp:
+    return AuditedOp(site.op, site.phase, site.dtype, site.module, site.where, round(ulps, 3))
