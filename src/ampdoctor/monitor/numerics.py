@@ -23,9 +23,9 @@ findings) and the autocast state of each module's forward: a module whose forwar
 (a checkpoint's recompute) under another autocast state computes gradients of other activations than the forward
 used. A backward op is named after the forward op whose node it runs (the node's ``metadata``).
 
-Do no harm: the op's own result is what training uses; the reference runs on copies (an in-place or ``out=`` op
-writes into them), random ops (dropout) are never re-run, so the random stream is the user's. Memory: one op's
-inputs in higher precision at a time. The cost is one more op (and a few reductions) per low-precision op, on
+Do no harm: the op's own result is what training uses; the reference runs on copies of every tensor argument (an
+in-place or ``out=`` op, or ``native_batch_norm``'s running statistics, are written there), random ops (dropout) are
+never re-run, so the random stream is the user's. Memory: one op's inputs in higher precision at a time. The cost is one more op (and a few reductions) per low-precision op, on
 audited steps only; the modes and hooks are not installed on other steps.
 """
 
@@ -48,7 +48,6 @@ from ampdoctor._torch.dispatch import (
     op_flops,
     op_is_random,
     op_schema,
-    op_writes_in_place,
     tree_leaves,
 )
 from ampdoctor.core.dtypes import dtype_name
@@ -88,6 +87,12 @@ _FILLS = frozenset({"masked_fill", "fill", "full", "full_like", "new_full", "whe
 _CASTS = frozenset({"_to_copy", "copy", "arange", "linspace"})
 _GEMMS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "convolution", "_convolution",
                     "_scaled_mm"})
+# the torch calls whose inputs autocast casts to a half format: a matmul of theirs arriving in fp32 bypassed it
+_AUTOCAST_GEMM_CALLS = frozenset({
+    "mm", "matmul", "__matmul__", "__rmatmul__", "linear", "bmm", "addmm", "addmm_", "baddbmm", "baddbmm_",
+    "addbmm", "addbmm_", "addmv", "addmv_", "mv", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot",
+})
 _DEVICES = ("cpu", "cuda")
 _AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
@@ -96,6 +101,7 @@ _PASSED_THROUGH = (os.path.abspath(__file__), os.path.join(_AMPDOCTOR, "core", "
 _SKIPPED_FILES = (os.path.dirname(torch.__file__) + os.sep, *_PASSED_THROUGH,
                   os.path.dirname(os.__file__) + os.sep + "contextlib.py",
                   os.path.dirname(os.__file__) + os.sep + "functools.py")
+_LOST_SHARE = 2.0 ** -4
 _STATS = 7   # per op: new non-finite, NaN in the result, lost normals, largest error, largest |ref|, whole numbers,
 #              zeros in the result
 
@@ -223,6 +229,7 @@ class _AutocastTracker(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.audit.region = _autocast_state()
+        self.audit.call = getattr(func, "__name__", "")
         return func(*args, **(kwargs or {}))
 
 
@@ -255,7 +262,7 @@ class NumericsAudit:
     >>> _ = x.clamp_min(1e-12)
     >>> audit.stop()
     >>> [e.text for e in audit.events(audit.pending().tolist())]
-    ['min=1e-12 is 0 in float16: aten.clamp_min.default sets a floor of 0']
+    ['min=1e-12 is 0 in float16: aten.clamp_min.default sets a bound of 0']
     """
 
     def __init__(self, labels: dict[nn.Module, str] | None = None, *, audit_fp32: bool = False, max_ops: int = 20000,
@@ -264,6 +271,7 @@ class NumericsAudit:
         self._keep = list((labels or {}).keys())   # the ids above stay valid while the audit lives
         self.audit_fp32, self.max_ops, self._on_error = audit_fp32, max_ops, on_error
         self.region: tuple[tuple[str, bool, Any], ...] = ()
+        self.call = ""   # the torch function the user called last (its ops follow)
         self.off = False
         self.ops = 0          # ops seen that computed in a low-precision format (or fp32, with audit_fp32)
         self.truncated = 0    # of those, not re-run (over max_ops)
@@ -405,7 +413,9 @@ class NumericsAudit:
         source = tensors[-1] if base == "copy" and len(tensors) > 1 else (tensors[0] if tensors else None)
         cast = base in _CASTS and low is not None and (source is None or (
             source.dtype not in LOW_DTYPES and not source.requires_grad))
-        upcast = functools.partial(_upcast, ref_dtype=ref_dtype, copy_all=op_writes_in_place(func) or "out" in kwargs)
+        # every tensor argument is copied: some ops write arguments their schema does not mark (native_batch_norm
+        # updates the running statistics it is given)
+        upcast = functools.partial(_upcast, ref_dtype=ref_dtype, copy_all=True)
         ref_args, ref_kwargs = (_map(upcast, args), _map(upcast, kwargs))
         return site, ref_args, ref_kwargs, dtype, (source if cast else None), base, cast
 
@@ -438,7 +448,7 @@ class NumericsAudit:
             return
         device = floating[0].device.type
         region = [dtype for d, enabled, dtype in self.region if d == device and enabled and dtype in LOW_DTYPES]
-        if region:
+        if region and self.call in _AUTOCAST_GEMM_CALLS:   # a composite autocast keeps in fp32 (SDPA) is policy
             site = self._site(func, "forward", torch.float32, None, where)
             self._host_events.append(Event("fp32-gemm", site, f"computes in float32 inside autocast to "
                                            f"{dtype_name(region[0])}", len(self.records),
@@ -464,10 +474,10 @@ class NumericsAudit:
             if not isinstance(value, float) or value == 0 or not math.isfinite(value):
                 continue
             held = _held(value, dtype)
-            if held == 0 or math.isinf(held):
-                shown = "0" if held == 0 else f"{held:g}"
-                effect = "sets a floor of 0" if func.overloadpacket.__name__.startswith("clamp") and held == 0 \
-                    else f"computes with {shown}"
+            if held == 0 or math.isinf(held) or (abs(held) == 1 and held != value):   # a 1 - eps bound that is 1
+                shown = f"{held:g}"
+                clamp = func.overloadpacket.__name__.startswith("clamp")
+                effect = f"sets a bound of {shown}" if clamp else f"computes with {shown}"
                 self._host_events.append(Event(
                     "constant", site, f"{name}={value:g} is {shown} in {dtype_name(dtype)}: {site.op} {effect}",
                     len(self.records), numbers={"argument": name, "value": value, "held": held}))
@@ -490,14 +500,17 @@ class NumericsAudit:
         of, rf = o.to(_wide(o)), r.to(_wide(o))
         fin_r, fin_o = torch.isfinite(rf), torch.isfinite(of)
         tiny = torch.finfo(o.dtype).tiny
-        both = fin_o & fin_r
+        both, rabs = fin_o & fin_r, rf.abs()
+        largest = torch.where(fin_r, rabs, 0).amax()
+        # a lost value: 0 where the reference is a normal number and at least 1/16 of the result's largest one (an
+        # accumulation's rounding may zero an entry that cancels to far less)
+        lost = (of == 0) & (rabs >= torch.clamp(largest * _LOST_SHARE, min=tiny))
         whole = torch.ones((), device=o.device)
         if source is not None and source.is_floating_point() and source.numel():
             whole = (source == source.round()).all().to(whole.dtype)
-        stats = torch.stack([(fin_r & ~fin_o).sum().float(), torch.isnan(of).sum().float(),
-                             ((of == 0) & (rf.abs() >= tiny)).sum().float(),
-                             torch.where(both, (of - rf).abs(), 0).amax().float(),
-                             torch.where(fin_r, rf.abs(), 0).amax().float(), whole.float(), (of == 0).sum().float()])
+        stats = torch.stack([(fin_r & ~fin_o).sum().float(), torch.isnan(of).sum().float(), lost.sum().float(),
+                             torch.where(both, (of - rf).abs(), 0).amax().float(), largest.float(), whole.float(),
+                             (of == 0).sum().float()])
         self._stats.append(stats)
         self.records.append(OpRecord(site, cast=cast,
                                      source="" if source is None else f"{dtype_name(source.dtype)}"

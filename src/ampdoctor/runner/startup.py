@@ -101,14 +101,12 @@ def options_from_environment(value: str) -> dict[str, Any]:
     options: dict[str, Any] = {}
     flags = {"--fix": ("fix", True), "--activations": ("activations", True), "--no-watch": ("watch", False),
              "--no-audit": ("audit", "off"), "--audit": ("audit", "all")}
-    valued = {"--json": "json_path", "--log-dir": "log_dir", "--every": "every", "--audit": "audit"}
+    valued = {"--json": "json_path", "--log-dir": "log_dir", "--every": "every", "--audit-steps": "audit"}
     while words:
         word = words.pop(0)
         name, _, given = word.partition("=")
         if word in flags:
             options[flags[word][0]] = flags[word][1]
-        elif name == "--audit" and given:
-            options["audit"] = given
         elif name in valued and (given or words):
             text = given or words.pop(0)
             if name == "--every":
@@ -127,7 +125,7 @@ def options_from_environment(value: str) -> dict[str, Any]:
 
 
 _USE = ("use AMPDOCTOR=1, or ampdoctor run's options, e.g. AMPDOCTOR='--fix --json report.json --log-dir logs' "
-        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit[=STEPS], --no-audit, --no-watch)")
+        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit, --audit-steps STEPS, --no-audit, --no-watch)")
 
 
 def install_from_environment() -> None:

@@ -82,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-dir", metavar="DIR", help="write the JSON-lines flight recorder to DIR")
     run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
     run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
-    run.add_argument("--audit", nargs="?", const="all", default="auto", metavar="STEPS",
-                     help="re-run each fp16/bf16 op in fp32 on every sampled step, or on STEPS (e.g. 0,5); default: "
-                     "the first sampled step and the step after the first anomaly")
+    run.add_argument("--audit", action="store_true", help="re-run each fp16/bf16 op in fp32 on every sampled step "
+                     "(default: the first sampled step and the step after the first anomaly)")
+    run.add_argument("--audit-steps", metavar="STEPS", help="re-run each fp16/bf16 op in fp32 on these steps (0,5)")
     run.add_argument("--no-audit", action="store_true", help="no numerics audit")
     run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
     run.add_argument("--strict", action="store_true", help="exit 1 when a finding is at error severity, even if "
@@ -223,10 +223,12 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         raise _UsageError(f"no such script: {args.script!r}. Pass the path of a Python file, "
                           "e.g. `ampdoctor run train.py --epochs 1`.")
     check_every(args.every, "--every")
-    audit = "off" if args.no_audit else check_audit(args.audit, "--audit")
-    if args.no_audit and args.audit != "auto":
-        raise _UsageError("--audit and --no-audit ask for opposite things: drop one of them")
-    asked = (("--log-dir", args.log_dir), ("--activations", args.activations), ("--audit", args.audit != "auto"))
+    audit = check_audit(args.audit_steps, "--audit-steps") if args.audit_steps is not None else \
+        "off" if args.no_audit else "all" if args.audit else "auto"
+    if args.no_audit and (args.audit or args.audit_steps is not None):
+        raise _UsageError("--no-audit turns the audit off, but --audit/--audit-steps asks for it: drop one of them")
+    asked = (("--log-dir", args.log_dir), ("--activations", args.activations), ("--audit", args.audit),
+             ("--audit-steps", args.audit_steps))
     if args.no_watch and any(v for _, v in asked):
         given = " and ".join(o for o, v in asked if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
@@ -237,8 +239,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
     return options
 
 
-_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--audit", "--no-audit", "--no-watch",
-                "--strict", "--no-children")
+_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--audit", "--audit-steps", "--no-audit",
+                "--no-watch", "--strict", "--no-children")
 
 
 def _given_to_the_script(args: argparse.Namespace) -> list[str]:

@@ -24,6 +24,7 @@ from ampdoctor.core.options import AUDIT_AUTO, AUDIT_OFF
 from ampdoctor.core.records import AuditedOp, AuditSection, Step, WatchSummary
 from ampdoctor.monitor.numerics import Event, NumericsAudit, Site
 from ampdoctor.monitor.part import Reading, WatchContext, WatchPart, register_part
+from ampdoctor.monitor.watched import other_models
 
 __all__ = ["AuditPart"]
 
@@ -44,8 +45,9 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
     def __init__(self, ctx: WatchContext, policy: Any) -> None:
         self._ctx: WatchContext | None = ctx
         self.policy = policy
-        prefixes = ctx.run_names.prefixes(ctx.models) if len(ctx.models) > 1 else [ctx.prefix] * len(ctx.models)
-        labels = {module: module_label(name, prefix) for model, prefix in zip(ctx.models, prefixes)
+        frozen = list(ctx.frozen()) if ctx.frozen is not None else []
+        self._models = [(ctx.model, ctx.prefix), *other_models(ctx.model, ctx.others, frozen, ctx.run_names)]
+        labels = {module: module_label(name, prefix) for model, prefix in self._models
                   for name, module in model.named_modules()}
         self.audit = NumericsAudit(labels, on_error=functools.partial(ctx.fail, "audit"))
         self._scaled = ctx.scaler is not None or ctx.loss_scaler is not None
@@ -66,9 +68,9 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         return cls(ctx, ctx.audit)
 
     def attach(self) -> None:
-        assert self._ctx is not None
-        for model in self._ctx.models:
-            self._handles.append(model.register_forward_pre_hook(self._forward_starts))
+        # a model's forward, or its children's (a VAE's encode() calls its encoder, not its forward)
+        starts = {id(m): m for model, _ in self._models for m in (model, *model.children())}
+        self._handles = [m.register_forward_pre_hook(self._forward_starts) for m in starts.values()]
 
     def set_sampling(self, active: bool) -> None:
         self._sampled = active
@@ -165,8 +167,9 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         where, severity = site.module_text(), None
         if event.kind == "constant":
             after = event.numbers.get("nan_after")
-            if after is None and not event.numbers.get("zeros_out"):
-                return None   # the constant never mattered in this step: no harm seen, no finding
+            zeroed = event.numbers.get("zeros_out") and event.numbers.get("held") == 0
+            if after is None and not zeroed:
+                return None   # the constant did no harm in this step (no NaN/inf after it, no zeros it let through)
             detail = f"{event.text} at {site.where}" if site.where else event.text
             detail += f"; NaN/inf follows in {after}" if after else "; its result holds zeros the constant was to " \
                                                                      "prevent"
