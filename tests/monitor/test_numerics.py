@@ -8,6 +8,7 @@ or crash the step when it fails itself.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from op_count import CountOps
@@ -17,8 +18,6 @@ from ampdoctor.core.options import check_audit
 from ampdoctor.core.usage import UsageError
 from ampdoctor.monitor.numerics import NumericsAudit
 from ampdoctor.monitor.watcher import Watch
-
-import pytest
 
 
 def _audit(model: nn.Module, fn, *args) -> list:

@@ -25,8 +25,9 @@ used. A backward op is named after the forward op whose node it runs (the node's
 
 Do no harm: the op's own result is what training uses; the reference runs on copies of every tensor argument (an
 in-place or ``out=`` op, or ``native_batch_norm``'s running statistics, are written there), random ops (dropout) are
-never re-run, so the random stream is the user's. Memory: one op's inputs in higher precision at a time. The cost is one more op (and a few reductions) per low-precision op, on
-audited steps only; the modes and hooks are not installed on other steps.
+never re-run, so the random stream is the user's. Memory: one op's inputs in higher precision at a time. The cost is
+one more op (and a few reductions) per low-precision op, on audited steps only; the modes and hooks are not installed
+on other steps.
 """
 
 from __future__ import annotations

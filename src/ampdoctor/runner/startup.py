@@ -125,7 +125,8 @@ def options_from_environment(value: str) -> dict[str, Any]:
 
 
 _USE = ("use AMPDOCTOR=1, or ampdoctor run's options, e.g. AMPDOCTOR='--fix --json report.json --log-dir logs' "
-        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit, --audit-steps STEPS, --no-audit, --no-watch)")
+        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit, --audit-steps STEPS, --no-audit, "
+        "--no-watch)")
 
 
 def install_from_environment() -> None:
