@@ -157,6 +157,14 @@ def flat_param_padding(param: Any) -> int:
     return int(getattr(param, "_shard_numel_padded", 0) or 0)
 
 
+def local_part(tensor: Any) -> Any:
+    """Return the part of ``tensor`` held on this rank: a DTensor's local shard, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    if callable(to_local) and getattr(tensor, "placements", None) is not None:
+        return to_local()
+    return tensor
+
+
 def local_numel(param: Any) -> int:
     """Return the number of entries of ``param`` held on this rank: a DTensor's local shard, an FSDP1 flat
     parameter's shard without padding, or the whole tensor."""

@@ -95,6 +95,7 @@ _AUTOCAST_GEMM_CALLS = frozenset({
     "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot",
 })
 _DEVICES = ("cpu", "cuda")
+_PLAIN = (torch.Tensor, nn.Parameter)
 _AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
 # calls (``torch.autograd.backward`` observed by the loss's part)
@@ -430,6 +431,8 @@ class NumericsAudit:
             return None
         leaves = tree_leaves((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if any(type(t) not in _PLAIN for t in tensors):
+            return None   # a tensor subclass (DTensor, a fake tensor): its ops may run collectives or hold no values
         low = next((t.dtype for t in tensors if t.dtype in LOW_DTYPES), None)
         if low is None:
             low = next((v for v in leaves if isinstance(v, torch.dtype) and v in LOW_DTYPES), None)

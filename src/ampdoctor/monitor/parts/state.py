@@ -3,7 +3,7 @@
 A BatchNorm's running statistics are written by the forward, also on a step the loss scaler then skips, and
 optimizer state (Adam's ``exp_avg_sq``) that holds NaN writes NaN into the weights at the next step; neither is a
 weight, so the gradients' and weights' checks never see them. On a sampled step this part reduces each floating
-buffer of the run's models, each optimizer state tensor and each watched tensor to its largest magnitude
+buffer of the run's models, each optimizer state tensor and each watched tensor (its shard on this rank) to its largest magnitude
 (``_torch.foreach.norms(..., inf)``: NaN and inf stay so) on the device; the values travel in the step's one host
 copy. A state tensor whose weight is itself non-finite is left to AMP616.
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ampdoctor._torch.distributed import local_part
 from ampdoctor._torch.foreach import norms
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding
@@ -118,6 +119,6 @@ def _largest(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """Return each tensor's largest magnitude (NaN and inf kept), as one float32 vector on the first one's device."""
     if not tensors:
         return None
-    largest = norms([t.detach() for t in tensors], float("inf"))
+    largest = norms([local_part(t).detach() for t in tensors], float("inf"))
     device = tensors[0].device
     return torch.stack([n.float().to(device) for n in largest])
