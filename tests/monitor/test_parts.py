@@ -53,7 +53,7 @@ def test_a_part_added_in_one_file_reaches_every_view(tmp_path):
 
 def test_every_built_in_part_is_declared_once_with_a_name():
     names = [cls.name for cls in parts()]
-    assert names == ["gradients", "scale", "lost_updates", "loss", "averages", "activations"]
+    assert names == ["gradients", "scale", "lost_updates", "loss", "averages", "activations", "audit", "state"]
     assert all(issubclass(cls, WatchPart) and cls.__doc__ for cls in parts())
 
 

@@ -56,7 +56,7 @@ def watch_data() -> dict:
                                     {"dtype": "float16", "lost_fraction": 0.62},
                                     "model.pooler.dense.bias": {"dtype": "float16", "lost_fraction": 0.05}},
                          "watched": 2, "sampled_steps": 9, "lost_fraction": 0.33},
-        "activations": None, "averages": None, "off": [],
+        "activations": None, "averages": None, "off": [], "state": {"tensors": 6, "checks": 9, "nonfinite": []},
         "updates": {"watched": 2, "sampled_steps": 9, "unmoved_steps": [], "moved_fraction": 0.67, "nonfinite": {}},
         "loss": {"backwards": 200, "dropped": 0, "dropped_early": 0, "steps_ended": 200, "sampled": 9,
                  "hand_scaled": False, "nonfinite": [], "last_finite": True, "first": [0, 2.3], "last": [199, 0.7],

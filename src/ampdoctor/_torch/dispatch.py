@@ -11,6 +11,7 @@ outputs torch registers); without it lists, tuples and dicts are walked here, ot
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -21,9 +22,13 @@ except ImportError:  # pragma: no cover - a torch without Python dispatch modes
     TorchDispatchMode = object  # type: ignore[assignment,misc]
 
 try:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    from torch.utils._python_dispatch import (
+        _disable_current_modes,
+        _get_current_dispatch_mode,
+        _get_current_dispatch_mode_stack,
+    )
 except ImportError:  # pragma: no cover
-    _get_current_dispatch_mode = None
+    _get_current_dispatch_mode = _get_current_dispatch_mode_stack = _disable_current_modes = None
 
 try:
     from torch.utils.flop_counter import flop_registry as _FLOP_REGISTRY
@@ -35,8 +40,8 @@ try:
 except ImportError:  # pragma: no cover
     _pytree_leaves = None
 
-__all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "op_flops", "op_schema",
-           "op_writes_in_place", "op_is_random", "tree_leaves"]
+__all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "modes_paused", "mode_is_on", "op_flops",
+           "op_schema", "op_writes_in_place", "op_is_random", "tree_leaves"]
 
 
 def dispatch_modes_available() -> bool:
@@ -51,6 +56,19 @@ def dispatch_modes_available() -> bool:
 def innermost_mode() -> Any:
     """Return the dispatch mode that sees the next op first (the last one entered), None when none is on."""
     return _get_current_dispatch_mode() if _get_current_dispatch_mode is not None else None
+
+
+def modes_paused() -> Any:
+    """Return a context in which no dispatch mode sees the ops (they are put back after it)."""
+    return _disable_current_modes() if _disable_current_modes is not None else contextlib.nullcontext()
+
+
+def mode_is_on(mode: Any) -> bool:
+    """Return whether ``mode`` is on this thread's stack of dispatch modes (something may have left it: a custom
+    autograd Function's forward restores the stack it started with)."""
+    if _get_current_dispatch_mode_stack is None:
+        return False
+    return any(m is mode for m in _get_current_dispatch_mode_stack())
 
 
 def op_is_random(func: Any) -> bool:

@@ -712,7 +712,8 @@ RULES: tuple[Rule, ...] = (
         "NaN writes NaN into the weights at the next step.",
         "# keep the norm in fp32 and its input finite; after a skipped step, restore the statistics:\n"
         "for m in model.modules():\n"
-        "    if isinstance(m, torch.nn.modules.batchnorm._BatchNorm): m.reset_running_stats()\n"
+        "    if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):\n"
+        "        m.reset_running_stats()\n"
         "# or update the running statistics only on steps the scaler did not skip",
         ERROR, "watch",
     ),

@@ -3,10 +3,13 @@ AMP708).
 
 ``monitor.numerics.NumericsAudit`` does the work; this part says which steps it audits and turns what it saw into
 findings. By default (``audit="auto"``) it audits the first step the watch samples and, once, the step after the
-first anomaly (a skipped step, a non-finite gradient norm or loss); ``"all"`` audits every sampled step, a tuple of
-step numbers those steps, ``"off"`` none. An audited step starts at the first forward of one of the run's models
-(a forward pre-hook on each, which on other steps returns at once) and ends when its optimizer step starts. Its
-device values travel in the sampled step's one host copy. A compiled model (``torch.compile``) is not audited.
+first anomaly (a skipped step, a non-finite gradient norm or loss), and the first step it sees whole; ``"all"``
+audits every sampled step, a tuple of step numbers those steps, ``"off"`` none. An audited step starts where the step
+before it ended, so that what the loop does before the forward (casting timesteps, building a schedule) is audited
+too; the first step of a watch attached before the loop starts at the first forward of one of the run's models or
+their children (a forward pre-hook on each, which on other steps returns at once). It ends when its optimizer step
+starts. Its device values travel in the sampled step's one host copy. A compiled model (``torch.compile``) is not
+audited.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         self._scaled = ctx.scaler is not None or ctx.loss_scaler is not None
         self._handles: list[Any] = []
         self._sampled = True
+        self._boundary = False   # a step boundary was seen since the attach
+        self._whole = False      # a step was audited from its start
         self._armed: set[int] = set()     # auto: steps audited after an anomaly
         self._anomaly_seen = False
         self._audited: list[int] = []
@@ -73,22 +78,34 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         self._handles = [m.register_forward_pre_hook(self._forward_starts) for m in starts.values()]
 
     def set_sampling(self, active: bool) -> None:
+        """The previous step ended (or the watch attached): an audited step starts here, so that what the loop does
+        before the forward (casting timesteps, building a schedule) is audited too."""
         self._sampled = active
+        if self._boundary:
+            self._maybe_start(None)
+        self._boundary = True   # the first call is the attach, maybe in the middle of a step
 
-    def _due(self, step: int) -> bool:
+    def _due(self, step: int, whole: bool) -> bool:
+        """Whether ``step`` is audited; ``whole``: it starts at a step boundary (else at a forward: what the loop did
+        before it is not seen)."""
         if step in self._audited:
             return False
-        if self.policy == AUDIT_AUTO:
-            return (self._sampled and not self._audited) or step in self._armed
+        if self.policy == AUDIT_AUTO:   # the first sampled step, the first whole one, and the one after an anomaly
+            return (self._sampled and (not self._audited or (whole and not self._whole))) or step in self._armed
         if self.policy == "all":
             return self._sampled
         return step in self.policy
 
     def _forward_starts(self, module: nn.Module, args: Any) -> None:
+        """A model's forward starts: the first audited step of a watch attached before the loop starts here."""
+        self._maybe_start(module)
+
+    def _maybe_start(self, module: nn.Module | None) -> None:
         if self.audit.running or self.audit.off or self._ctx is None or torch.compiler.is_compiling():
             return
-        step = self._ctx.steps()
-        if self._due(step):
+        step, whole = self._ctx.steps(), module is None
+        if self._due(step, whole):
+            self._whole = self._whole or whole
             self._audited.append(step)
             self._step = step
             self.audit.start(module)
@@ -148,9 +165,12 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         out: list[Finding] = []
         seen: set[tuple[str, str, str]] = set()
         constant_ops = {(step, e.index) for step, e in self._events if e.kind == "constant"}
+        categorical = {(step, e.index) for step, e in self._events if e.kind in ("constant", "nonfinite", "zeros")}
         for step, event in self._events:
             if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
                 continue   # the constant explains the op's result
+            if event.kind == "graded" and (step, event.index) in categorical:
+                continue   # its inf, NaN or lost values say more than its error
             if event.kind == "nonfinite" and event.site.phase == "backward" and self._scaled:
                 continue   # scaled gradients that overflow are the loss scaler's to skip (AMP604)
             finding = self._finding(step, event)
@@ -180,6 +200,9 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
                      f"matmul and convolution FLOPs in the forward"
         elif event.kind == "recompute":
             detail = f"{site.module_text()} at {site.where}: {event.text}" if site.where else event.text
+        elif site.op == "module output":
+            called = f"called at {site.where}, " if site.where else ""
+            detail = f"its output ({called}{site.dtype}) {event.text}"
         else:
             detail = f"{site.describe()} ({site.phase}, {site.dtype}) {event.text}"
         return rule.finding(where, detail, step, severity=severity)

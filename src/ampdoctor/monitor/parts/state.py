@@ -3,9 +3,9 @@
 A BatchNorm's running statistics are written by the forward, also on a step the loss scaler then skips, and
 optimizer state (Adam's ``exp_avg_sq``) that holds NaN writes NaN into the weights at the next step; neither is a
 weight, so the gradients' and weights' checks never see them. On a sampled step this part reduces each floating
-buffer of the run's models, each optimizer state tensor and each watched tensor (its shard on this rank) to its largest magnitude
-(``_torch.foreach.norms(..., inf)``: NaN and inf stay so) on the device; the values travel in the step's one host
-copy. A state tensor whose weight is itself non-finite is left to AMP616.
+buffer of the run's models, each optimizer state tensor and each watched tensor (its shard on this rank) to its
+largest magnitude (``_torch.foreach.norms(..., inf)``: NaN and inf stay so) on the device; the values travel in the
+step's one host copy. A state tensor whose weight is itself non-finite is left to AMP616.
 """
 
 from __future__ import annotations
@@ -61,10 +61,10 @@ class StatePart(WatchPart, name="state", codes=("AMP707",), order=75):
             names.append(("buffer", where, name, None))
         state = getattr(ctx.optimizer, "state", {})
         for i, (param, pname) in enumerate(zip(ctx.params, ctx.names)):
-            tensors.append(param.detach())
+            tensors.append(param)
             names.append(("weight", pname, "", i))
             for key, value in state.get(param, {}).items() if isinstance(state, dict) else ():
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 0:
+                if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
                     tensors.append(value)
                     names.append(("state", pname, str(key), i))
         self._values = _largest(tensors)
@@ -119,6 +119,7 @@ def _largest(tensors: list[torch.Tensor]) -> torch.Tensor | None:
     """Return each tensor's largest magnitude (NaN and inf kept), as one float32 vector on the first one's device."""
     if not tensors:
         return None
-    largest = norms([local_part(t).detach() for t in tensors], float("inf"))
-    device = tensors[0].device
-    return torch.stack([n.float().to(device) for n in largest])
+    with torch.no_grad():
+        largest = norms([local_part(t) for t in tensors], float("inf"), dtype=torch.float32)
+        device = largest[0].device
+        return torch.stack([n if n.device == device else n.to(device) for n in largest])
