@@ -65,6 +65,8 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         self._events: list[tuple[int, Event]] = []
         self._worst: list[AuditedOp] = []
         self._modules: dict[str, float] = {}
+        self._step_flops: dict[int, int] = {}
+        self._flops_seen = 0
 
     @classmethod
     def create(cls, ctx: WatchContext) -> "AuditPart | None":
@@ -146,6 +148,8 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         self._step = None
         events = self.audit.events(values)
         self._events += [(step, e) for e in events]
+        self._step_flops[step] = self.audit.gemm_flops - self._flops_seen
+        self._flops_seen = self.audit.gemm_flops
         for site, ulps in self.audit.worst(values, records):
             if site.module:
                 self._modules[site.module] = max(self._modules.get(site.module, 0.0), ulps)
@@ -162,50 +166,7 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
                                       self.audit.truncated, self.audit.gemm_flops)}
 
     def findings(self, summary: WatchSummary | None) -> list[Finding]:
-        out: list[Finding] = []
-        seen: set[tuple[str, str, str]] = set()
-        constant_ops = {(step, e.index) for step, e in self._events if e.kind == "constant"}
-        categorical = {(step, e.index) for step, e in self._events if e.kind in ("constant", "nonfinite", "zeros")}
-        for step, event in self._events:
-            if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
-                continue   # the constant explains the op's result
-            if event.kind == "graded" and (step, event.index) in categorical:
-                continue   # its inf, NaN or lost values say more than its error
-            if event.kind == "nonfinite" and event.site.phase == "backward" and self._scaled:
-                continue   # scaled gradients that overflow are the loss scaler's to skip (AMP604)
-            finding = self._finding(step, event)
-            if finding is None:
-                continue
-            key = (finding.code, finding.where, event.site.op + event.site.where)
-            if key not in seen:
-                seen.add(key)
-                out.append(finding)
-        return out
-
-    def _finding(self, step: int, event: Event) -> Finding | None:
-        rule, site = get_rule(_CODES[event.kind]), event.site
-        where, severity = site.module_text(), None
-        if event.kind == "constant":
-            after = event.numbers.get("nan_after")
-            zeroed = event.numbers.get("zeros_out") and event.numbers.get("held") == 0
-            if after is None and not zeroed:
-                return None   # the constant did no harm in this step (no NaN/inf after it, no zeros it let through)
-            detail = f"{event.text} at {site.where}" if site.where else event.text
-            detail += f"; NaN/inf follows in {after}" if after else "; its result holds zeros the constant was to " \
-                                                                     "prevent"
-            severity = Severity.ERROR if after else None
-        elif event.kind == "fp32-gemm":
-            flops, total = event.numbers.get("flops", 0), max(self.audit.gemm_flops, 1)
-            detail = f"{site.describe()} {event.text}: {flops:,} FLOPs, {flops / total:.0%} of the step's " \
-                     f"matmul and convolution FLOPs in the forward"
-        elif event.kind == "recompute":
-            detail = f"{site.module_text()} at {site.where}: {event.text}" if site.where else event.text
-        elif site.op == "module output":
-            called = f"called at {site.where}, " if site.where else ""
-            detail = f"its output ({called}{site.dtype}) {event.text}"
-        else:
-            detail = f"{site.describe()} ({site.phase}, {site.dtype}) {event.text}"
-        return rule.finding(where, detail, step, severity=severity)
+        return audit_findings(self._events, scaled=self._scaled, step_flops=self._step_flops)
 
     def stop(self) -> None:
         self.audit.off = True
@@ -219,6 +180,57 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         for handle in self._handles:
             handle.remove()
         self._handles, self._ctx = [], None
+
+
+def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops: dict[int, int]) -> list[Finding]:
+    """Return the findings of the audit's ``events`` (by step), one per rule, module and op: a constant that explains
+    an op's inf/NaN or zeros folds them, an op's inf/NaN or zeros fold its error, and scaled gradients that overflow
+    are left to the loss scaler (``scaled``); ``step_flops``: each step's matmul FLOPs in the forward."""
+    out: list[Finding] = []
+    seen: set[tuple[str, str, str]] = set()
+    constant_ops = {(step, e.index) for step, e in events if e.kind == "constant"}
+    categorical = {(step, e.index) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
+    for step, event in events:
+        if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
+            continue   # the constant explains the op's result
+        if event.kind == "graded" and (step, event.index) in categorical:
+            continue   # its inf, NaN or lost values say more than its error
+        if event.kind == "nonfinite" and event.site.phase == "backward" and scaled:
+            continue   # scaled gradients that overflow are the loss scaler's to skip (AMP604)
+        finding = _finding(step, event, step_flops.get(step, 0))
+        if finding is None:
+            continue
+        key = (finding.code, finding.where, event.site.op + event.site.where)
+        if key not in seen:
+            seen.add(key)
+            out.append(finding)
+    return out
+
+
+def _finding(step: int, event: Event, flops_of_step: int) -> Finding | None:
+    rule, site = get_rule(_CODES[event.kind]), event.site
+    where, severity = site.module_text(), None
+    if event.kind == "constant":
+        after = event.numbers.get("nan_after")
+        zeroed = event.numbers.get("zeros_out") and event.numbers.get("held") == 0
+        if after is None and not zeroed:
+            return None   # the constant did no harm in this step (no NaN/inf after it, no zeros it let through)
+        detail = f"{event.text} at {site.where}" if site.where else event.text
+        detail += f"; NaN/inf follows in {after}" if after else "; its result holds zeros the constant was to prevent"
+        severity = Severity.ERROR if after else None
+    elif event.kind == "fp32-gemm":
+        flops = event.numbers.get("flops", 0)
+        share = f", {flops / flops_of_step:.0%} of the step's matmul and convolution FLOPs in the forward" \
+            if flops_of_step else ""
+        detail = f"{site.describe()} {event.text}: {flops:,} FLOPs{share}"
+    elif event.kind == "recompute":
+        detail = f"{site.module_text()} at {site.where}: {event.text}" if site.where else event.text
+    elif site.op == "module output":
+        called = f"called at {site.where}, " if site.where else ""
+        detail = f"its output ({called}{site.dtype}) {event.text}"
+    else:
+        detail = f"{site.describe()} ({site.phase}, {site.dtype}) {event.text}"
+    return rule.finding(where, detail, step, severity=severity)
 
 
 def _audited(site: Site, ulps: float) -> AuditedOp:
