@@ -101,8 +101,9 @@ _DEVICES = ("cpu", "cuda")
 _PLAIN = (torch.Tensor, nn.Parameter)
 _AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
-# calls (``torch.autograd.backward`` observed by the loss's part)
-_PASSED_THROUGH = (os.path.abspath(__file__), os.path.join(_AMPDOCTOR, "core", "patch.py"))
+# calls (``torch.autograd.backward`` observed by the loss's part, ``ampdoctor.audit`` calling the user's batch_fn)
+_PASSED_THROUGH = (os.path.abspath(__file__), os.path.join(_AMPDOCTOR, "core", "patch.py"),
+                   os.path.join(_AMPDOCTOR, "monitor", "parts", "audit.py"))
 _SKIPPED_FILES = (os.path.dirname(torch.__file__) + os.sep, *_PASSED_THROUGH,
                   os.path.dirname(os.__file__) + os.sep + "contextlib.py",
                   os.path.dirname(os.__file__) + os.sep + "functools.py")
@@ -216,7 +217,7 @@ def _caller() -> tuple[str, bool]:
         path = frame.f_code.co_filename
         if path.startswith(_AMPDOCTOR) and not path.startswith(_PASSED_THROUGH):
             return path, True
-        if not path.startswith(_SKIPPED_FILES) and not path.startswith("<"):
+        if not path.startswith(_SKIPPED_FILES) and not path.startswith("<frozen"):
             try:
                 shown = os.path.relpath(path)
             except ValueError:   # another drive (Windows)
@@ -263,7 +264,7 @@ class NumericsAudit:
         on_error: told an exception raised inside the audit (the op is named); the audit is off from then on.
 
     >>> audit = NumericsAudit({})
-    >>> x = torch.tensor([300.0, 1e-12], dtype=torch.float16)
+    >>> x = torch.tensor([300.0, 0.0], dtype=torch.float16)
     >>> audit.start()
     >>> _ = x.clamp_min(1e-12)
     >>> audit.stop()
@@ -392,11 +393,11 @@ class NumericsAudit:
         if out is None or len(self.records) >= self.max_ops:
             return
         up = functools.partial(_upcast, ref_dtype=torch.float32, copy_all=True)
-        state = {name: up(t) for name, t in [*module.named_parameters(recurse=False),
-                                              *module.named_buffers(recurse=False)]}
         self._shadowing = True
         try:
             with modes_paused(), torch.no_grad(), contextlib.ExitStack() as stack:
+                state = {name: up(t) for name, t in [*module.named_parameters(recurse=False),
+                                                      *module.named_buffers(recurse=False)]}
                 for device in _DEVICES:
                     with contextlib.suppress(RuntimeError):
                         stack.enter_context(torch.autocast(device, enabled=False))
@@ -408,12 +409,13 @@ class NumericsAudit:
             return
         label, cls = self._labels[id(module)]
         site = Site("module output", "forward", dtype_name(out.dtype), label, cls, self._where.get(id(module), ""))
-        of, rf = out.detach().float(), ref.float()
-        fin = torch.isfinite(of) & torch.isfinite(rf)
-        zero = torch.zeros((), device=of.device)
-        diff = torch.where(fin, (of - rf).abs(), 0).amax() if of.numel() else zero
-        largest = torch.where(torch.isfinite(rf), rf.abs(), 0).amax()
-        self._stats.append(torch.stack([zero, zero, zero, diff.float(), largest.float(), zero, zero]))
+        with modes_paused():
+            of, rf = out.detach().float(), ref.float()
+            fin = torch.isfinite(of) & torch.isfinite(rf)
+            zero = torch.zeros((), device=of.device)
+            diff = torch.where(fin, (of - rf).abs(), 0).amax()
+            largest = torch.where(torch.isfinite(rf), rf.abs(), 0).amax()
+            self._stats.append(torch.stack([zero, zero, zero, diff.float(), largest.float(), zero, zero]))
         self.records.append(OpRecord(site, module_output=True))
 
     def _module(self) -> tuple[str, str]:

@@ -15,21 +15,26 @@ audited.
 from __future__ import annotations
 
 import functools
-from typing import Any
+import inspect
+from dataclasses import replace
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ampdoctor._torch.dispatch import tree_leaves
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
 from ampdoctor.core.names import module_label
-from ampdoctor.core.options import AUDIT_AUTO, AUDIT_OFF
-from ampdoctor.core.records import AuditedOp, AuditSection, Step, WatchSummary
+from ampdoctor.core.options import AUDIT_AUTO, AUDIT_OFF, check_every
+from ampdoctor.core.records import AuditedOp, AuditSection, Extras, Step, WatchSummary
+from ampdoctor.core.report import Report
+from ampdoctor.core.usage import UsageError
 from ampdoctor.monitor.numerics import Event, NumericsAudit, Site
 from ampdoctor.monitor.part import Reading, WatchContext, WatchPart, register_part
 from ampdoctor.monitor.watched import other_models
 
-__all__ = ["AuditPart"]
+__all__ = ["AuditPart", "audit", "audit_findings"]
 
 _CODES = {"constant": "AMP701", "nonfinite": "AMP702", "zeros": "AMP703", "integer": "AMP704", "graded": "AMP705",
           "fp32-gemm": "AMP706", "recompute": "AMP708"}
@@ -190,7 +195,10 @@ def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops:
     seen: set[tuple[str, str, str]] = set()
     constant_ops = {(step, e.index) for step, e in events if e.kind == "constant"}
     categorical = {(step, e.index) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
+    broken = {(step, e.site.module) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
     for step, event in events:
+        if event.kind == "graded" and event.site.op == "module output" and (step, event.site.module) in broken:
+            continue   # the module's output is off because an op in it overflowed or lost values: that is named
         if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
             continue   # the constant explains the op's result
         if event.kind == "graded" and (step, event.index) in categorical:
@@ -235,3 +243,79 @@ def _finding(step: int, event: Event, flops_of_step: int) -> Finding | None:
 
 def _audited(site: Site, ulps: float) -> AuditedOp:
     return AuditedOp(site.op, site.phase, site.dtype, site.module, site.where, round(ulps, 3))
+
+
+def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1) -> Report:
+    """Audit ``steps`` forward and backward passes of ``model`` outside a training loop: each fp16/bf16 op re-run in
+    fp32 from its own inputs (AMP701 to AMP706, AMP708), as ``ampdoctor run`` audits a training step.
+
+    ``batch_fn`` runs the forward: called with the model (``batch_fn(model) -> loss``) when it takes an argument,
+    else with none; what it returns is the loss (a tensor that requires grad), or a batch the model is called on
+    (a tuple as positional arguments, a dict as keyword arguments), whose floating outputs are summed for the
+    backward. Nothing the model holds changes: the gradients are computed with ``torch.autograd.grad`` (no
+    ``.grad`` is written), its buffers (BatchNorm statistics) are put back and the random state is restored.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(4, 4, bias=False), nn.LayerNorm(4)).half()   # a zero input: a zero row
+    >>> report = audit(net, lambda m: torch.nn.functional.normalize(m(torch.zeros(2, 4).half())).float().sum())
+    >>> report.codes()
+    ['AMP701']
+    """
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"audit() takes the model first: an nn.Module, got {type(model).__name__}: {model!r:.60}")
+    if not callable(batch_fn):
+        raise UsageError(f"audit() needs batch_fn, a function that runs the forward and returns the loss (or a "
+                         f"batch), got {type(batch_fn).__name__}: {batch_fn!r:.60}")
+    check_every(steps, "steps")
+    labels = {module: module_label(name) for name, module in model.named_modules()}
+    numerics = NumericsAudit(labels)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    params = [p for p in model.parameters() if p.requires_grad]
+    events: list[tuple[int, Event]] = []
+    worst: list[AuditedOp] = []
+    flops: dict[int, int] = {}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            for step in range(steps):
+                numerics.start()
+                try:
+                    loss = _loss_of(model, batch_fn)
+                    if params and loss.requires_grad:
+                        torch.autograd.grad(loss, params, allow_unused=True)
+                finally:
+                    numerics.stop()
+                values, records = numerics.pending(), list(numerics.records)
+                host = values.tolist() if values is not None else []
+                events += [(step, e) for e in numerics.events(host)]
+                worst += [_audited(site, ulps) for site, ulps in numerics.worst(host, records)]
+                flops[step] = numerics.gemm_flops - sum(flops.values())
+    finally:
+        with torch.no_grad():
+            for buffer, kept in buffers:
+                buffer.copy_(kept)
+    section = AuditSection(tuple(range(steps)), numerics.ops, "float32",
+                           tuple(sorted(worst, key=lambda op: -op.ulps)[:_WORST]), (), 0, numerics.truncated,
+                           numerics.gemm_flops)
+    findings = audit_findings(events, scaled=False, step_flops=flops)
+    return Report(findings, extra=Extras(watch=WatchSummary(steps=steps, sampled_steps=steps, parts={
+        "audit": replace(section, events=len(findings))})))
+
+
+def _loss_of(model: nn.Module, batch_fn: Callable[..., Any]) -> torch.Tensor:
+    """Run ``batch_fn`` as `audit` describes and return what to call the backward on."""
+    try:
+        takes_model = len(inspect.signature(batch_fn).parameters) > 0
+    except (TypeError, ValueError):   # a builtin without a signature
+        takes_model = False
+    got = batch_fn(model) if takes_model else batch_fn()
+    if isinstance(got, torch.Tensor) and got.requires_grad:
+        return got if got.numel() == 1 else got.float().sum()
+    out = model(*got) if isinstance(got, (tuple, list)) else model(**got) if isinstance(got, dict) else model(got)
+    floats = [t.float().sum() for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()
+              and t.requires_grad]
+    if not floats:
+        raise UsageError("audit(): the model's output holds no tensor that requires grad, so there is no backward "
+                         "to audit; return the loss from batch_fn, e.g. lambda m: loss_fn(m(x), y)")
+    return torch.stack(floats).sum()
