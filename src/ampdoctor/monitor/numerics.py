@@ -90,12 +90,12 @@ _CONSTANT_OPS = frozenset({
 _FILLS = frozenset({"masked_fill", "fill", "full", "full_like", "new_full", "where", "scalar_tensor"})
 _CASTS = frozenset({"_to_copy", "copy", "arange", "linspace"})
 _GEMMS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "convolution", "_convolution",
-                    "_scaled_mm"})
+                    "_scaled_mm", "_trilinear"})
 # the torch calls whose inputs autocast casts to a half format: a matmul of theirs arriving in fp32 bypassed it
 _AUTOCAST_GEMM_CALLS = frozenset({
     "mm", "matmul", "__matmul__", "__rmatmul__", "linear", "bmm", "addmm", "addmm_", "baddbmm", "baddbmm_",
     "addbmm", "addbmm_", "addmv", "addmv_", "mv", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-    "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot",
+    "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot", "bilinear",
 })
 _DEVICES = ("cpu", "cuda")
 _PLAIN = (torch.Tensor, nn.Parameter)

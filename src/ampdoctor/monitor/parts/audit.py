@@ -191,14 +191,13 @@ def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops:
     """Return the findings of the audit's ``events`` (by step), one per rule, module and op: a constant that explains
     an op's inf/NaN or zeros folds them, an op's inf/NaN or zeros fold its error, and scaled gradients that overflow
     are left to the loss scaler (``scaled``); ``step_flops``: each step's matmul FLOPs in the forward."""
-    out: list[Finding] = []
-    seen: set[tuple[str, str, str]] = set()
+    found: dict[tuple[str, str, str], Finding] = {}   # one per rule and op at a source line (or module, no line)
     constant_ops = {(step, e.index) for step, e in events if e.kind == "constant"}
     categorical = {(step, e.index) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
-    broken = {(step, e.site.module) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
+    broken = {(step, e.site.module) for step, e in events if e.kind in ("constant", "nonfinite", "zeros", "integer")}
     for step, event in events:
         if event.kind == "graded" and event.site.op == "module output" and (step, event.site.module) in broken:
-            continue   # the module's output is off because an op in it overflowed or lost values: that is named
+            continue   # its output is off because an op in it overflowed or lost values (whole units): that is named
         if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
             continue   # the constant explains the op's result
         if event.kind == "graded" and (step, event.index) in categorical:
@@ -208,11 +207,12 @@ def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops:
         finding = _finding(step, event, step_flops.get(step, 0))
         if finding is None:
             continue
-        key = (finding.code, finding.where, event.site.op + event.site.where)
-        if key not in seen:
-            seen.add(key)
-            out.append(finding)
-    return out
+        site = event.site
+        key = (finding.code, site.op, site.where or finding.where)
+        kept = found.get(key)
+        if kept is None or (kept.where == "(outside any module)" != finding.where):   # the one that names a module
+            found[key] = finding
+    return list(found.values())
 
 
 def _finding(step: int, event: Event, flops_of_step: int) -> Finding | None:
