@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from ampdoctor.monitor.numerics import GRADED_ULPS
 from ampdoctor.ui.run_data import RunData, read_run
 
 __all__ = ["Figure", "have_matplotlib", "draw_figures", "write_pngs", "INSTALL_HINT"]
@@ -117,6 +118,28 @@ def _plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
     if data.lost:
         yield "lost_updates", "Updates lost to rounding (share of sampled entries with a gradient left " \
                               "unchanged)", lambda fig: _lost(fig, data)
+    yield from _audit_plans(data)
+
+
+def _audit_plans(data: RunData) -> Iterator[tuple[str, str, Any]]:
+    if data.audit_modules:
+        yield "audit", "Numerics audit: per module, the largest error of its fp16/bf16 ops (and of a leaf module's " \
+                       "output) against fp32 on the same inputs, in units of the format's roundoff (rounding alone " \
+                       f"costs 0.5; dashed: {GRADED_ULPS:g}, where AMP705 starts)", lambda fig: _audit(fig, data)
+
+
+def _audit(fig: Any, data: RunData) -> Any:
+    ax = fig.add_subplot()
+    rows = sorted(data.audit_modules, key=lambda mu: -mu[1])[:20]
+    ulps = [max(u, 1e-3) for _, u in rows]
+    ax.barh([_short(m) for m, _ in rows], ulps, color=[_BAD if u >= GRADED_ULPS else "#2e7d32" for u in ulps])
+    ax.invert_yaxis()
+    fig.set_size_inches(9, 1.2 + 0.22 * len(rows))
+    ax.axvline(GRADED_ULPS, color=_BAD, lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("largest error, roundoff units")
+    ax.grid(alpha=0.3)
+    return None
 
 
 def _scale_at(points: list[tuple[int, float]], step: int) -> float:

@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ampdoctor.core.formats import FORMATS, run_formats
-from ampdoctor.core.records import ActivationModule, FirstNonfinite, Header, Recording, ScaleSummary, Step, WatchSummary
+from ampdoctor.core.records import (
+    ActivationModule,
+    AuditSection,
+    FirstNonfinite,
+    Header,
+    Recording,
+    ScaleSummary,
+    Step,
+    WatchSummary,
+)
 
 __all__ = ["RunData", "ActivationStep", "read_run", "KINDS"]
 
@@ -58,6 +67,7 @@ class RunData:
         first_nonfinite_backward: the first non-finite gradient event, or None.
         lost: ``(step, share of sampled updates lost to rounding)``, pooled over the parameters.
         parts: the numbers of the watch's other parts (``core.records.WatchSummary.shown_parts``).
+        audit_modules: per module, the largest error the numerics audit measured there (roundoff units).
         notes: what the numbers come from or lack, in words (a report alone, an older log).
     """
 
@@ -80,6 +90,7 @@ class RunData:
     first_nonfinite_backward: FirstNonfinite | None = None
     lost: Series = field(default_factory=list)
     parts: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+    audit_modules: list[tuple[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -192,6 +203,9 @@ def _read_summary(data: RunData, summary: WatchSummary) -> None:
         data.sampled_steps = summary.sampled_steps
     data.steps = summary.steps or None
     data.parts = list(summary.shown_parts())
+    audit = summary.parts.get("audit")
+    if isinstance(audit, AuditSection):
+        data.audit_modules = list(audit.modules)
 
 
 def _read_summary_scale(data: RunData, scale: ScaleSummary) -> None:

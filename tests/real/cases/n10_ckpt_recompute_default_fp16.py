@@ -3,7 +3,7 @@
 #   (torch.cuda.amp.autocast() -> fp16), not the forward's bf16: forward and loss are finite, the recompute of the
 #   frozen MLP (activations ~1e5) overflows fp16, the step-0 gradients are NaN, then the loss.
 # expect: AMP708
-# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_ckpt_recompute_default_fp16\.py:25: its forward ran under
+# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_ckpt_recompute_default_fp16\.py:26: its forward ran under
 import sys
 
 import torch
