@@ -260,3 +260,24 @@ def test_audit_policies(given, expected):
 def test_a_bad_audit_policy_says_what_it_takes(given):
     with pytest.raises(UsageError, match="takes all, auto, off or step numbers"):
         check_audit(given)
+
+
+def test_an_fp8_gemm_is_measured_against_the_fp32_matmul_of_its_dequantized_inputs():
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 32), torch.randn(32, 16)
+    scale_a, scale_b = a.abs().max() / 448, b.abs().max() / 448
+    audit = NumericsAudit({})
+    audit.start()
+    a8 = (a / scale_a).to(torch.float8_e4m3fn)
+    b8 = (b / scale_b).to(torch.float8_e4m3fn).t().contiguous().t()
+    out = torch._scaled_mm(a8, b8, scale_a=scale_a.reshape(()), scale_b=scale_b.reshape(()), out_dtype=torch.bfloat16)
+    clipped = (a * 1000).to(torch.float8_e4m3fn)   # an unscaled cast: e4m3fn has no inf, above 448 it clips
+    audit.stop()
+    records = list(audit.records)
+    host = audit.pending().tolist()
+    gemm = [(site, ulps) for site, ulps in audit.worst(host, records) if site.op == "aten._scaled_mm.default"]
+    assert out.dtype == torch.bfloat16 and len(gemm) == 1
+    assert gemm[0][0].dtype == "bfloat16" and gemm[0][1] <= 1.0   # fp32 accumulation: only the output's rounding
+    over = [e for e in audit.events(host) if e.kind == "nonfinite"]
+    assert clipped.float().abs().max() == 448 and [e.site.op for e in over] == ["aten._to_copy.default"]
+    assert "no inf: above it values are clipped" in over[0].text

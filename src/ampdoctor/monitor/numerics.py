@@ -108,6 +108,8 @@ _SKIPPED_FILES = (os.path.dirname(torch.__file__) + os.sep, *_PASSED_THROUGH,
                   os.path.dirname(os.__file__) + os.sep + "contextlib.py",
                   os.path.dirname(os.__file__) + os.sep + "functools.py")
 _LOST_SHARE = 2.0 ** -4
+_SATURATES = {"float8_e4m3fn": ", and it has no inf: above it values are clipped to it",
+              "float8_e4m3fnuz": ", and it has no inf: above it values are clipped to it"}
 _STATS = 7   # per op: new non-finite, NaN in the result, lost normals, largest error, largest |ref|, whole numbers,
 #              zeros in the result
 
@@ -462,7 +464,7 @@ class NumericsAudit:
         if len(self.records) >= self.max_ops:
             self.truncated += 1
             return None
-        dtype = low or torch.float32
+        dtype = _scaled_mm_dtype(args, kwargs) if base == "_scaled_mm" else low or torch.float32
         site = self._site(func, phase, dtype, node, where)
         if base in _CONSTANT_OPS:
             self._constants(func, args, kwargs, dtype, site)
@@ -475,6 +477,8 @@ class NumericsAudit:
         # every tensor argument is copied: some ops write arguments their schema does not mark (native_batch_norm
         # updates the running statistics it is given)
         upcast = functools.partial(_upcast, ref_dtype=ref_dtype, copy_all=True)
+        if base == "_scaled_mm":   # an fp8 GEMM: against the fp32 matmul of its dequantized inputs
+            return site, (args, kwargs), None, dtype, None, base, False
         ref_args, ref_kwargs = (_map(upcast, args), _map(upcast, kwargs))
         return site, ref_args, ref_kwargs, dtype, (source if cast else None), base, cast
 
@@ -552,7 +556,7 @@ class NumericsAudit:
         if site.phase != "backward" and outs:
             self._recent = (outs, site)
         try:
-            ref = func(*ref_args, **ref_kwargs)
+            ref = _dequantized_mm(*ref_args) if base == "_scaled_mm" else func(*ref_args, **ref_kwargs)
         except (RuntimeError, TypeError, NotImplementedError):   # no kernel for the higher precision: not compared
             return
         refs = [t for t in tree_leaves(ref) if isinstance(t, torch.Tensor)]
@@ -572,7 +576,11 @@ class NumericsAudit:
         whole = torch.ones((), device=o.device)
         if source is not None and source.is_floating_point() and source.numel():
             whole = (source == source.round()).all().to(whole.dtype)
-        stats = torch.stack([(fin_r & ~fin_o).sum().float(), torch.isnan(of).sum().float(), lost.sum().float(),
+        # out of range: inf/NaN where the reference is finite, or a saturating format's largest value (fp8 e4m3fn
+        # has no inf: a cast above 448 clips) where the reference is beyond it
+        fmax = torch.finfo(o.dtype).max
+        over = (fin_r & ~fin_o) | ((of.abs() >= fmax) & (rabs > fmax * (1 + torch.finfo(o.dtype).eps)))
+        stats = torch.stack([over.sum().float(), torch.isnan(of).sum().float(), lost.sum().float(),
                              torch.where(both, (of - rf).abs(), 0).amax().float(), largest.float(), whole.float(),
                              (of == 0).sum().float()])
         self._stats.append(stats)
@@ -654,8 +662,8 @@ def _op_events(index: int, record: OpRecord, row: Sequence[float]) -> list[Event
     if nonfinite > 0 and base not in _FILLS:
         out.append(Event("nonfinite", site, f"gave inf/NaN in {int(nonfinite)} entries where {_ref(dtype)} gives "
                          f"finite values (the largest |value| there: {scale:.3g}; {site.dtype}'s largest finite "
-                         f"number is {torch.finfo(dtype).max:.5g})", index, numbers={"entries": int(nonfinite),
-                                                                                     "ref_absmax": scale}))
+                         f"number is {torch.finfo(dtype).max:.5g}{_SATURATES.get(site.dtype, '')})", index,
+                         numbers={"entries": int(nonfinite), "ref_absmax": scale}))
     if zeros > 0 and base not in _FILLS:
         out.append(Event("zeros", site, f"gave 0 in {int(zeros)} entries where {_ref(dtype)} gives a normal "
                          f"{site.dtype} number", index, numbers={"entries": int(zeros)}))
@@ -674,6 +682,23 @@ def _op_events(index: int, record: OpRecord, row: Sequence[float]) -> list[Event
         out.append(Event("graded", site, f"is {ulps:.0f} units of {site.dtype} roundoff away from the same op in "
                          f"{_ref(dtype)} on the same inputs (rounding alone costs 0.5)", index, ulps=ulps))
     return out
+
+
+def _scaled_mm_dtype(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.dtype:
+    """The format an fp8 GEMM (``aten._scaled_mm``) writes its result in: ``out_dtype``, else its inputs'."""
+    out = kwargs.get("out_dtype", args[6] if len(args) > 6 else None)
+    return out if isinstance(out, torch.dtype) else args[0].dtype
+
+
+def _dequantized_mm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """The fp32 matmul an fp8 GEMM stands for: ``(a * scale_a) @ (b * scale_b) + bias`` (per-tensor or per-row
+    scales broadcast as ``_scaled_mm`` applies them)."""
+    names = ("self", "mat2", "scale_a", "scale_b", "bias")
+    given = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
+    a = given["self"].float() * given["scale_a"].float()
+    b = given["mat2"].float() * given["scale_b"].float()
+    out = a @ b
+    return out + given["bias"].float() if given.get("bias") is not None else out
 
 
 def _ref(dtype: torch.dtype) -> str:
