@@ -8,6 +8,8 @@ or crash the step when it fails itself.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -56,7 +58,8 @@ def test_a_square_overflowing_in_a_frozen_half_norm_is_named_with_its_line(fp32_
         return
     hit = next(e for e in events if e.kind == "nonfinite")
     assert hit.site.op == "aten.pow.Tensor_Scalar" and hit.site.module == "0" and hit.site.phase == "forward"
-    line = next(i for i, text in enumerate(open(__file__), 1) if "variance = h.pow(2)" in text)
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "variance = h.pow(2)" in text)
     assert hit.site.where.endswith(f"test_numerics.py:{line}") and "65504" in hit.text
 
 

@@ -369,7 +369,7 @@ class NumericsAudit:
         except Exception as exc:  # noqa: BLE001 - the audit steps aside, the forward goes on
             self._fail(exc)
 
-    def _module_ends(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+    def _module_ends(self, module: nn.Module, args: Any, kwargs: Any = None, output: Any = None) -> None:
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i][0] is module:
                 recompute = self._stack[i][1]
@@ -377,7 +377,8 @@ class NumericsAudit:
                 break
         else:
             return
-        if self._shadowing or self.off or recompute or in_backward() or id(module) not in self._labels:
+        if self._shadowing or self.off or recompute or in_backward() or id(module) not in self._labels \
+                or output is None:   # a forward that raised (always_call): nothing to compare
             return
         if id(module) in self._randomized or next(module.children(), None) is not None:
             return   # a module with children is measured through them; one that drew random numbers cannot be re-run
