@@ -3,7 +3,7 @@
 #   (torch.cuda.amp.autocast() -> fp16), not the forward's bf16: forward and loss are finite, the recompute of the
 #   frozen MLP (activations ~1e5) overflows fp16, the step-0 gradients are NaN, then the loss.
 # expect: AMP708
-# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_ckpt_recompute_default_fp16\.py:26: its forward ran under
+# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_\w+\.py:26: its forward ran under
 import sys
 
 import torch
@@ -56,5 +56,4 @@ for step in range(6):
     opt.step()
     print(f"step {step} loss {loss.item():.4f} embedding grad finite: {grad_finite}")
 if not torch.isfinite(loss):
-    sys.exit(f"SYMPTOM: loss = {loss.item()}: the checkpoint recompute ran in float16 and its gradients were NaN "
-             "from the first step, although the bf16 forward was finite")
+    sys.exit(f"SYMPTOM: loss = {loss.item()}: the recompute ran in float16, its gradients NaN from step 0")

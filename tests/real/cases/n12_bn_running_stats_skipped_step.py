@@ -3,7 +3,7 @@
 #   batch overflows the fp16 conv output: the GradScaler skips that step, but BatchNorm already folded inf into
 #   running_mean/var. Training then looks normal (train mode uses batch stats) and model.eval() outputs NaN.
 # expect: AMP707
-# expect-detail: AMP707 ^2 \(BatchNorm1d\): the buffers running_mean, running_var hold inf/NaN after step \d+; the loss scaler skipped step
+# expect-detail: AMP707 ^2 \(BatchNorm1d\): the buffers running_mean, running_var .* skipped step
 import sys
 
 import torch
