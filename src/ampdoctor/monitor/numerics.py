@@ -166,7 +166,7 @@ class Site:
 class OpRecord:
     """One audited op: its site, and what its device values are about (``cast``: a cast, ``arange`` or
     ``linspace`` into a half format of a tensor no gradient flows into; ``source``: its dtype and shape, ``rank``: its
-    number of dimensions; ``module_output``: a leaf module's output against its fp32 shadow, not one op)."""
+    number of dimensions; ``module_output``: a module's output against its fp32 shadow, not one op).
 
     site: Site
     cast: bool = False
@@ -380,17 +380,18 @@ class NumericsAudit:
         if self._shadowing or self.off or recompute or in_backward() or id(module) not in self._labels \
                 or output is None:   # a forward that raised (always_call): nothing to compare
             return
-        if id(module) in self._randomized or next(module.children(), None) is not None:
-            return   # a module with children is measured through them; one that drew random numbers cannot be re-run
+        if id(module) in self._randomized or any(next(c.children(), None) is not None for c in module.children()):
+            return   # a leaf module or a block of leaves (an attention, an MLP); one that drew random numbers cannot
+            #          be re-run the same
         try:
             self._shadow(module, args, kwargs, output)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc, f"the fp32 shadow of {self._labels[id(module)][0]}")
 
     def _shadow(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        """Run a leaf module once more on its inputs (and weights) upcast to fp32, outside autocast, and compare its
-        low-precision output with that: the error its ops accumulated together (a Python loop's sum, a norm's
-        chain of ops), where each op alone lost only its rounding."""
+        """Run a leaf module, or a block of leaves, once more on its inputs (and half weights) upcast to fp32, outside
+        autocast, and compare its low-precision output with that: the error its ops accumulated together (a Python
+        loop's sum, a norm's chain of ops, attention scores), where each op alone lost only its rounding."""
         out = next((t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.dtype in LOW_DTYPES
                     and t.numel() > 0), None)
         if out is None or len(self.records) >= self.max_ops:
@@ -399,8 +400,10 @@ class NumericsAudit:
         self._shadowing = True
         try:
             with modes_paused(), torch.no_grad(), contextlib.ExitStack() as stack:
-                state = {name: up(t) for name, t in [*module.named_parameters(recurse=False),
-                                                      *module.named_buffers(recurse=False)]}
+                # its half weights upcast (fp32 ones as they are: a block is not copied), its buffers copied (a
+                # BatchNorm in training writes them)
+                state = {**{name: _upcast(t, torch.float32, False) for name, t in module.named_parameters()},
+                         **{name: up(t) for name, t in module.named_buffers()}}
                 for device in _DEVICES:
                     with contextlib.suppress(RuntimeError):
                         stack.enter_context(torch.autocast(device, enabled=False))
