@@ -166,7 +166,7 @@ class Site:
 class OpRecord:
     """One audited op: its site, and what its device values are about (``cast``: a cast, ``arange`` or
     ``linspace`` into a half format of a tensor no gradient flows into; ``source``: its dtype and shape, ``rank``: its
-    number of dimensions; ``module_output``: a module's output against its fp32 shadow, not one op).
+    number of dimensions; ``module_output``: a module's output against its fp32 shadow, not one op)."""
 
     site: Site
     cast: bool = False
