@@ -583,7 +583,7 @@ class NumericsAudit:
         # out of range: inf/NaN where the reference is finite, or a saturating format's largest value (fp8 e4m3fn
         # has no inf: a cast above 448 clips) where the reference is beyond it
         fmax = torch.finfo(o.dtype).max
-        over = (fin_r & ~fin_o) | ((of.abs() >= fmax) & (rabs > fmax * (1 + torch.finfo(o.dtype).eps)))
+        over = fin_r & (~fin_o | ((of.abs() >= fmax) & (rabs > fmax * (1 + torch.finfo(o.dtype).eps))))
         stats = torch.stack([over.sum().float(), torch.isnan(of).sum().float(), lost.sum().float(),
                              torch.where(both, (of - rf).abs(), 0).amax().float(), largest.float(), whole.float(),
                              (of == 0).sum().float()])

@@ -24,6 +24,7 @@ from ampdoctor.core.report import NOTHING_OBSERVED, missing_ranks_sentence, repa
 from ampdoctor.core.report import verdict as closing_sentence
 from ampdoctor.core.words import counted, scale_text, word_for
 from ampdoctor.ui.run_data import RunData
+from ampdoctor.ui.watch_view import AUDIT_COLUMNS, AUDIT_TITLE
 
 __all__ = ["render_page", "verdict"]
 
@@ -234,7 +235,19 @@ def _numerics(data: RunData, figures: list[Any] | None, install_hint: str) -> st
     out.append(_gradient_table(data))
     out.append(_activation_table(data))
     out.append(_parts_table(data))
+    out.append(_audit_table(data))
     return "\n".join(p for p in out if p)
+
+
+def _audit_table(data: RunData) -> str:
+    """The numerics audit's worst ops, as the console shows them (``AuditSection.worst_rows``)."""
+    if not data.audit_worst:
+        return ""
+    rows = "".join(f"<tr><td>{esc(op)}</td>" + "".join(f"<td>{esc(v)}</td>" for v in values) + "</tr>"
+                   for op, values in data.audit_worst)
+    headers = "".join(f"<th>{esc(h)}</th>" for h in ("op", *AUDIT_COLUMNS))
+    return f"<h3>{esc(AUDIT_TITLE[0].upper() + AUDIT_TITLE[1:])}</h3><table class='num' id='audit'><tr>{headers}" \
+           f"</tr>{rows}</table>"
 
 
 def _parts_table(data: RunData) -> str:

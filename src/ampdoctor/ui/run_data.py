@@ -67,7 +67,8 @@ class RunData:
         first_nonfinite_backward: the first non-finite gradient event, or None.
         lost: ``(step, share of sampled updates lost to rounding)``, pooled over the parameters.
         parts: the numbers of the watch's other parts (``core.records.WatchSummary.shown_parts``).
-        audit_modules: per module, the largest error the numerics audit measured there (roundoff units).
+        audit_modules: per module, the largest error the numerics audit measured there (roundoff units);
+            audit_worst: its table of the worst ops (``AuditSection.worst_rows``).
         notes: what the numbers come from or lack, in words (a report alone, an older log).
     """
 
@@ -91,6 +92,7 @@ class RunData:
     lost: Series = field(default_factory=list)
     parts: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
     audit_modules: list[tuple[str, float]] = field(default_factory=list)
+    audit_worst: list[tuple[str, list[str]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -206,6 +208,7 @@ def _read_summary(data: RunData, summary: WatchSummary) -> None:
     audit = summary.parts.get("audit")
     if isinstance(audit, AuditSection):
         data.audit_modules = list(audit.modules)
+        data.audit_worst = audit.worst_rows()
 
 
 def _read_summary_scale(data: RunData, scale: ScaleSummary) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Mapping
 
 from ampdoctor.core.findings import Finding
 from ampdoctor.core.formats import FORMATS
-from ampdoctor.core.records import Coverage, GradientSummary, ScaleSummary, WatchSummary
+from ampdoctor.core.records import AuditSection, Coverage, GradientSummary, ScaleSummary, WatchSummary
 from ampdoctor.core.report import Report, verdict
 from ampdoctor.core.words import counted, scale_text
 from ampdoctor.ui.console import findings_table
@@ -53,6 +53,7 @@ def render_watch(summary: WatchSummary | Mapping[str, Any], findings: list[Findi
                                  "unchanged)", "parameter", [("dtype", 0), ("lost", 0)], rows, keep=2))
     for key, shown in summary.shown_parts():   # a part of the watch with no drawing of its own: its numbers
         parts.append(Sentence(f"{key}: " + ", ".join(f"{label} {value}" for label, value in shown)))
+    parts += _audit_table(summary)
     if summary.log_path:
         parts.append(Sentence(f"flight recorder: {summary.log_path}", style="dim"))
     if findings:
@@ -97,6 +98,21 @@ def _gradient_table(grads: GradientSummary, formats: list[Any]) -> ColumnTable:
         f"gradients at step {grads.step} ({state}; {norm}){top}",
         "module", columns, rows, keep=2, whole=4,
         notes={"u/o": "u/o: share of the sampled entries that would underflow/overflow in that format"})
+
+
+# the audit's table, in every view
+AUDIT_TITLE = "numerics audit: the ops farthest from fp32 on the same inputs (error: roundoff units; rounding " \
+              "alone is 0.5)"
+AUDIT_COLUMNS = ("line", "module", "computed in", "error")
+
+
+def _audit_table(summary: WatchSummary) -> list[ColumnTable]:
+    """The numerics audit's worst ops (``AuditSection.worst_rows``), when it audited any."""
+    audit = summary.parts.get("audit")
+    if not isinstance(audit, AuditSection) or not audit.worst:
+        return []
+    return [ColumnTable(AUDIT_TITLE, "op", [(header, 1 if header == "computed in" else 0) for header in AUDIT_COLUMNS],
+                        audit.worst_rows(), keep=3)]
 
 
 def _gradient_notes(grads: GradientSummary) -> list[Sentence]:

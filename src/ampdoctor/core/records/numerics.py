@@ -6,6 +6,7 @@ page of a run whose parts this process never loaded.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,9 +85,18 @@ class AuditSection(Section):
                ("findings", str(self.events))]
         if self.left_out:
             out.append(("ops not re-run (over the limit per step)", str(self.left_out)))
-        if self.worst:
-            out.append(("largest error (roundoff units)", self.worst[0].describe()))
         return out
+
+    def worst_rows(self, limit: int = 5) -> list[tuple[str, list[str]]]:
+        """Return the table every view shows: the ops (and module outputs) farthest from fp32, worst first, each
+        op at a line and module once, as ``(op, [source line, module, phase and format, error])``."""
+        rows: dict[tuple[str, str, str], tuple[str, list[str]]] = {}
+        for op in self.worst:
+            key = (op.op, op.where, op.module)
+            if key not in rows and len(rows) < limit:
+                rows[key] = (op.op.removeprefix("aten."), [os.path.basename(op.where) or "-", op.module or "-",
+                                                           f"{op.phase} {op.dtype}", f"{op.ulps:.3g}"])
+        return list(rows.values())
 
 
 @dataclass(frozen=True)

@@ -194,9 +194,9 @@ def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops:
     found: dict[tuple[str, str, str], Finding] = {}   # one per rule and op at a source line (or module, no line)
     constant_ops = {(step, e.index) for step, e in events if e.kind == "constant"}
     categorical = {(step, e.index) for step, e in events if e.kind in ("constant", "nonfinite", "zeros")}
-    broken = {(step, e.site.module) for step, e in events if e.kind in ("constant", "nonfinite", "zeros", "integer")}
+    broken = [(step, e.site.module) for step, e in events if e.kind in ("constant", "nonfinite", "zeros", "integer")]
     for step, event in events:
-        if event.kind == "graded" and event.site.op == "module output" and (step, event.site.module) in broken:
+        if event.kind == "graded" and event.site.op == "module output" and _contains(event.site.module, step, broken):
             continue   # its output is off because an op in it overflowed or lost values (whole units): that is named
         if event.kind in ("nonfinite", "zeros") and (step, event.index) in constant_ops:
             continue   # the constant explains the op's result
@@ -213,6 +213,11 @@ def audit_findings(events: list[tuple[int, Event]], *, scaled: bool, step_flops:
         if kept is None or (kept.where == "(outside any module)" != finding.where):   # the one that names a module
             found[key] = finding
     return list(found.values())
+
+
+def _contains(module: str, step: int, broken: list[tuple[int, str]]) -> bool:
+    """Whether ``module`` (a label) is, or holds, a module where an op overflowed or lost values at ``step``."""
+    return any(s == step and (m == module or m.startswith(module + ".") or module == "(root)") for s, m in broken)
 
 
 def _finding(step: int, event: Event, flops_of_step: int) -> Finding | None:
