@@ -21,7 +21,9 @@ consuming it would take it from diffusers; the summary says how many calls were 
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -83,6 +85,7 @@ class AverageMonitor:
         self._every, self.sample, self.reads, self.on_error = every, sample, reads, on_error
         self.disabled = False   # set by the owner after an internal error: the observers return at once
         self._copies: dict[int, _Copy] = {}
+        self._owners: dict[int, weakref.ref] = {}   # the copies seen, while they live (for the state check)
         self._sampling: dict[int, Sampling] = {}
         self._pending: tuple[_Copy, list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]] | None = None
         self._handles: list[PatchHandle] = []
@@ -160,7 +163,25 @@ class AverageMonitor:
         if copy is None:
             copy = self._copies[id(owner)] = _Copy(label)
             self._sampling[id(owner)] = Sampling(self._every)
+            with contextlib.suppress(TypeError):   # an owner that takes no weak reference is not checked
+                self._owners[id(owner)] = weakref.ref(owner)
         return copy
+
+    def averaged_tensors(self) -> list[tuple[str, str, torch.Tensor]]:
+        """Return the floating tensors of the averaged copies seen so far that still live, as ``(the copy's label,
+        the tensor's name, the tensor)``: an ``AveragedModel``'s parameters and buffers, an ``EMAModel``'s shadow
+        parameters (``monitor.parts.state`` checks them finite)."""
+        out = []
+        for key, ref in list(self._owners.items()):
+            owner = ref()
+            if owner is None:
+                continue
+            label = self._copies[key].label
+            module = getattr(owner, "module", None)
+            named = [*module.named_parameters(), *module.named_buffers()] if isinstance(module, nn.Module) else \
+                [(f"shadow_params[{k}]", t) for k, t in enumerate(getattr(owner, "shadow_params", None) or [])]
+            out += [(label, name, t) for name, t in named if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        return out
 
     def _sampled(self, owner: Any, copy: _Copy) -> bool:
         copy.calls += 1

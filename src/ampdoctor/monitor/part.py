@@ -58,6 +58,8 @@ class WatchContext:
         off: the parts switched off after an internal error (kept up to date by the watch).
         left_out: tensors (or a whole optimizer) whose gradients are left out, with why (an engine's optimizer that
             held no tensor when the watch attached).
+        averaged: returns the averaged copies' tensors (an EMA, an ``AveragedModel``), as the averages' part sees
+            them, for the state check; None before that part is created.
         steps: returns the optimizer steps completed so far.
         fail: reports an exception of a part (``fail(name, exc)``): AMP001, and the part steps aside.
     """
@@ -91,6 +93,7 @@ class WatchContext:
     left_out: dict[str, str] = field(default_factory=dict)
     loss_scaler: Any = None
     audit: Any = "off"
+    averaged: Callable[[], list[tuple[str, str, torch.Tensor]]] | None = None
 
 
 @dataclass

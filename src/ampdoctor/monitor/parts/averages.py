@@ -27,8 +27,10 @@ class AveragesPart(WatchPart, name="averages", codes=("AMP619",), order=50):
 
     @classmethod
     def create(cls, ctx: WatchContext) -> "AveragesPart":
-        return cls(AverageMonitor(ctx.every, sample=ctx.sample, reads=ctx.reads,
+        part = cls(AverageMonitor(ctx.every, sample=ctx.sample, reads=ctx.reads,
                                   on_error=functools.partial(ctx.fail, "averages")))
+        ctx.averaged = part.monitor.averaged_tensors   # the state check reads them finite
+        return part
 
     def attach(self) -> None:
         self.monitor.attach()

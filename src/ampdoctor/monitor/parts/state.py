@@ -1,10 +1,12 @@
-"""The state check, as a part of a watch: after each sampled step, every buffer and optimizer state is finite (AMP707).
+"""The state check, as a part of a watch: after each sampled step, every buffer, optimizer state and averaged copy is
+finite (AMP707).
 
 A BatchNorm's running statistics are written by the forward, also on a step the loss scaler then skips, and
 optimizer state (Adam's ``exp_avg_sq``) that holds NaN writes NaN into the weights at the next step; neither is a
 weight, so the gradients' and weights' checks never see them. On a sampled step this part reduces each floating
-buffer of the run's models, each optimizer state tensor and each watched tensor (its shard on this rank) to its
-largest magnitude (``_torch.foreach.norms(..., inf)``: NaN and inf stay so) on the device; the values travel in the
+buffer of the run's models, each optimizer state tensor, each tensor of an averaged copy (an EMA, an
+``AveragedModel``, as the averages' part sees them) and each watched tensor (its shard on this rank) to its largest
+magnitude (``_torch.foreach.norms(..., inf)``: NaN and inf stay so) on the device; the values travel in the
 step's one host copy. A state tensor whose weight is itself non-finite is left to AMP616.
 """
 
@@ -59,6 +61,9 @@ class StatePart(WatchPart, name="state", codes=("AMP707",), order=75):
         for buffer, where, name in self._buffers:
             tensors.append(buffer)
             names.append(("buffer", where, name, None))
+        for label, name, tensor in ctx.averaged() if ctx.averaged is not None else ():
+            tensors.append(tensor)
+            names.append(("average", label, name, None))
         state = getattr(ctx.optimizer, "state", {})
         for i, (param, pname) in enumerate(zip(ctx.params, ctx.names)):
             tensors.append(param)
@@ -102,13 +107,14 @@ class StatePart(WatchPart, name="state", codes=("AMP707",), order=75):
     def findings(self, summary: WatchSummary) -> list[Finding]:
         rule, out = get_rule("AMP707"), []
         for (kind, where), (names, step, clean, skipped) in self._bad.items():
-            what = f"the buffers {names}" if kind == "buffer" else f"the optimizer state {names} of {where}"
+            what = {"buffer": f"the buffers {names}", "average": f"the averaged copy's {names}"}.get(
+                kind, f"the optimizer state {names} of {where}")
             since = f" (finite after step {clean})" if clean is not None else ""
             detail = f"{what} hold inf/NaN after step {step}{since}"
             if skipped:
                 detail += f"; the loss scaler skipped step {step}, but its forward still updated them: evaluation " \
                           "and every later step read them"
-            out.append(rule.finding(where if kind == "buffer" else "optimizer", detail, step))
+            out.append(rule.finding("optimizer" if kind == "state" else where, detail, step))
         return out
 
     def detach(self) -> None:
