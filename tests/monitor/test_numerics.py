@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from op_count import CountOps
 from torch import nn
 
+import ampdoctor
 from ampdoctor.core.options import check_audit
 from ampdoctor.core.usage import UsageError
 from ampdoctor.monitor.numerics import NumericsAudit
@@ -284,3 +285,29 @@ def test_an_fp8_gemm_is_measured_against_the_fp32_matmul_of_its_dequantized_inpu
     over = [e for e in audit.events(host) if e.kind == "nonfinite"]
     assert clipped.float().abs().max() == 448 and [e.site.op for e in over] == ["aten._to_copy.default"]
     assert "no inf: above it values are clipped" in over[0].text
+
+
+def test_fp32_ops_against_float64_on_request():
+    model = nn.Linear(4, 4)
+    with torch.no_grad():
+        model.bias.fill_(100.0)   # exp(100) is 2.7e43: inf in fp32, finite in float64
+
+    def loss(m):
+        return torch.exp(m(torch.zeros(2, 4))).sum()
+    plain = ampdoctor.audit(model, loss)
+    fp64 = ampdoctor.audit(model, loss, fp32_against_fp64=True)
+    assert plain.codes() == [] and fp64.codes() == ["AMP702"]
+    assert fp64.findings[0].detail.startswith("aten.exp.default at tests/monitor/test_numerics.py:")
+    assert "(forward, float32) gave inf/NaN in 8 entries where float64 gives finite values" in fp64.findings[0].detail
+    assert fp64.extra["watch"].parts["audit"].reference == "float64"
+
+
+def test_audit_outside_a_loop_changes_nothing_the_model_holds():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2)).half()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    report = ampdoctor.audit(model, lambda m: m(torch.randn(6, 4).half()).float().pow(2).sum(), steps=2)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state()) and all(p.grad is None for p in model.parameters())
+    assert report.extra["watch"].parts["audit"].steps == (0, 1)

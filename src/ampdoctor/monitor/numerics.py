@@ -635,7 +635,8 @@ class NumericsAudit:
 
 
 def _wide(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+    """The dtype an op's result and its reference are compared in: float64 for an fp32 op (its reference is)."""
+    return torch.float64 if t.dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _ulps(record: OpRecord, row: Sequence[float]) -> float:

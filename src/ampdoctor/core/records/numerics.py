@@ -87,7 +87,7 @@ class AuditSection(Section):
             out.append(("ops not re-run (over the limit per step)", str(self.left_out)))
         return out
 
-    def worst_rows(self, limit: int = 5) -> list[tuple[str, list[str]]]:
+    def worst_rows(self, limit: int = 3) -> list[tuple[str, list[str]]]:
         """Return the table every view shows: the ops (and module outputs) farthest from fp32, worst first, each
         op at a line and module once, as ``(op, [source line, module, phase and format, error])``."""
         rows: dict[tuple[str, str, str], tuple[str, list[str]]] = {}

@@ -250,14 +250,15 @@ def _audited(site: Site, ulps: float) -> AuditedOp:
     return AuditedOp(site.op, site.phase, site.dtype, site.module, site.where, round(ulps, 3))
 
 
-def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1) -> Report:
+def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1, fp32_against_fp64: bool = False) -> Report:
     """Audit ``steps`` forward and backward passes of ``model`` outside a training loop: each fp16/bf16 op re-run in
     fp32 from its own inputs (AMP701 to AMP706, AMP708), as ``ampdoctor run`` audits a training step.
 
     ``batch_fn`` runs the forward: called with the model (``batch_fn(model) -> loss``) when it takes an argument,
     else with none; what it returns is the loss (a tensor that requires grad), or a batch the model is called on
     (a tuple as positional arguments, a dict as keyword arguments), whose floating outputs are summed for the
-    backward. Nothing the model holds changes: the gradients are computed with ``torch.autograd.grad`` (no
+    backward. ``fp32_against_fp64``: also re-run the fp32 ops in float64 (an fp32 model's own losses; the cost of
+    an fp32 model doubles). Nothing the model holds changes: the gradients are computed with ``torch.autograd.grad`` (no
     ``.grad`` is written), its buffers (BatchNorm statistics) are put back and the random state is restored.
 
     >>> import torch
@@ -274,7 +275,7 @@ def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1) -> 
                          f"batch), got {type(batch_fn).__name__}: {batch_fn!r:.60}")
     check_every(steps, "steps")
     labels = {module: module_label(name) for name, module in model.named_modules()}
-    numerics = NumericsAudit(labels)
+    numerics = NumericsAudit(labels, audit_fp32=fp32_against_fp64)
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     params = [p for p in model.parameters() if p.requires_grad]
     events: list[tuple[int, Event]] = []
@@ -300,7 +301,7 @@ def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1) -> 
         with torch.no_grad():
             for buffer, kept in buffers:
                 buffer.copy_(kept)
-    section = AuditSection(tuple(range(steps)), numerics.ops, "float32",
+    section = AuditSection(tuple(range(steps)), numerics.ops, "float64" if fp32_against_fp64 else "float32",
                            tuple(sorted(worst, key=lambda op: -op.ulps)[:_WORST]), (), 0, numerics.truncated,
                            numerics.gemm_flops)
     findings = audit_findings(events, scaled=False, step_flops=flops)
