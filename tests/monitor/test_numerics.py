@@ -311,3 +311,17 @@ def test_audit_outside_a_loop_changes_nothing_the_model_holds():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state()) and all(p.grad is None for p in model.parameters())
     assert report.extra["watch"].parts["audit"].steps == (0, 1)
+
+
+def test_reading_a_saved_python_scalar_under_the_audit():
+    # loss * 2.0**16 saves the scalar as a wrapped number: read back as a float (a hand-written loss scaler's
+    # factor, read by the loss's part), it reaches the dispatch mode as the float, not a tensor (DeepSpeed runs)
+    w = torch.ones(2, requires_grad=True)
+    audit = NumericsAudit({})
+    audit.start()
+    try:
+        scaled = w.sum() * 2.0 ** 16
+        factor = float(scaled.grad_fn._saved_other)
+    finally:
+        audit.stop()
+    assert factor == 65536.0 and audit.off is False

@@ -98,6 +98,7 @@ _AUTOCAST_GEMM_CALLS = frozenset({
     "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot", "bilinear",
 })
 _DEVICES = ("cpu", "cuda")
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _PLAIN = (torch.Tensor, nn.Parameter)
 _AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
@@ -434,6 +435,8 @@ class NumericsAudit:
     # ---- each op ---------------------------------------------------------------------------------------------------
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``func`` as asked and return its result; on the way, audit it (never raising: `on_error`)."""
+        if args and not isinstance(args[0], torch.Tensor) and func is _LOCAL_SCALAR:
+            return args[0]   # a wrapped number (a Python scalar saved as a tensor) reaches a mode as the scalar
         if self.off or getattr(func, "namespace", "aten") != "aten":
             return func(*args, **kwargs)
         try:
