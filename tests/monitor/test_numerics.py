@@ -325,3 +325,21 @@ def test_reading_a_saved_python_scalar_under_the_audit():
     finally:
         audit.stop()
     assert factor == 65536.0 and audit.off is False
+
+
+def test_the_fp32_re_run_of_a_module_runs_nobody_s_hooks_again():
+    calls = []
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    model[0].register_forward_hook(lambda *a: calls.append("leaf"))
+    model[1][0].register_forward_hook(lambda *a: calls.append("child of a block"))
+
+    def loss(m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(torch.randn(3, 4)).float().sum()
+    audit = NumericsAudit({m: n or "(root)" for n, m in model.named_modules()})
+    audit.start()
+    loss(model).backward()
+    audit.stop()
+    shadowed = {r.site.module for r in audit.records if r.module_output}
+    assert calls == ["leaf", "child of a block"]   # once each: the real forward's
+    assert shadowed == {"0", "1.0", "1.1"}   # the leaves; not the block "1" (its child's hook would run again)

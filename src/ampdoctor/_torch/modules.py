@@ -61,3 +61,20 @@ def delegate_of(module: Any) -> nn.Module | None:
     """
     inner = getattr(module, _DELEGATES.get(type(module).__name__, ""), None)
     return inner if isinstance(inner, nn.Module) else None
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Return whether anyone registered a hook on ``module`` itself (forward, pre-forward, backward): calling it
+    again would run them again."""
+    return any(getattr(module, name, None) for name in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks"))
+
+
+def forward_with(module: nn.Module, tensors: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``module.forward`` (not its hooks) with ``tensors`` standing in for its parameters and buffers of those
+    names, and put them back after (``torch.nn.utils.stateless``, what ``torch.func.functional_call`` uses)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    with _reparametrize_module(module, tensors):
+        return module.forward(*args, **kwargs)
+

@@ -54,6 +54,8 @@ from ampdoctor._torch.dispatch import (
     op_schema,
     tree_leaves,
 )
+from ampdoctor._torch.distributed import distributed_world
+from ampdoctor._torch.modules import forward_with, has_hooks
 from ampdoctor.core.dtypes import dtype_name
 
 __all__ = ["NumericsAudit", "Site", "OpRecord", "Event", "LOW_DTYPES", "unit_roundoff", "GRADED_ULPS"]
@@ -295,6 +297,7 @@ class NumericsAudit:
         self._randomized: set[int] = set()   # modules whose forward drew random numbers (dropout)
         self._where: dict[int, str] = {}     # the source line that called each module
         self._shadowing = False
+        self._world = distributed_world()    # the fp32 re-run of a module is for a process alone
         self._recent: tuple[list[torch.Tensor], Site] | None = None
         self._modes: list[Any] = []
         self._handles: list[Any] = []
@@ -384,6 +387,9 @@ class NumericsAudit:
         if id(module) in self._randomized or any(next(c.children(), None) is not None for c in module.children()):
             return   # a leaf module or a block of leaves (an attention, an MLP); one that drew random numbers cannot
             #          be re-run the same
+        if self._world > 1 or hasattr(module, "_hf_hook") or any(has_hooks(c) for c in module.children()):
+            return   # re-run, it would run collectives on this rank alone, accelerate's offload hook, or the hooks
+            #          of its children (its own forward is called directly: its own hooks do not run)
         try:
             self._shadow(module, args, kwargs, output)
         except Exception as exc:  # noqa: BLE001
@@ -408,7 +414,10 @@ class NumericsAudit:
                 for device in _DEVICES:
                     with contextlib.suppress(RuntimeError):
                         stack.enter_context(torch.autocast(device, enabled=False))
-                ref = torch.func.functional_call(module, state, _map(up, tuple(args)), _map(up, dict(kwargs or {})))
+                try:
+                    ref = forward_with(module, state, _map(up, tuple(args)), _map(up, dict(kwargs or {})))
+                except (RuntimeError, TypeError, ValueError, NotImplementedError):
+                    return   # a module that does not run on fp32 inputs as it is (weights it keeps elsewhere)
         finally:
             self._shadowing = False
         ref = next((t for t in tree_leaves(ref) if isinstance(t, torch.Tensor) and t.shape == out.shape), None)
