@@ -10,9 +10,10 @@ Setup: a transformers ``LlamaForCausalLM`` from a tiny config (hidden 256, ``--l
   audited  ampdoctor.watch(every=1, audit="all"): the same, every step audited (each op re-run in fp32, each leaf
            module's output compared with an fp32 re-run)
 
-It prints, per loop: the median step time of each and their ratio (the issue's bound: at most 4x), the peak of the
-tensor bytes alive during a step (counted by a dispatch mode below the audit's, so the audit's own copies count:
-one op's inputs in fp32 at a time, plus the leaf module re-run) and their ratio, the largest error of the healthy
+Each variant runs in a process of its own. It prints, per loop: the median step time of each and their ratio (the
+issue's bound: at most 4x), how far the process's peak resident memory (``VmHWM``) rose above its memory once the
+model was built (the steps' activations and temporaries; the audit's copies: one op's inputs in fp32 at a time, and
+a module's fp32 re-run) and their ratio, the largest error of the healthy
 run in roundoff units (what ``GRADED_ULPS`` leaves a margin to), and the ATen ops of a step the default audit does
 not audit, with the audit part attached and without (they must be equal).
 """
@@ -20,15 +21,15 @@ not audit, with the audit part attached and without (they must be equal).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampdoctor
 
@@ -36,28 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from op_count import CountOps  # noqa: E402  (tests/op_count.py: the suite's ATen op counter)
 
 
-class LiveBytes(TorchDispatchMode):
-    """The peak of the bytes of the tensors the ops inside it create, while they are alive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self._seen: set[int] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and not t._is_view() and id(t) not in self._seen:
-                nbytes = t.untyped_storage().nbytes()
-                self.live += nbytes
-                self.peak = max(self.peak, self.live)
-                self._seen.add(id(t))
-                weakref.finalize(t, self._freed, id(t), nbytes)
-        return out
-
-    def _freed(self, key: int, nbytes: int) -> None:
-        self.live -= nbytes
-        self._seen.discard(key)
+def _rss_kib(field: str) -> int:
+    """This process's resident memory (``VmRSS``) or its peak so far (``VmHWM``), in KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
 
 
 def build(layers: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -84,21 +69,31 @@ def step(model: Any, opt: Any, scaler: Any, dtype: torch.dtype, ids: torch.Tenso
 
 
 def measure(audit: str, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one variant in a process of its own (its peak memory is its own) and return what it printed."""
+    done = subprocess.run([sys.executable, __file__, "--child", audit, str(dtype).split(".")[-1],
+                           "--steps", str(args.steps), "--layers", str(args.layers), "--seq", str(args.seq),
+                           "--threads", str(args.threads)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child(audit: str, dtype: torch.dtype, args: argparse.Namespace) -> dict[str, Any]:
+    """One variant: the median step time, and how far above the memory after building the model the process's
+    peak went (the steps' activations and temporaries, the audit's copies included)."""
     model, opt = build(args.layers)
     scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
     ids = torch.randint(0, 2048, (2, args.seq))
-    times, peaks = [], []
+    base = _rss_kib("VmRSS")
+    times = []
     with ampdoctor.watch(model, opt, scaler, every=1, dense=0, audit=audit) as w:
         step(model, opt, scaler, dtype, ids)   # warm-up (audited too)
         for _ in range(args.steps):
-            with LiveBytes() as live:
-                start = time.perf_counter()
-                step(model, opt, scaler, dtype, ids)
-                times.append(time.perf_counter() - start)
-            peaks.append(live.peak)
+            start = time.perf_counter()
+            step(model, opt, scaler, dtype, ids)
+            times.append(time.perf_counter() - start)
     section = w.watch_summary().parts.get("audit")
-    worst = section.worst[0].ulps if section is not None and section.worst else None
-    return {"time": statistics.median(times), "peak": max(peaks), "worst": worst,
+    return {"time": statistics.median(times), "peak": (_rss_kib("VmHWM") - base) * 1024,
+            "worst": section.worst[0].ulps if section is not None and section.worst else None,
+            "audited": list(section.steps) if section is not None else [],
             "findings": [f.code for f in w.findings() if f.severity.value in ("error", "warning")]}
 
 
@@ -120,9 +115,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--child", nargs=2, metavar=("AUDIT", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(child(args.child[0], getattr(torch, args.child[1]), args)))
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; tiny Llama, {args.layers} layers, "
           f"batch 2 x {args.seq}; {args.steps} timed steps each")
     for dtype in (torch.bfloat16, torch.float16):
@@ -131,10 +130,10 @@ def main() -> None:
         print(f"{name}:")
         print(f"  step time      plain {plain['time'] * 1e3:8.1f} ms   audited {audited['time'] * 1e3:8.1f} ms   "
               f"ratio {audited['time'] / plain['time']:.2f}x")
-        print(f"  peak live MiB  plain {plain['peak'] / 2**20:8.1f}      audited {audited['peak'] / 2**20:8.1f}      "
-              f"ratio {audited['peak'] / plain['peak']:.2f}x")
-        print(f"  largest error of the healthy run: {audited['worst']:.2f} roundoff units; audit findings: "
-              f"{', '.join(audited['findings']) or 'none'}")
+        print(f"  peak MiB above the model  plain {plain['peak'] / 2**20:6.1f}   "
+              f"audited {audited['peak'] / 2**20:6.1f}   ratio {audited['peak'] / max(plain['peak'], 1):.2f}x")
+        print(f"  audited steps {audited['audited']}; largest error of the healthy run: {audited['worst']:.2f} "
+              f"roundoff units; audit findings: {', '.join(audited['findings']) or 'none'}")
         off, auto = unaudited_ops("off", dtype, args), unaudited_ops("auto", dtype, args)
         print(f"  ATen ops of an unaudited step: audit off {off}, audit auto {auto} "
               f"({'equal' if off == auto else 'DIFFERENT'})")

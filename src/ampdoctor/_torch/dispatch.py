@@ -40,8 +40,8 @@ try:
 except ImportError:  # pragma: no cover
     _pytree_leaves = None
 
-__all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "modes_paused", "mode_is_on", "op_flops",
-           "op_schema", "op_writes_in_place", "op_is_random", "tree_leaves"]
+__all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "modes_paused", "mode_is_on",
+           "other_modes_on", "op_flops", "op_schema", "op_writes_in_place", "op_is_random", "tree_leaves"]
 
 
 def dispatch_modes_available() -> bool:
@@ -61,6 +61,15 @@ def innermost_mode() -> Any:
 def modes_paused() -> Any:
     """Return a context in which no dispatch mode sees the ops (they are put back after it)."""
     return _disable_current_modes() if _disable_current_modes is not None else contextlib.nullcontext()
+
+
+def other_modes_on() -> bool:
+    """Return whether a dispatch mode or a torch function mode is on (someone's: a flop counter, a profiler's): a
+    mode entered now, above it, could be popped by its ``__exit__``."""
+    if _get_current_dispatch_mode_stack is not None and _get_current_dispatch_mode_stack():
+        return True
+    stack = getattr(torch.overrides, "_get_current_function_mode_stack", None)
+    return bool(stack()) if stack is not None else False
 
 
 def mode_is_on(mode: Any) -> bool:

@@ -52,6 +52,7 @@ from ampdoctor._torch.dispatch import (
     op_flops,
     op_is_random,
     op_schema,
+    other_modes_on,
     tree_leaves,
 )
 from ampdoctor._torch.distributed import distributed_world
@@ -308,11 +309,12 @@ class NumericsAudit:
         """Whether the audit's modes are on now."""
         return bool(self._modes)
 
-    def start(self, root: nn.Module | None = None) -> None:
-        """Switch the modes and module hooks on; ``root``: a module whose forward is starting now (its own
-        pre-hooks ran before the global ones were registered)."""
-        if self.running or self.off:
-            return
+    def start(self, root: nn.Module | None = None) -> bool:
+        """Switch the modes and module hooks on and return True; ``root``: a module whose forward is starting now
+        (its own pre-hooks ran before the global ones were registered). Not while another mode is on (a profiler's,
+        a flop counter's): its ``__exit__`` would pop the audit's mode instead of its own, so False."""
+        if self.running or self.off or other_modes_on():
+            return False
         self.region = _autocast_state()
         hooks = nn.modules.module
         self._handles = [hooks.register_module_forward_pre_hook(self._module_starts),
@@ -322,6 +324,7 @@ class NumericsAudit:
         self._modes = [_AutocastTracker(self), AuditMode(self)]
         for mode in self._modes:
             mode.__enter__()
+        return True
 
     def stop(self) -> None:
         """Switch the modes and hooks off (the innermost dispatch mode must be the audit's: a mode the user entered
@@ -330,6 +333,7 @@ class NumericsAudit:
             return
         on = mode_is_on(self._modes[1])
         if on and innermost_mode() is not self._modes[1]:
+            self.off = True   # its mode lets every op through from now on; it leaves when it can (detach)
             raise RuntimeError(f"another dispatch mode ({type(innermost_mode()).__name__}) was entered after the "
                                "audit's and is still on: the audit cannot leave without removing it")
         self._tag_nodes()
@@ -341,6 +345,12 @@ class NumericsAudit:
             handle.remove()
         self._handles, self._stack, self._recent = [], [], None
 
+    def _leave(self) -> None:
+        """After an error the audit is off; its modes leave at the first module boundary (not from inside its own
+        dispatch handler, where its mode is off the stack and would be put back after it)."""
+        with contextlib.suppress(RuntimeError):
+            self.stop()
+
     def _fail(self, exc: BaseException, func: Any = None) -> None:
         self.off = True
         if self._on_error is not None:
@@ -348,7 +358,10 @@ class NumericsAudit:
 
     # ---- the module stack and recomputed forwards ------------------------------------------------------------------
     def _module_starts(self, module: nn.Module, args: Any) -> None:
-        if self.off or self._shadowing:
+        if self.off:
+            self._leave()
+            return
+        if self._shadowing:
             return
         try:
             state, recompute = _autocast_state(), in_backward()
@@ -374,6 +387,9 @@ class NumericsAudit:
             self._fail(exc)
 
     def _module_ends(self, module: nn.Module, args: Any, kwargs: Any = None, output: Any = None) -> None:
+        if self.off:
+            self._leave()
+            return
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i][0] is module:
                 recompute = self._stack[i][1]

@@ -111,11 +111,10 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         if self.audit.running or self.audit.off or self._ctx is None or torch.compiler.is_compiling():
             return
         step, whole = self._ctx.steps(), module is None
-        if self._due(step, whole):
+        if self._due(step, whole) and self.audit.start(module):
             self._whole = self._whole or whole
             self._audited.append(step)
             self._step = step
-            self.audit.start(module)
 
     # ---- the step clock -------------------------------------------------------------------------------------------
     def step_starting(self) -> bool:
@@ -174,14 +173,12 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
         return audit_findings(self._events, scaled=self._scaled, step_flops=self._step_flops)
 
     def stop(self) -> None:
+        # maybe called from inside the audit's own dispatch handler (an op failed): its modes leave at the next
+        # module boundary, or at detach
         self.audit.off = True
-        try:
-            self.audit.stop()
-        except RuntimeError:
-            pass   # another mode is innermost: detach removes ours
 
     def detach(self) -> None:
-        self.audit.stop()
+        self.audit._leave()
         for handle in self._handles:
             handle.remove()
         self._handles, self._ctx = [], None
