@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "attach": "ampdoctor.runner.attached",
-    "audit": "ampdoctor.monitor.parts.audit",
+    "audit": "ampdoctor.monitor.parts.numerics_audit",
     "check": "ampdoctor.preflight.engine",
     "explain": "ampdoctor.explanations.crash",
     "fix": "ampdoctor.repairs.upcast",

@@ -1,5 +1,5 @@
-"""The numerics audit (``monitor/numerics.py``, ``monitor/parts/audit.py``): each low-precision op of an audited step
-re-run in fp32 from its own inputs, on real modules, real autocast and a real GradScaler.
+"""The numerics audit (``monitor/numerics.py``, ``monitor/parts/numerics_audit.py``): each low-precision op of an
+audited step re-run in fp32 from its own inputs, on real modules, real autocast and a real GradScaler.
 
 Each kind of event gets a case where it fires, with the op, module and source line, and a quiet twin that uses the
 same ops correctly. Then what the audit must not do: change training (bitwise), run ops on steps it does not audit,
@@ -21,6 +21,7 @@ import ampdoctor
 from ampdoctor.core.options import check_audit
 from ampdoctor.core.usage import UsageError
 from ampdoctor.monitor.numerics import NumericsAudit
+from ampdoctor.monitor.parts.numerics_audit import audit_findings
 from ampdoctor.monitor.watcher import Watch
 
 
@@ -169,6 +170,8 @@ def test_a_recompute_under_another_autocast_state(torch_checkpoint):
         assert recompute == []
         return
     assert [e.site.module for e in recompute] == ["(root)"]   # one finding for the block, not one per child
+    found = audit_findings([(0, e) for e in recompute], scaled=False, step_flops={})
+    assert [(f.code, f.severity.value) for f in found] == [("AMP708", "error")]
     assert "autocast to bfloat16 (cpu)" in recompute[0].text and "no autocast" in recompute[0].text
 
 
@@ -355,3 +358,33 @@ def test_the_fp32_re_run_of_a_module_runs_nobody_s_hooks_again():
     shadowed = {r.site.module for r in audit.records if r.module_output}
     assert calls == ["leaf", "child of a block"]   # once each: the real forward's
     assert shadowed == {"0", "1.0", "1.1"}   # the leaves; not the block "1" (its child's hook would run again)
+
+
+class _SumPool(nn.Module):
+    def forward(self, x):
+        total = torch.zeros_like(x[:, 0])
+        for i in range(x.shape[1]):   # a running sum in bf16: each addition rounds on its own
+            total = total + x[:, i]
+        return total
+
+
+def _bf16(m, x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return m(x).float().sum()
+
+
+@pytest.mark.parametrize("code, model, loss", [
+    ("AMP701", nn.Linear(4, 4, bias=False).half(),
+     lambda m: F.normalize(m(torch.zeros(2, 4).half())).float().sum()),
+    ("AMP702", nn.Linear(4, 4).half(), lambda m: (m(torch.randn(2, 4).half()) * 0 + 300).pow(2).float().sum()),
+    ("AMP703", nn.Linear(4, 4).half(),
+     lambda m: (m(torch.randn(2, 4).half()) * 0 + torch.tensor([1e-4, 1e-4, 1e4, 1e4]).half()).prod(-1).float().sum()),
+    ("AMP704", nn.Linear(4, 4),
+     lambda m: _bf16(m, torch.arange(300.0)[:, None].expand(300, 4))),
+    ("AMP705", nn.Sequential(nn.Linear(4, 4), nn.Softplus(), _SumPool()), lambda m: _bf16(m, torch.randn(2, 1024, 4))),
+    ("AMP706", nn.Linear(4, 4),
+     lambda m: _bf16(lambda x: torch.zeros(2, 4).addmm_(x, m.weight.t()), torch.randn(2, 4))),
+])
+def test_each_audit_finding_of_ampdoctor_audit(code, model, loss):
+    torch.manual_seed(0)
+    assert code in ampdoctor.audit(model, loss).codes()

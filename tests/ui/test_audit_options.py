@@ -27,8 +27,9 @@ def test_contradicting_or_bad_audit_options_exit_2_before_the_script(argv, words
     assert words in " ".join(capsys.readouterr().err.split()) and not marker.exists()
 
 
-@pytest.mark.parametrize("argv, steps", [([], [0, 1]), (["--audit-steps", "3"], [3]), (["--no-audit"], None),
-                                         (["--audit"], list(range(10)))])   # the 10 steps of the dense start
+@pytest.mark.parametrize("argv, steps", [([], None), (["--audit"], [0, 1]), (["--audit-steps", "3"], [3]),
+                                         (["--no-audit"], None),
+                                         (["--audit-every"], list(range(10)))])   # the 10 steps of the dense start
 def test_the_report_says_which_steps_were_audited(argv, steps, tmp_path):
     report = tmp_path / "r.json"
     assert main(["run", "--json", str(report), *argv, str(SCRIPT)]) == 0
@@ -39,4 +40,5 @@ def test_the_report_says_which_steps_were_audited(argv, steps, tmp_path):
 def test_the_environment_takes_run_s_audit_options():
     assert options_from_environment("--audit-steps 0,3") == {"audit": "0,3"}
     assert options_from_environment("--no-audit --fix") == {"audit": "off", "fix": True}
-    assert options_from_environment("--audit") == {"audit": "all"}
+    assert options_from_environment("--audit") == {"audit": "auto"}
+    assert options_from_environment("--audit-every") == {"audit": "all"}

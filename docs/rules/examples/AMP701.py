@@ -1,5 +1,6 @@
 """A retrieval model trained in pure fp16 (``.half()``, no autocast) normalises its embeddings with ``F.normalize``,
 whose ``eps=1e-12`` is 0 in fp16: the padding token's zero embedding divides 0 by 0, and the loss is NaN."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/pytorch/pytorch/issues/104294 (F.normalize's eps underflows in half precision)
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,6 @@
 """A pure-fp16 model scores a sequence by the product of its per-step factors: ``prod`` multiplies them in fp16 one
 after the other, an intermediate product (1e-8) flushes to 0, and the score is 0 where fp32 gives 1."""
+# command: ampdoctor run --audit {script}
 # reproduces: products of many factors in half precision underflow (compute them as a sum of logs, or in fp32)
 import torch
 from torch import nn

@@ -1,5 +1,6 @@
 """A pooling layer sums the token features of a long sequence one token at a time, in the bf16 of autocast: each
 addition rounds to bf16 on its own, and after 1024 of them the sum is far from the same sum in fp32."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/pytorch/pytorch/issues/99064 (a running sum in bf16 loses precision)
 import torch
 from torch import nn

@@ -1,5 +1,6 @@
 """A LoRA-style layer adds its low-rank update in place, ``out.addmm_(x, delta)``: autocast casts the inputs of
 out-of-place matmuls only, so under bf16 autocast this matmul computes in fp32, at fp32 speed and memory."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/pytorch/pytorch/issues/91581 (autocast does not apply to in-place and out= ops)
 import torch
 from torch import nn

@@ -1,5 +1,6 @@
 """A hand-written activation checkpoint (as older fairscale and Megatron-LM wrote theirs) saves the input but not the
 autocast state: the forward ran under bf16 autocast, the recompute in ``backward()`` runs in fp32, so the gradients
+# command: ampdoctor run --audit {script}
 belong to other activations than the forward used."""
 # reproduces: https://github.com/pytorch/pytorch/issues/37730 (checkpoint recompute must restore autocast state)
 import torch

@@ -41,7 +41,8 @@ except ImportError:  # pragma: no cover
     _pytree_leaves = None
 
 __all__ = ["TorchDispatchMode", "dispatch_modes_available", "innermost_mode", "modes_paused", "mode_is_on",
-           "other_modes_on", "op_flops", "op_schema", "op_writes_in_place", "op_is_random", "tree_leaves"]
+           "other_modes_on", "LOCAL_SCALAR", "op_flops", "op_schema", "op_writes_in_place", "op_is_random",
+           "tree_leaves"]
 
 
 def dispatch_modes_available() -> bool:
@@ -61,6 +62,9 @@ def innermost_mode() -> Any:
 def modes_paused() -> Any:
     """Return a context in which no dispatch mode sees the ops (they are put back after it)."""
     return _disable_current_modes() if _disable_current_modes is not None else contextlib.nullcontext()
+
+
+LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default   # ``Tensor.item()``'s op
 
 
 def other_modes_on() -> bool:

@@ -11,6 +11,7 @@ the user's keeps its warning.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 
@@ -25,6 +26,16 @@ def any_global_module_hook() -> bool:
     """
     probe = getattr(torch.nn.modules.module, "_has_any_global_hook", None)
     return bool(probe()) if callable(probe) else False
+
+
+def remove_global_hook(handle: Any) -> None:
+    """Remove a global module hook's handle, and its entry in ``_global_forward_hooks_with_kwargs``: torch 2.13's
+    handle of a ``with_kwargs=True`` global forward hook leaves it there (and ``_has_any_global_hook`` true)."""
+    hook_id = getattr(handle, "id", None)
+    handle.remove()
+    with_kwargs = getattr(torch.nn.modules.module, "_global_forward_hooks_with_kwargs", None)
+    if isinstance(with_kwargs, dict):
+        with_kwargs.pop(hook_id, None)
 
 
 class SilencedWarning:

@@ -78,3 +78,8 @@ def forward_with(module: nn.Module, tensors: dict[str, Any], args: tuple[Any, ..
     with _reparametrize_module(module, tensors):
         return module.forward(*args, **kwargs)
 
+
+def is_compiled(module: Any) -> bool:
+    """Return whether ``module`` is what ``torch.compile`` returned (an ``OptimizedModule``: it keeps ``_orig_mod``)."""
+    return hasattr(module, "_orig_mod")
+

@@ -17,7 +17,8 @@ from ampdoctor.core.usage import UsageError, check_outputs
 
 __all__ = ["RunOptions", "check_every", "check_audit", "AUDIT_AUTO", "AUDIT_ALL", "AUDIT_OFF"]
 
-AUDIT_AUTO, AUDIT_ALL, AUDIT_OFF = "auto", "all", "off"   # the numerics audit's policies (``monitor.parts.audit``)
+# the numerics audit's policies (``monitor.parts.numerics_audit``)
+AUDIT_AUTO, AUDIT_ALL, AUDIT_OFF = "auto", "all", "off"
 
 
 def check_every(value: Any, name: str = "every") -> int:
@@ -97,7 +98,7 @@ class RunOptions:
     activations: bool = False
     json_path: str | None = None
     fix_command: str | None = None
-    audit: Any = AUDIT_AUTO
+    audit: Any = AUDIT_OFF
 
     def __post_init__(self) -> None:
         check_every(self.every)

@@ -45,6 +45,7 @@ from torch import nn
 
 from ampdoctor._torch.autograd import current_node, in_backward
 from ampdoctor._torch.dispatch import (
+    LOCAL_SCALAR,
     TorchDispatchMode,
     innermost_mode,
     mode_is_on,
@@ -56,6 +57,7 @@ from ampdoctor._torch.dispatch import (
     tree_leaves,
 )
 from ampdoctor._torch.distributed import distributed_world
+from ampdoctor._torch.module_hooks import remove_global_hook
 from ampdoctor._torch.modules import forward_with, has_hooks
 from ampdoctor.core.dtypes import dtype_name
 
@@ -101,7 +103,6 @@ _AUTOCAST_GEMM_CALLS = frozenset({
     "conv_transpose2d", "conv_transpose3d", "einsum", "chain_matmul", "tensordot", "bilinear",
 })
 _DEVICES = ("cpu", "cuda")
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _PLAIN = (torch.Tensor, nn.Parameter)
 _AMPDOCTOR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # ampdoctor's frames an op of the user's passes through: this module, and the wrappers around torch and the user's
@@ -342,7 +343,7 @@ class NumericsAudit:
                 mode.__exit__(None, None, None)
         self._modes = []
         for handle in self._handles:
-            handle.remove()
+            remove_global_hook(handle)
         self._handles, self._stack, self._recent = [], [], None
 
     def _leave(self) -> None:
@@ -460,7 +461,7 @@ class NumericsAudit:
     # ---- each op ---------------------------------------------------------------------------------------------------
     def observe(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``func`` as asked and return its result; on the way, audit it (never raising: `on_error`)."""
-        if args and not isinstance(args[0], torch.Tensor) and func is _LOCAL_SCALAR:
+        if args and not isinstance(args[0], torch.Tensor) and func is LOCAL_SCALAR:
             return args[0]   # a wrapped number (a Python scalar saved as a tensor) reaches a mode as the scalar
         if self.off or getattr(func, "namespace", "aten") != "aten":
             return func(*args, **kwargs)

@@ -80,7 +80,7 @@ def diagnosed_by() -> str | None:
 
 
 def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: str | os.PathLike[str] | None = None,
-           json_path: str | os.PathLike[str] | None = None, activations: bool = False, audit: Any = "auto",
+           json_path: str | os.PathLike[str] | None = None, activations: bool = False, audit: Any = "off",
            announce: str = "attach") -> "Attached":
     """Diagnose this process as ``ampdoctor run`` would, from now until it exits (or the ``with`` block ends).
 
@@ -92,8 +92,9 @@ def attach(*, fix: bool = False, watch: bool = True, every: int = 50, log_dir: s
         log_dir: the watch's JSON-lines flight recorder folder (``--log-dir``).
         json_path: where the JSON report is written at the end (``--json``).
         activations: also watch activations (``--activations``).
-        audit: the steps the numerics audit re-runs in fp32: ``"auto"`` (the first sampled step and the step after
-            the first anomaly), ``"all"`` (``--audit``), step numbers, or ``"off"`` (``--no-audit``).
+        audit: the steps the numerics audit re-runs in fp32: ``"off"`` (the default), ``"auto"`` (``--audit``: the
+            first sampled step, the first whole one and the one after the first anomaly), ``"all"``
+            (``--audit-every``), or step numbers (``--audit-steps``).
         announce: ``"attach"`` for a call in the code; ``"environment"`` for ``AMPDOCTOR=...`` (then a process that
             trained nothing, a launcher or a DataLoader worker, says nothing).
 

@@ -100,7 +100,7 @@ def options_from_environment(value: str) -> dict[str, Any]:
         raise ValueError(f"{ENV}={value!r} cannot be read ({exc}); {_USE}") from None
     options: dict[str, Any] = {}
     flags = {"--fix": ("fix", True), "--activations": ("activations", True), "--no-watch": ("watch", False),
-             "--no-audit": ("audit", "off"), "--audit": ("audit", "all")}
+             "--no-audit": ("audit", "off"), "--audit": ("audit", "auto"), "--audit-every": ("audit", "all")}
     valued = {"--json": "json_path", "--log-dir": "log_dir", "--every": "every", "--audit-steps": "audit"}
     while words:
         word = words.pop(0)
@@ -125,7 +125,7 @@ def options_from_environment(value: str) -> dict[str, Any]:
 
 
 _USE = ("use AMPDOCTOR=1, or ampdoctor run's options, e.g. AMPDOCTOR='--fix --json report.json --log-dir logs' "
-        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit, --audit-steps STEPS, --no-audit, "
+        "(--fix, --json PATH, --log-dir DIR, --every N, --activations, --audit, --audit-every, --audit-steps STEPS, "
         "--no-watch)")
 
 

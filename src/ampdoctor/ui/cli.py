@@ -82,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-dir", metavar="DIR", help="write the JSON-lines flight recorder to DIR")
     run.add_argument("--every", type=int, default=50, metavar="N", help="sample numerics every N steps (50)")
     run.add_argument("--activations", action="store_true", help="also watch activations (first inf/NaN module)")
-    run.add_argument("--audit", action="store_true", help="re-run each fp16/bf16 op in fp32 on every sampled step "
-                     "(default: the first sampled step and the step after the first anomaly)")
+    run.add_argument("--audit", action="store_true", help="re-run each fp16/bf16 op in fp32: the first sampled step, "
+                     "the first whole step and the step after the first anomaly")
     run.add_argument("--audit-steps", metavar="STEPS", help="re-run each fp16/bf16 op in fp32 on these steps (0,5)")
-    run.add_argument("--no-audit", action="store_true", help="no numerics audit")
+    run.add_argument("--audit-every", action="store_true", help="--audit on every sampled step")
+    run.add_argument("--no-audit", action="store_true", help="no numerics audit (the default)")
     run.add_argument("--no-watch", action="store_true", help="only pre-flight, guards and crash explanations")
     run.add_argument("--strict", action="store_true", help="exit 1 when a finding is at error severity, even if "
                      "the script exited 0 (for CI)")
@@ -224,11 +225,11 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
                           "e.g. `ampdoctor run train.py --epochs 1`.")
     check_every(args.every, "--every")
     audit = check_audit(args.audit_steps, "--audit-steps") if args.audit_steps is not None else \
-        "off" if args.no_audit else "all" if args.audit else "auto"
-    if args.no_audit and (args.audit or args.audit_steps is not None):
+        "off" if args.no_audit else "all" if args.audit_every else "auto" if args.audit else "off"
+    if args.no_audit and (args.audit or args.audit_every or args.audit_steps is not None):
         raise _UsageError("--no-audit turns the audit off, but --audit/--audit-steps asks for it: drop one of them")
     asked = (("--log-dir", args.log_dir), ("--activations", args.activations), ("--audit", args.audit),
-             ("--audit-steps", args.audit_steps))
+             ("--audit-every", args.audit_every), ("--audit-steps", args.audit_steps))
     if args.no_watch and any(v for _, v in asked):
         given = " and ".join(o for o, v in asked if v)
         raise _UsageError(f"--no-watch turns the watch off, but {given} needs it: drop one of them")
@@ -239,8 +240,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
     return options
 
 
-_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--audit", "--audit-steps", "--no-audit",
-                "--no-watch", "--strict", "--no-children")
+_RUN_OPTIONS = ("--fix", "--json", "--log-dir", "--every", "--activations", "--audit", "--audit-every",
+                "--audit-steps", "--no-audit", "--no-watch", "--strict", "--no-children")
 
 
 def _given_to_the_script(args: argparse.Namespace) -> list[str]:

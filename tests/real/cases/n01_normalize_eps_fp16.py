@@ -3,7 +3,8 @@
 #   a trainable fp32 head under fp16 autocast + GradScaler. 1e-12 is 0 in fp16, so the norm clamp does nothing and
 #   the blank (all-zero) sample's feature row is 0/0 = NaN: the loss is NaN at every step and every step is skipped.
 # expect: AMP701
-# expect-detail: AMP701 min=1e-12 is 0 in float16: aten\.clamp_min.* n01_\w+\.py:21; NaN/inf follows in aten\.div
+# expect-detail: AMP701 min=1e-12 is 0 in float16: aten\.clamp_min.* n01_\w+\.py:22; NaN/inf follows in aten\.div
+# ampdoctor-args: --audit
 import sys
 
 import torch

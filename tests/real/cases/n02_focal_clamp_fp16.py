@@ -3,7 +3,8 @@
 #   autocast: 1 - 1e-4 rounds to 1.0 in fp16, so a confident negative (logit ~9) gets log(1 - 1.0) = log(0) = -inf,
 #   the loss is inf/NaN, the GradScaler skips every step and the weights never move.
 # expect: AMP701
-# expect-detail: AMP701 max=0\.9999 is 1 in float16: aten\.clamp\.default .* at n02_\w+\.py:14; NaN/inf follows
+# expect-detail: AMP701 max=0\.9999 is 1 in float16: aten\.clamp\.default .* at n02_\w+\.py:15; NaN/inf follows
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -3,7 +3,8 @@
 #   the fill value becomes -inf in fp16, the query rows of padding tokens are fully masked, softmax of an all -inf
 #   row is 0/0 = NaN, and the masked token loss (NaN * 0) is NaN at every step while the GradScaler halves the scale.
 # expect: AMP701
-# expect-detail: AMP701 ^attn \(Attention\): \w+=-2\.38198e\+38 is -inf in float16: .* n03_\w+\.py:25; NaN/inf
+# expect-detail: AMP701 ^attn \(Attention\): \w+=-2\.38198e\+38 is -inf in float16: .* n03_\w+\.py:26; NaN/inf
+# ampdoctor-args: --audit
 import sys
 
 import torch

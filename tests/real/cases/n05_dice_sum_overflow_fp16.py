@@ -3,7 +3,8 @@
 #   intersection and cardinality sums over 2x1x320x320 pixels exceed 65504 and overflow to inf, inf / inf = NaN, so the
 #   Dice loss is NaN at every step (the sums are ~1e5 and finite in fp32) and every step is skipped.
 # expect: AMP702
-# expect-detail: AMP702 aten\.sum\.default at n05_\w+\.py:16 \(forward, float16\)
+# expect-detail: AMP702 aten\.sum\.default at n05_\w+\.py:17 \(forward, float16\)
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -3,7 +3,8 @@
 #   exp(12) = 1.6e5 overflows fp16 to inf (inf * 0 = NaN where z_p == m_p), so kl_loss (~5 in fp32) is NaN at every step
 #   and the GradScaler skips every step; the report's workaround is to switch fp16 off.
 # expect: AMP702
-# expect-detail: AMP702 aten\.exp\.default at n06_\w+\.py:15 \(forward, float16\)
+# expect-detail: AMP702 aten\.exp\.default at n06_\w+\.py:16 \(forward, float16\)
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -3,7 +3,8 @@
 #   the sampled timesteps (sigma * 1000) cast to weight_dtype=bf16 before the model as the Flux pipeline does: 998.39 ->
 #   1000, 750 -> 752, so the model is conditioned on the wrong noise level (no error).
 # expect: AMP704
-# expect-detail: AMP704 aten\._to_copy\.default at n07_\w+\.py:35 \(forward, bfloat16\) casts float32\[64\]
+# expect-detail: AMP704 aten\._to_copy\.default at n07_\w+\.py:36 \(forward, bfloat16\) casts float32\[64\]
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -3,7 +3,8 @@
 #   autocast region (the Llama/Gemma code before the fix): autocast casts the fp32 positions to bf16, positions above
 #   256 round to multiples of 2, 4, ..., and neighbouring tokens get identical rotary angles (no error).
 # expect: AMP704
-# expect-detail: AMP704 ^rotary \(Rotary\): aten\._to_copy.* n08_\w+\.py:20 .* whole numbers \(up to 510\)
+# expect-detail: AMP704 ^rotary \(Rotary\): aten\._to_copy.* n08_\w+\.py:21 .* whole numbers \(up to 510\)
+# ampdoctor-args: --audit
 import sys
 
 import torch
@@ -38,7 +39,6 @@ class TinyLM(nn.Module):
         cos, sin = self.rotary(torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1))
         out = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
         return self.head(out)
-
 
 torch.manual_seed(0)
 model = TinyLM()

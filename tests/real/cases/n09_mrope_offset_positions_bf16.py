@@ -3,7 +3,8 @@
 #   positions with a matmul inside the bf16 autocast region: autocast casts the positions to bf16, whose step at 65536
 #   is 512, so every image token gets the same rotary angles and spatial information is lost (no error).
 # expect: AMP704
-# expect-detail: AMP704 ^rope \(MRoPE\): aten\._to_copy\.default at n09_\w+\.py:23 .* of whole numbers
+# expect-detail: AMP704 ^rope \(MRoPE\): aten\._to_copy\.default at n09_\w+\.py:24 .* of whole numbers
+# ampdoctor-args: --audit
 import sys
 
 import torch

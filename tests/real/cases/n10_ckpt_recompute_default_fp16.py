@@ -3,7 +3,8 @@
 #   (torch.cuda.amp.autocast() -> fp16), not the forward's bf16: forward and loss are finite, the recompute of the
 #   frozen MLP (activations ~1e5) overflows fp16, the step-0 gradients are NaN, then the loss.
 # expect: AMP708
-# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_\w+\.py:26: its forward ran under
+# expect-detail: AMP708 ^mlp \(Sequential\): mlp \(Sequential\) at n10_\w+\.py:27: its forward ran under
+# ampdoctor-args: --audit
 import sys
 
 import torch
@@ -36,7 +37,6 @@ class Model(nn.Module):
 
     def forward(self, ids):
         return self.head((h := self.embed(ids)) + CheckpointFunction.apply(self.mlp, h))
-
 
 torch.manual_seed(0)
 model = Model()

@@ -3,7 +3,8 @@
 #   bf16 linear) runs under bf16 autocast, backward() runs after the autocast block, so the recompute has no autocast:
 #   RuntimeError: expected m1 and m2 to have the same dtype, but got: float != c10::BFloat16
 # expect: AMP708
-# expect-detail: AMP708 ^block \(Sequential\): .* n11_\w+\.py:25: its forward ran under autocast to bf
+# expect-detail: AMP708 ^block \(Sequential\): .* n11_\w+\.py:26: its forward ran under autocast to bf
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,7 +47,6 @@ class Model(nn.Module):
         h = self.embed(ids)
         return self.head(h + CheckpointFunction.apply(self.block, h))
 
-
 torch.manual_seed(0)
 model = Model()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -57,4 +57,3 @@ for step in range(6):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    print(f"step {step} loss {loss.item():.4f}")

@@ -4,6 +4,7 @@
 #   running_mean/var. Training then looks normal (train mode uses batch stats) and model.eval() outputs NaN.
 # expect: AMP707
 # expect-detail: AMP707 ^2 \(BatchNorm1d\): the buffers running_mean, running_var .* skipped step
+# ampdoctor-args: --audit
 import sys
 
 import torch

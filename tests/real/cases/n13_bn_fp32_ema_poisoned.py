@@ -4,6 +4,7 @@
 #   is skipped, but the running stats and the EMA buffers are already NaN and the EMA model evaluates to NaN.
 # expect: AMP707
 # expect-detail: AMP707 ^bn \(BatchNorm1d\): the buffers running_mean, running_var hold inf/NaN .* skipped
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -3,7 +3,8 @@
 #   autocast accumulates the lm-head gradient with torch.addmm(..., out=grad_weight): out= calls are not autocast, so
 #   the largest GEMM of the step runs in fp32, the slow fallback flagged in the review (no error).
 # expect: AMP706
-# expect-detail: AMP706 aten\.addmm\.out at n14_\w+\.py:30 computes in float32 inside autocast to bfloat16
+# expect-detail: AMP706 aten\.addmm\.out at n14_\w+\.py:31 computes in float32 inside autocast to bfloat16
+# ampdoctor-args: --audit
 import sys
 
 import torch

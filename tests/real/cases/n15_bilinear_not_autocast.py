@@ -4,6 +4,7 @@
 #   outputs of a Linear it would raise instead, as in the apex report); the rest of the model runs in bf16.
 # expect: AMP706
 # expect-detail: AMP706 aten\._trilinear\.default at n15_\w+\.py:\d+ computes in float32 inside autocast
+# ampdoctor-args: --audit
 import sys
 
 import torch

@@ -2,6 +2,7 @@
 # reproduces: nothing - the frozen fp16 encoder, the blank sample and the fp16 AMP loop of n01, with the F.normalize
 #   eps taken from the feature dtype (torch.finfo(torch.float16).tiny, representable in fp16).
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

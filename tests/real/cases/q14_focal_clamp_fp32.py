@@ -2,6 +2,7 @@
 # reproduces: nothing - the head, the confident class-3 bias and the fp16 AMP loop of n02, with the focal loss
 #   computed in fp32 (scores upcast before the clamp, where 1 - 1e-4 is representable).
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 from torch import nn
 

@@ -2,6 +2,7 @@
 # reproduces: nothing - the attention, the padded batch and the fp16 AMP loop of n03, with the mask fill value taken
 #   from the scores' dtype (torch.finfo(scores.dtype).min): fully masked padding rows softmax to a finite uniform row.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

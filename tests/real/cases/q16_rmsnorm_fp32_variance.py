@@ -2,6 +2,7 @@
 # reproduces: nothing - the frozen fp16 base, the outlier channel and the fp16 AMP loop of n04, with the RMSNorm
 #   computing the variance in fp32 and casting back, as LlamaRMSNorm does.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

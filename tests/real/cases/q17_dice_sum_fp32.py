@@ -2,6 +2,7 @@
 # reproduces: nothing - the segmentation model, the 2x1x320x320 batch and the fp16 AMP loop of n05, with the Dice
 #   loss computed on fp32 probabilities (logits upcast first), so the pixel sums stay finite.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 from torch import nn
 

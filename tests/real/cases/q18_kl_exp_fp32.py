@@ -2,6 +2,7 @@
 # reproduces: nothing - the prior/posterior heads, the sharp prior and the fp16 AMP loop of n06, with the KL term
 #   computed on fp32 inputs (exp(12) = 1.6e5 is finite in fp32).
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 from torch import nn
 

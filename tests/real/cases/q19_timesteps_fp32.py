@@ -2,6 +2,7 @@
 # reproduces: nothing - the denoiser and the bf16 autocast flow-matching loop of n07, with the timesteps kept in fp32
 #   (Timesteps builds the sinusoidal embedding in fp32; only the embedding MLP runs in bf16 under autocast).
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps

@@ -2,6 +2,7 @@
 # reproduces: nothing - the small causal LM and bf16 autocast loop of n08, with the rotary angles computed in fp32
 #   with autocast disabled around inv_freq @ positions, as HF Llama does since the fix.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

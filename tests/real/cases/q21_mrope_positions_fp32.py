@@ -2,6 +2,7 @@
 # reproduces: nothing - the multi-axis rotary model, the 65536-offset image positions and the bf16 autocast loop of
 #   n09, with autocast disabled around inv_freq @ positions (the fix of diffusers#13922), so the positions stay fp32.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

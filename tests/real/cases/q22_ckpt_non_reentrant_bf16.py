@@ -2,6 +2,7 @@
 # reproduces: nothing - the block with bf16-range activations and the bf16 autocast loop of n10, checkpointed with
 #   torch.utils.checkpoint.checkpoint(use_reentrant=False), which recomputes under the forward's autocast dtype.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

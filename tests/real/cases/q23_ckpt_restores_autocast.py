@@ -3,6 +3,7 @@
 #   autocast region), checkpointed with torch.utils.checkpoint.checkpoint(use_reentrant=False), which recomputes
 #   under the autocast state recorded in the forward.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -2,6 +2,7 @@
 # reproduces: nothing - the Conv1d -> ReLU -> BatchNorm1d classifier and fp16 AMP loop of n12 without the corrupted
 #   recording: no forward overflows, no step is skipped, and the BatchNorm running statistics stay finite.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -3,6 +3,7 @@
 #   of n13, with the input layer and the BatchNorm kept in fp32 on fp32 inputs (autocast disabled for both), so
 #   ~1.3e5 features never meet fp16 and the running stats and the EMA buffers stay finite.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -2,6 +2,7 @@
 # reproduces: nothing - the Liger-style fused linear + cross-entropy and bf16 autocast loop of n14, with the lm-head
 #   gradient computed by a plain (autocast) matmul in bf16 and accumulated into the fp32 buffer with .float().
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -2,6 +2,7 @@
 # reproduces: nothing - the relation classifier and bf16 autocast loop of n15, with the bilinear form written as an
 #   einsum (a batched matmul that autocast runs in bf16) on the same weight and bias.
 # expect: quiet
+# ampdoctor-args: --audit
 import torch
 import torch.nn.functional as F
 from torch import nn

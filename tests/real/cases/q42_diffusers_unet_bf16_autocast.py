@@ -3,7 +3,7 @@
 # reproduces: nothing - a diffusers UNet2DConditionModel from a tiny config (fp32 parameters) trained on the
 #   standard noise-prediction MSE loss under bf16 autocast (accelerate's mixed_precision="bf16": no scaler), AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler, UNet2DConditionModel

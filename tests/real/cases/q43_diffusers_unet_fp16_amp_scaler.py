@@ -4,7 +4,7 @@
 #   standard noise-prediction MSE loss under fp16 autocast with GradScaler("cpu") (accelerate's
 #   mixed_precision="fp16"), unscale_ before clipping as accelerator.clip_grad_norm_ does, AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler, UNet2DConditionModel

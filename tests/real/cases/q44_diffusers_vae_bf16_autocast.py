@@ -4,7 +4,7 @@
 # reproduces: nothing - a diffusers AutoencoderKL from a tiny config kept in fp32 (not cast to weight_dtype) and
 #   trained under bf16 autocast (no scaler): reconstruction MSE + small KL (the posterior taken in fp32), AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKL

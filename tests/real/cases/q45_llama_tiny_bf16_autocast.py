@@ -3,7 +3,7 @@
 # reproduces: nothing - a LlamaForCausalLM from a tiny LlamaConfig (fp32 parameters) trained on sequences of
 #   320 tokens (rotary positions past 256) under bf16 autocast, no GradScaler, clipping, AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -4,7 +4,7 @@
 #   320 tokens (rotary positions past 256) under fp16 autocast with GradScaler("cpu") (accelerate's
 #   mixed_precision="fp16"), unscale_ before clipping, AdamW.
 # expect: quiet
-# ampdoctor-args: --audit
+# ampdoctor-args: --audit-every
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 

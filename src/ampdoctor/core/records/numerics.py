@@ -1,4 +1,4 @@
-"""The summary sections of the numerics audit and of the state check (``monitor.parts.audit``, ``.state``).
+"""The summary sections of the numerics audit and of the state check (``monitor.parts.numerics_audit``, ``.state``).
 
 Registered here, with the record format, so that every process reads them typed: ``ampdoctor report`` and the HTML
 page of a run whose parts this process never loaded.

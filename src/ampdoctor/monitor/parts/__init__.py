@@ -1,7 +1,7 @@
 """The built-in parts of a watch, one file each (``monitor.part``): importing this package registers them."""
 
 from ampdoctor.monitor.part import WatchPart, registered
-from ampdoctor.monitor.parts import activations, audit, averages, gradients, loss, scale, state, updates  # noqa: F401,E501
+from ampdoctor.monitor.parts import activations, averages, gradients, loss, numerics_audit, scale, state, updates  # noqa: F401,E501
 
 __all__ = ["parts"]
 

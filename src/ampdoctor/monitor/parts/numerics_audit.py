@@ -23,8 +23,10 @@ import torch
 from torch import nn
 
 from ampdoctor._torch.dispatch import tree_leaves
+from ampdoctor._torch.modules import is_compiled
 from ampdoctor.core.catalog import get_rule
 from ampdoctor.core.findings import Finding, Severity
+from ampdoctor.core.host_reads import HostReads, to_host
 from ampdoctor.core.names import module_label
 from ampdoctor.core.options import AUDIT_AUTO, AUDIT_OFF, check_every
 from ampdoctor.core.records import AuditedOp, AuditSection, Extras, Step, WatchSummary
@@ -40,10 +42,6 @@ _CODES = {"constant": "AMP701", "nonfinite": "AMP702", "zeros": "AMP703", "integ
           "fp32-gemm": "AMP706", "recompute": "AMP708"}
 _WORST = 10      # the worst ops the summary keeps
 _MODULES = 40    # the modules whose worst error it keeps
-
-
-def _compiled(models: list[nn.Module]) -> bool:
-    return any(hasattr(m, "_orig_mod") for m in models)
 
 
 @register_part
@@ -75,7 +73,7 @@ class AuditPart(WatchPart, name="audit", codes=tuple(_CODES.values()), order=70)
 
     @classmethod
     def create(cls, ctx: WatchContext) -> "AuditPart | None":
-        if ctx.audit == AUDIT_OFF or _compiled(ctx.models):
+        if ctx.audit == AUDIT_OFF or any(is_compiled(m) for m in ctx.models):
             return None
         return cls(ctx, ctx.audit)
 
@@ -273,6 +271,7 @@ def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1, fp3
     check_every(steps, "steps")
     labels = {module: module_label(name) for name, module in model.named_modules()}
     numerics = NumericsAudit(labels, audit_fp32=fp32_against_fp64)
+    reads = HostReads("audit")
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     params = [p for p in model.parameters() if p.requires_grad]
     events: list[tuple[int, Event]] = []
@@ -290,7 +289,7 @@ def audit(model: nn.Module, batch_fn: Callable[..., Any], *, steps: int = 1, fp3
                 finally:
                     numerics.stop()
                 values, records = numerics.pending(), list(numerics.records)
-                host = values.tolist() if values is not None else []
+                host = to_host(values, reads) if values is not None else []
                 events += [(step, e) for e in numerics.events(host)]
                 worst += [_audited(site, ulps) for site, ulps in numerics.worst(host, records)]
                 flops[step] = numerics.gemm_flops - sum(flops.values())
