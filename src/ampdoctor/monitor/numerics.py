@@ -273,6 +273,7 @@ class NumericsAudit:
     >>> audit = NumericsAudit({})
     >>> x = torch.tensor([300.0, 0.0], dtype=torch.float16)
     >>> audit.start()
+    True
     >>> _ = x.clamp_min(1e-12)
     >>> audit.stop()
     >>> [e.text for e in audit.events(audit.pending().tolist())]

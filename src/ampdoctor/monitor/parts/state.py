@@ -72,6 +72,8 @@ class StatePart(WatchPart, name="state", codes=("AMP707",), order=75):
                 if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
                     tensors.append(value)
                     names.append(("state", pname, str(key), i))
+        keep = [k for k, t in enumerate(tensors) if _checkable(t)]
+        tensors, names = [tensors[k] for k in keep], [names[k] for k in keep]
         self._values = _largest(tensors)
         self._names, self._tensors = names, max(self._tensors, len(names))
 
@@ -119,6 +121,11 @@ class StatePart(WatchPart, name="state", codes=("AMP707",), order=75):
 
     def detach(self) -> None:
         self._ctx, self._buffers, self._values = None, [], None
+
+
+def _checkable(tensor: torch.Tensor) -> bool:
+    """A real floating tensor with entries (complex and empty ones have no largest magnitude to read)."""
+    return tensor.is_floating_point() and tensor.numel() > 0
 
 
 def _largest(tensors: list[torch.Tensor]) -> torch.Tensor | None:
