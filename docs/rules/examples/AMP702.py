@@ -1,7 +1,7 @@
 """A frozen fp16 base model whose RMSNorm squares its input in fp16 (no upcast, as T5LayerNorm once did): tokens with
 an outlier feature (~400) square to inf, ``rsqrt(inf)`` is 0, and the norm outputs 0 for them. No NaN, no skipped
-# command: ampdoctor run --audit {script}
 step: the trainable head never sees those tokens."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/huggingface/transformers/pull/10956 (T5LayerNorm: variance in fp32)
 import torch
 import torch.nn.functional as F

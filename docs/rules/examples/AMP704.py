@@ -1,7 +1,7 @@
 """A diffusion training step casts its timesteps to the weights' dtype (``timesteps.to(dtype=weight_dtype)``) before
 the sinusoidal embedding: in bf16, 999 becomes 1000 and 997 becomes 996, so neighbouring timesteps get the same
-# command: ampdoctor run --audit {script}
 embedding."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/huggingface/diffusers/issues/4397 (timesteps cast to bf16 lose precision)
 import math
 

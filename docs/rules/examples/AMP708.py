@@ -1,7 +1,7 @@
 """A hand-written activation checkpoint (as older fairscale and Megatron-LM wrote theirs) saves the input but not the
 autocast state: the forward ran under bf16 autocast, the recompute in ``backward()`` runs in fp32, so the gradients
-# command: ampdoctor run --audit {script}
 belong to other activations than the forward used."""
+# command: ampdoctor run --audit {script}
 # reproduces: https://github.com/pytorch/pytorch/issues/37730 (checkpoint recompute must restore autocast state)
 import torch
 from torch import nn
